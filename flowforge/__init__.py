@@ -1,0 +1,36 @@
+"""FlowForge: a durable workflow engine for Python on PostgreSQL and RabbitMQ.
+
+The public API is what this module exports; everything else may change between releases.
+"""
+
+from flowforge.client import Client
+from flowforge.config import Config, load_config
+from flowforge.definitions import workflow_from_mapping
+from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
+from flowforge.domain.model import Run, TaskRun
+from flowforge.domain.policy import Jitter, RetryPolicy
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.states import RunState, TaskState
+from flowforge.errors import FlowForgeError, PermanentError
+from flowforge.handlers import task
+
+__all__ = [
+    "Client",
+    "Config",
+    "FailureReason",
+    "FlowForgeError",
+    "Jitter",
+    "OnDead",
+    "PermanentError",
+    "RetryPolicy",
+    "Run",
+    "RunState",
+    "TaskDef",
+    "TaskRun",
+    "TaskState",
+    "WorkflowDef",
+    "load_config",
+    "task",
+    "workflow_from_mapping",
+]
+__version__ = "0.1.0"

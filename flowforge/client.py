@@ -1,0 +1,91 @@
+"""The Python API for triggering and inspecting runs: :class:`Client`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+from uuid import UUID
+
+from flowforge.config import Config
+from flowforge.definitions import load_paths
+from flowforge.domain.dag import WorkflowDef
+from flowforge.domain.model import Attempt, Run, TaskRun, TriggerResult
+from flowforge.errors import DefinitionError, UnknownWorkflowError
+from flowforge.store.db import Database
+from flowforge.store.repository import Repository
+
+
+class Client:
+    """Trigger, inspect, cancel and requeue runs.
+
+    Workflows come from the config's ``workflows`` paths plus any given in Python. The
+    database pool opens on :meth:`open` (or entering the ``with`` block), never before.
+    """
+
+    def __init__(self, config: Config, workflows: Iterable[WorkflowDef] = ()) -> None:
+        self._config = config
+        self._extra = tuple(workflows)
+        self._workflows: dict[str, WorkflowDef] | None = None
+        self._db = Database(config.database, application_name="flowforge-client")
+        self._repo = Repository(self._db)
+
+    @property
+    def workflows(self) -> Mapping[str, WorkflowDef]:
+        """Every known workflow by name (files are read on first use)."""
+        if self._workflows is None:
+            found = load_paths(self._config.workflow_paths())
+            for workflow in self._extra:
+                if workflow.name in found and found[workflow.name] != workflow:
+                    raise DefinitionError(f"workflow {workflow.name!r} is defined twice")
+                found[workflow.name] = workflow
+            self._workflows = found
+        return self._workflows
+
+    @property
+    def repository(self) -> Repository:
+        return self._repo
+
+    def open(self) -> Client:
+        self._db.open()
+        return self
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Client:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def trigger(
+        self,
+        workflow: str,
+        input: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> TriggerResult:
+        """Start a run of ``workflow``; a replayed ``idempotency_key`` returns the same run."""
+        definition = self.workflows.get(workflow)
+        if definition is None:
+            raise UnknownWorkflowError(f"unknown workflow {workflow!r}")
+        return self._repo.trigger(definition, input, idempotency_key)
+
+    def status(self, run_id: UUID | str) -> Run:
+        return self._repo.get_run(run_id)
+
+    def cancel(self, run_id: UUID | str) -> Run:
+        return self._repo.cancel_run(run_id)
+
+    def requeue(
+        self, task_run_id: UUID | str, requested_by: str, reason: str | None = None
+    ) -> TaskRun:
+        return self._repo.requeue_dead(task_run_id, requested_by, reason)
+
+    def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
+        return self._repo.attempts(task_run_id)

@@ -1,0 +1,221 @@
+"""Configuration: a YAML file turned into frozen dataclasses, validated, with env overrides.
+
+Nothing is read at import time: :func:`load_config` is called by whoever needs a config.
+Relative paths in ``workflows`` are resolved against the config file's directory, and that
+directory is where handler modules are imported from (so a config folder is self-contained).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flowforge.errors import ConfigError
+from flowforge.schema import SchemaError, build
+
+ENV_CONFIG = "FLOWFORGE_CONFIG"
+ENV_DATABASE_URL = "FLOWFORGE_DATABASE_URL"
+ENV_BROKER_URL = "FLOWFORGE_BROKER_URL"
+DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/flowforge"
+DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+DEFAULT_QUEUE = "flowforge.tasks"
+
+
+def _positive(value: float, name: str) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be positive")
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    """PostgreSQL connection settings. Timeouts are in milliseconds."""
+
+    url: str = DEFAULT_DATABASE_URL
+    pool_min: int = 1
+    pool_max: int = 4
+    connect_timeout_s: float = 5.0
+    statement_timeout_ms: int = 30_000
+    idle_in_transaction_timeout_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        _positive(self.pool_min, "pool_min")
+        if self.pool_max < self.pool_min:
+            raise ValueError("pool_max must be at least pool_min")
+        _positive(self.connect_timeout_s, "connect_timeout_s")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """RabbitMQ settings; ``url`` holds one URL per cluster node, tried in order."""
+
+    url: tuple[str, ...] = (DEFAULT_BROKER_URL,)
+    queue: str = DEFAULT_QUEUE
+    heartbeat_s: int = 30
+    prefetch: int = 1
+    quorum_initial_group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.url:
+            raise ValueError("url needs at least one broker URL")
+        _positive(self.prefetch, "prefetch")
+
+
+@dataclass(frozen=True)
+class ProcessesConfig:
+    """How many of each role the supervisor runs, and worker recycling (0 = off)."""
+
+    workers: int = 4
+    max_tasks_per_child: int = 0
+    max_memory_mb_per_child: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError("workers must not be negative")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """The HTTP api child. The bearer token is read from the ``token_env`` variable."""
+
+    listen: str = "127.0.0.1:8080"
+    token_env: str = "FLOWFORGE_API_TOKEN"
+    max_body_bytes: int = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler passes. Intervals in seconds."""
+
+    poll_interval_s: float = 1.0
+    batch_size: int = 500
+    crash_loop_threshold: int = 3
+    retention_days: float = 30.0
+
+    def __post_init__(self) -> None:
+        _positive(self.poll_interval_s, "poll_interval_s")
+        _positive(self.batch_size, "batch_size")
+        _positive(self.crash_loop_threshold, "crash_loop_threshold")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Leases: a claim holds the task for ``lease_s``, renewed every ``heartbeat_s``."""
+
+    lease_s: float = 30.0
+    heartbeat_s: float = 10.0
+    key_wait_s: float = 1.0  # re-check delay when an idempotency key is held elsewhere
+
+    def __post_init__(self) -> None:
+        _positive(self.lease_s, "lease_s")
+        _positive(self.heartbeat_s, "heartbeat_s")
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError("heartbeat_s must be shorter than lease_s")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "INFO"
+    format: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.format not in ("text", "json"):
+            raise ValueError("format must be text or json")
+        if self.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"unknown log level {self.level!r}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration. ``base_dir`` is the directory of the file it came from."""
+
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    handlers: tuple[str, ...] = ()
+    workflows: tuple[str, ...] = ()
+    processes: ProcessesConfig = field(default_factory=ProcessesConfig)
+    api: ApiConfig | None = None
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    base_dir: str = "."
+
+    def workflow_paths(self) -> tuple[Path, ...]:
+        """``workflows`` entries as absolute paths (relative ones are under ``base_dir``)."""
+        return tuple(Path(self.base_dir, p).resolve() for p in self.workflows)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Read, validate and override a config file.
+
+    ``path`` defaults to ``$FLOWFORGE_CONFIG``; with neither, defaults are used. Raises
+    :class:`ConfigError` with one line naming the file and the key path.
+    """
+    env = os.environ if env is None else env
+    path = path or env.get(ENV_CONFIG)
+    data: Any = {}
+    base_dir = Path.cwd()
+    if path:
+        data, base_dir = _read_yaml(Path(path)), Path(path).resolve().parent
+    where = str(path) if path else "config"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    data = _normalise(dict(data))
+    if "base_dir" in data:
+        raise ConfigError(f"{where}: base_dir: unknown key")
+    try:
+        config = build(Config, {**data, "base_dir": str(base_dir)}, "")
+    except SchemaError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    return _apply_env(config, env, where)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{at}") from exc
+
+
+def _normalise(data: dict[str, Any]) -> dict[str, Any]:
+    """Accept the documented shorthands: a single broker URL string for ``broker.url``."""
+    broker = data.get("broker")
+    if isinstance(broker, Mapping) and isinstance(broker.get("url"), str):
+        data["broker"] = {**broker, "url": [broker["url"]]}
+    return data
+
+
+def _apply_env(config: Config, env: Mapping[str, str], where: str) -> Config:
+    if env.get(ENV_DATABASE_URL):
+        config = dataclasses.replace(
+            config, database=dataclasses.replace(config.database, url=env[ENV_DATABASE_URL])
+        )
+    if env.get(ENV_BROKER_URL):
+        urls = tuple(u.strip() for u in env[ENV_BROKER_URL].split(",") if u.strip())
+        if not urls:
+            raise ConfigError(f"{where}: {ENV_BROKER_URL} holds no URL")
+        config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, url=urls))
+    return config
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, safe to log."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url

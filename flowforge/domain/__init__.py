@@ -1,0 +1,1 @@
+"""Pure domain model: states, transitions, policies, definitions. No I/O, no clock."""

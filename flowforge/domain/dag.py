@@ -1,0 +1,190 @@
+"""Workflow definitions (a DAG of tasks) and their validation.
+
+A :class:`WorkflowDef` validates itself on construction, so an invalid definition cannot exist.
+Key templates (idempotency and ordering keys) are ``str.format`` templates over the run input;
+only plain names and ``[index]`` lookups are allowed in them, never attribute access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from flowforge.domain.policy import RetryPolicy
+from flowforge.errors import DefinitionError, InputError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+_FIELD_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\[\]]+\])*$")
+
+
+class OnDead(StrEnum):
+    """What a DEAD task does to its ordering-key stream."""
+
+    RELEASE = "release"  # later tasks of the stream may proceed
+    BLOCK = "block"  # the stream waits until the dead task is requeued and finishes
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    """One task of a workflow: which handler runs it and under which rules."""
+
+    name: str
+    handler: str
+    depends_on: tuple[str, ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout: float | None = None  # seconds; None means no per-task limit
+    idempotency_key: str | None = None  # template over the run input
+    ordering_key: str | None = None  # template over the run input
+    on_dead: OnDead = OnDead.RELEASE
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "task name")
+        _check_name(self.handler, f"task {self.name!r}: handler")
+        if self.timeout is not None and self.timeout <= 0:
+            raise DefinitionError(f"task {self.name!r}: timeout must be a positive number")
+        for label, template in (
+            ("idempotency_key", self.idempotency_key),
+            ("ordering_key", self.ordering_key),
+        ):
+            if template is not None:
+                check_template(template, f"task {self.name!r}: {label}")
+
+
+@dataclass(frozen=True)
+class WorkflowDef:
+    """A named DAG of tasks. ``fail_fast``: a dead task cancels the rest of its run."""
+
+    name: str
+    tasks: tuple[TaskDef, ...]
+    fail_fast: bool = True
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "workflow name")
+        if not self.tasks:
+            raise DefinitionError(f"workflow {self.name!r}: has no tasks")
+        seen: set[str] = set()
+        for task in self.tasks:
+            if task.name in seen:
+                raise DefinitionError(f"workflow {self.name!r}: duplicate task name {task.name!r}")
+            seen.add(task.name)
+        for task in self.tasks:
+            for dep in task.depends_on:
+                if dep not in seen:
+                    raise DefinitionError(
+                        f"workflow {self.name!r}: task {task.name!r} depends on unknown task "
+                        f"{dep!r}"
+                    )
+        cycle = find_cycle({t.name: t.depends_on for t in self.tasks})
+        if cycle:
+            raise DefinitionError(f"workflow {self.name!r}: dependency cycle {' -> '.join(cycle)}")
+
+    def task(self, name: str) -> TaskDef:
+        """The task called ``name``; KeyError if there is none."""
+        for task in self.tasks:
+            if task.name == name:
+                return task
+        raise KeyError(name)
+
+    def topological_order(self) -> tuple[TaskDef, ...]:
+        """Tasks so that each comes after its dependencies; ties keep declaration order."""
+        placed: set[str] = set()
+        order: list[TaskDef] = []
+        remaining = list(self.tasks)
+        while remaining:
+            ready = [t for t in remaining if all(d in placed for d in t.depends_on)]
+            order.extend(ready)
+            placed.update(t.name for t in ready)
+            remaining = [t for t in remaining if t.name not in placed]
+        return tuple(order)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready canonical form (the inverse of the YAML/mapping parser)."""
+        return {
+            "name": self.name,
+            "fail_fast": self.fail_fast,
+            "tasks": [_task_to_dict(t) for t in self.tasks],
+        }
+
+    @property
+    def digest(self) -> str:
+        """A stable hash of the canonical form: equal definitions have equal digests."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _task_to_dict(task: TaskDef) -> dict[str, Any]:
+    return {
+        "name": task.name,
+        "handler": task.handler,
+        "depends_on": list(task.depends_on),
+        "retry": {
+            "max_attempts": task.retry.max_attempts,
+            "base_delay": task.retry.base_delay,
+            "max_delay": task.retry.max_delay,
+            "jitter": str(task.retry.jitter),
+        },
+        "timeout": task.timeout,
+        "idempotency_key": task.idempotency_key,
+        "ordering_key": task.ordering_key,
+        "on_dead": str(task.on_dead),
+    }
+
+
+def _check_name(value: str, label: str) -> None:
+    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+        raise DefinitionError(
+            f"{label} {value!r} is invalid: use 1-128 letters, digits, '_', '.', '-'"
+        )
+
+
+def find_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """A dependency cycle as a path that ends where it starts, or None if the graph is a DAG."""
+    white, grey, black = 0, 1, 2
+    colour = dict.fromkeys(edges, white)
+    for root in edges:
+        if colour[root] != white:
+            continue
+        path = [root]
+        stack = [iter(edges[root])]
+        colour[root] = grey
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                colour[path.pop()] = black
+                stack.pop()
+            elif colour.get(nxt, black) == grey:
+                return [*path[path.index(nxt) :], nxt]
+            elif colour.get(nxt, black) == white:
+                colour[nxt] = grey
+                path.append(nxt)
+                stack.append(iter(edges[nxt]))
+    return None
+
+
+def check_template(template: str, label: str) -> None:
+    """Refuse a key template that cannot be parsed or reaches beyond plain input lookups."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise DefinitionError(f"{label}: malformed template {template!r}: {exc}") from exc
+    for name in fields:
+        if not _FIELD_PATTERN.match(name):
+            raise DefinitionError(
+                f"{label}: template field {{{name}}} must be an input key, optionally indexed"
+            )
+
+
+def render_key(template: str, run_input: Mapping[str, Any], label: str) -> str:
+    """Format a key template with the run input; :class:`InputError` names what is missing."""
+    try:
+        return template.format_map(run_input)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise InputError(
+            f"{label}: cannot format {template!r} from the run input: {exc!r}"
+        ) from exc

@@ -1,0 +1,151 @@
+"""Read models: immutable snapshots of runs, task runs and attempts as the store returns them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.states import RunState, TaskState
+from flowforge.errors import InvalidIdError
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """One task of one run, as last committed."""
+
+    id: UUID
+    run_id: UUID
+    name: str
+    handler: str
+    state: TaskState
+    attempt: int
+    max_attempts: int
+    fencing_token: int
+    failure_reason: FailureReason | None
+    last_error: str | None
+    result: Any
+    idempotency_key: str | None
+    ordering_key: str | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    retry_at: datetime | None
+    cancel_requested: bool
+    created_at: datetime
+    ready_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    depends_on: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """A workflow run with its task runs (in creation order)."""
+
+    id: UUID
+    workflow: str
+    state: RunState
+    input: Mapping[str, Any]
+    idempotency_key: str | None
+    cancel_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    tasks: tuple[TaskRun, ...] = ()
+
+    def task(self, name: str) -> TaskRun:
+        """The task run called ``name``; KeyError if the run has none."""
+        for task in self.tasks:
+            if task.name == name:
+                return task
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The history of one attempt (attempts are numbered from 1)."""
+
+    task_run_id: UUID
+    attempt: int
+    fencing_token: int
+    worker: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str
+    failure_reason: FailureReason | None
+    error: str | None
+    traceback: str | None
+
+
+@dataclass(frozen=True)
+class TriggerResult:
+    """The run a trigger produced; ``created`` is False when an idempotency key replayed it."""
+
+    run_id: UUID
+    created: bool
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker holds after a successful claim: enough to run the handler and finish."""
+
+    task_run_id: UUID
+    run_id: UUID
+    name: str
+    handler: str
+    attempt: int
+    fencing_token: int
+    input: Mapping[str, Any]
+    upstream: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+
+
+class ClaimOutcome(StrEnum):
+    EXECUTE = "execute"  # run the handler
+    REUSED = "reused"  # the idempotency key had a result: the task SUCCEEDED without running
+    DEFERRED = "deferred"  # the key is held by a live execution: retry later, no attempt used
+    LOST = "lost"  # not READY with that token any more (duplicate or stale delivery)
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    outcome: ClaimOutcome
+    claim: Claim | None = None
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A lease renewal: ``held`` is False once the token is stale (stop, do not finish)."""
+
+    held: bool
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class PassReport:
+    """What one scheduler pass changed, by kind of work."""
+
+    promoted: int = 0
+    routed: int = 0
+    reaped: int = 0
+    propagated: int = 0
+    purged: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.promoted + self.routed + self.reaped + self.propagated + self.purged
+
+
+def parse_id(value: UUID | str, what: str = "id") -> UUID:
+    """``value`` as a UUID; :class:`InvalidIdError` for anything malformed."""
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise InvalidIdError(f"malformed {what} {str(value)[:80]!r}: expected a UUID") from exc

@@ -1,0 +1,26 @@
+"""The closed set of failure reasons, stored on attempts and task runs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureReason(StrEnum):
+    """Why an attempt or a task run failed. The spelling is part of the public contract."""
+
+    HANDLER_ERROR = "handler_error"
+    PERMANENT_ERROR = "permanent_error"
+    LEASE_EXPIRED = "lease_expired"
+    CRASH_LOOP = "crash_loop"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    UNKNOWN_HANDLER = "unknown_handler"
+    UNSERIALIZABLE_RESULT = "unserializable_result"
+    MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
+
+
+#: Attempt outcomes worth another attempt while the retry budget lasts. The others are
+#: deterministic: running the same code on the same input again would fail the same way.
+RETRYABLE_REASONS = frozenset(
+    {FailureReason.HANDLER_ERROR, FailureReason.LEASE_EXPIRED, FailureReason.TIMEOUT}
+)

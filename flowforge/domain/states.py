@@ -1,0 +1,44 @@
+"""Task-run and workflow-run states (SPEC section 2)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    """Lifecycle of one task run."""
+
+    PENDING = "PENDING"
+    READY = "READY"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    RETRYING = "RETRYING"
+    DEAD = "DEAD"
+    CANCELLED = "CANCELLED"
+
+
+class RunState(StrEnum):
+    """Lifecycle of one workflow run, derived from its task runs."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+#: Task states that need no further work unless an operator intervenes.
+FINISHED_TASK_STATES = frozenset({TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED})
+
+#: Task states from which a cancellation takes effect at once (nothing is executing).
+NOT_STARTED_TASK_STATES = frozenset(
+    {TaskState.PENDING, TaskState.READY, TaskState.RETRYING, TaskState.FAILED}
+)
+
+
+class CancelCause(StrEnum):
+    """Why a task run was cancelled; decides whether a requeue may revive it."""
+
+    OPERATOR = "operator"
+    UPSTREAM = "upstream"

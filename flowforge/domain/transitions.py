@@ -1,0 +1,43 @@
+"""The legal task-run transitions, written as data.
+
+Every state change in the repository names its source and target states; :func:`check` is
+called before any SQL runs, so an illegal request raises :class:`IllegalTransitionError`
+instead of silently matching zero rows (which would look like a lost race).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from flowforge.domain.states import TaskState as S
+from flowforge.errors import IllegalTransitionError
+
+TRANSITIONS: Mapping[S, frozenset[S]] = {
+    # advance (dependencies met) / cancel
+    S.PENDING: frozenset({S.READY, S.CANCELLED}),
+    # claim / defer (idempotency key busy) / cancel
+    S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED}),
+    # finish / reap (retry or bury) / honoured cancellation
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.RETRYING, S.DEAD, S.CANCELLED}),
+    # route by retry policy / cancel
+    S.FAILED: frozenset({S.RETRYING, S.DEAD, S.CANCELLED}),
+    # promote a due retry / cancel
+    S.RETRYING: frozenset({S.READY, S.CANCELLED}),
+    # audited requeue
+    S.DEAD: frozenset({S.PENDING}),
+    # revived by the requeue of the dead task that caused the cancellation
+    S.CANCELLED: frozenset({S.PENDING}),
+    S.SUCCEEDED: frozenset(),
+}
+
+
+def is_legal(source: S, target: S) -> bool:
+    """Whether ``source → target`` is a transition of the state machine."""
+    return target in TRANSITIONS[source]
+
+
+def check(sources: S | Iterable[S], target: S) -> None:
+    """Raise :class:`IllegalTransitionError` unless every ``source → target`` is legal."""
+    for source in (sources,) if isinstance(sources, S) else sources:
+        if not is_legal(source, target):
+            raise IllegalTransitionError(f"illegal task transition {source} -> {target}")

@@ -1,0 +1,93 @@
+"""The exception tree of FlowForge.
+
+One root, :class:`FlowForgeError`, with a subtree per layer. Third-party errors (psycopg, pika)
+are translated at the boundary that meets them with ``raise Ours(...) from exc`` so callers only
+ever catch FlowForge's own types.
+
+:class:`PermanentError` is different in kind: it is raised *by handlers* to say "do not retry",
+so it is not part of the engine's tree.
+"""
+
+from __future__ import annotations
+
+
+class PermanentError(Exception):
+    """Raised by a handler to fail its task without any further retry."""
+
+
+class FlowForgeError(Exception):
+    """Root of every error FlowForge itself raises."""
+
+
+# --- configuration and definitions -------------------------------------------------------------
+
+
+class ConfigError(FlowForgeError):
+    """The configuration file or an override is invalid; the message names the key path."""
+
+
+class DefinitionError(FlowForgeError):
+    """A workflow definition is invalid (unknown dependency, cycle, duplicate name, ...)."""
+
+
+# --- domain ------------------------------------------------------------------------------------
+
+
+class IllegalTransitionError(FlowForgeError):
+    """A caller asked for a state change the state machine does not allow.
+
+    Raised before any SQL runs, so a caller bug is never mistaken for a lost race.
+    """
+
+
+# --- operator-facing lookups and requests ------------------------------------------------------
+
+
+class RequestError(FlowForgeError):
+    """An operator or API request cannot be honoured as asked."""
+
+
+class InvalidIdError(RequestError):
+    """An id is not a well-formed UUID."""
+
+
+class NotFoundError(RequestError):
+    """No run or task run has the given id."""
+
+
+class UnknownWorkflowError(RequestError):
+    """No workflow of that name is defined."""
+
+
+class InputError(RequestError):
+    """A run input is not acceptable (not an object, or a key template cannot be formatted)."""
+
+
+class TriggerConflictError(RequestError):
+    """A trigger idempotency key was reused with a different workflow or input."""
+
+
+class NotDeadError(RequestError):
+    """A requeue was asked for a task run that is not DEAD."""
+
+
+# --- storage -----------------------------------------------------------------------------------
+
+
+class StoreError(FlowForgeError):
+    """PostgreSQL could not do what was asked."""
+
+
+class DatabaseUnavailableError(StoreError):
+    """A connection-level failure: the database is down, restarting or unreachable.
+
+    Transient by nature: roles back off and retry.
+    """
+
+
+class TransactionConflictError(StoreError):
+    """A deadlock or serialization failure: the transaction may be run again as is."""
+
+
+class MigrationError(StoreError):
+    """The schema cannot be brought to the expected version."""

@@ -1,0 +1,102 @@
+"""Build frozen dataclasses from plain mappings (parsed YAML/JSON), naming bad keys by path.
+
+One mechanism serves the config file and workflow files alike: every field's type hint says
+how to read it, unknown keys are refused, and a dataclass's own ``__post_init__`` checks
+(``ValueError`` or a FlowForge error) are reported with the path of the offending section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any, TypeVar
+
+from flowforge.errors import FlowForgeError
+
+T = TypeVar("T")
+
+
+class SchemaError(ValueError):
+    """A value does not fit its declared type; ``str()`` starts with the key path."""
+
+
+def build(cls: type[T], data: Any, path: str) -> T:
+    """Instantiate dataclass ``cls`` from ``data``; raise :class:`SchemaError` naming ``path``."""
+    if not isinstance(data, Mapping):
+        raise SchemaError(f"{path}: expected a mapping, got {_kind(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(str(k) for k in data if k not in fields)
+    if unknown:
+        raise SchemaError(f"{_join(path, unknown[0])}: unknown key")
+    kwargs: dict[str, Any] = {}
+    for name, spec in fields.items():
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], _join(path, name))
+        elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+            raise SchemaError(f"{_join(path, name)}: required key is missing")
+    try:
+        return cls(**kwargs)
+    except (ValueError, FlowForgeError) as exc:
+        if isinstance(exc, SchemaError):
+            raise
+        raise SchemaError(f"{path}: {exc}") from exc
+
+
+_SCALARS: dict[type, tuple[Callable[[Any], bool], str]] = {
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    float: (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _convert(hint: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _convert_optional(hint, value, path)
+    if origin is tuple:
+        return _convert_tuple(hint, value, path)
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, path)  # type: ignore[arg-type]
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        allowed = [str(m.value) for m in hint]
+        if value not in allowed:
+            raise SchemaError(f"{path}: must be one of {', '.join(allowed)}, got {value!r}")
+        return hint(value)
+    if hint in _SCALARS:
+        accepts, expected = _SCALARS[hint]
+        if not accepts(value):
+            raise SchemaError(f"{path}: expected {expected}, got {_kind(value)}")
+        return float(value) if hint is float else value
+    raise TypeError(f"{path}: unsupported field type {hint!r}")
+
+
+def _convert_optional(hint: Any, value: Any, path: str) -> Any:
+    options = typing.get_args(hint)
+    if value is None and type(None) in options:
+        return None
+    (inner,) = [o for o in options if o is not type(None)]
+    return _convert(inner, value, path)
+
+
+def _convert_tuple(hint: Any, value: Any, path: str) -> tuple[Any, ...]:
+    inner = typing.get_args(hint)[0]
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise SchemaError(f"{path}: expected a list, got {_kind(value)}")
+    return tuple(_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value))
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )

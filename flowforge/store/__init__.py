@@ -1,0 +1,1 @@
+"""PostgreSQL storage: pool, migrations, named queries and the repository."""

@@ -1,0 +1,142 @@
+"""PostgreSQL connections: a pool opened after fork, and error translation at the boundary.
+
+:class:`Database` does nothing in its constructor; :meth:`Database.open` creates the pool, so
+a role object can be built in the supervisor and opened in the child. Every session gets
+``statement_timeout`` and ``idle_in_transaction_session_timeout`` so the server cleans up after
+a process killed in the middle of a transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from flowforge.config import DatabaseConfig
+from flowforge.errors import DatabaseUnavailableError, StoreError, TransactionConflictError
+
+logger = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+T = TypeVar("T")
+Cursor = psycopg.Cursor[Row]
+
+TRANSACTION_ATTEMPTS = 5
+
+
+def session_options(config: DatabaseConfig) -> str:
+    """libpq ``options`` that make the server clean up after a killed client."""
+    return (
+        f"-c statement_timeout={config.statement_timeout_ms} "
+        f"-c idle_in_transaction_session_timeout={config.idle_in_transaction_timeout_ms}"
+    )
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Translate psycopg's errors into FlowForge's at the storage boundary.
+
+    Connection-level failures become :class:`DatabaseUnavailableError` (transient); a deadlock
+    or serialization failure becomes :class:`TransactionConflictError` (try again); anything
+    else from the server is a :class:`StoreError`.
+    """
+    try:
+        yield
+    except pg_errors.TransactionRollback as exc:
+        raise TransactionConflictError(_first_line(exc)) from exc
+    except pg_errors.QueryCanceled as exc:
+        raise StoreError(f"statement cancelled: {_first_line(exc)}") from exc
+    except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+        raise DatabaseUnavailableError(f"database unavailable: {_first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"database error: {_first_line(exc)}") from exc
+
+
+@contextmanager
+def connect_once(url: str, connect_timeout_s: float = 5.0) -> Iterator[psycopg.Connection[Any]]:
+    """A single autocommit connection for one-off work (migrations, CLI checks)."""
+    with translate_errors():
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(connect_timeout_s)))
+    try:
+        with translate_errors():
+            yield conn
+    finally:
+        conn.close()
+
+
+class Database:
+    """A connection pool with a transaction helper that retries deadlocks."""
+
+    def __init__(self, config: DatabaseConfig, application_name: str = "flowforge") -> None:
+        self._config = config
+        self._application_name = application_name
+        self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
+
+    @property
+    def config(self) -> DatabaseConfig:
+        return self._config
+
+    def open(self) -> None:
+        """Create the pool. Call after fork: a pool never crosses a process boundary."""
+        if self._pool is not None:
+            return
+        self._pool = ConnectionPool(
+            self._config.url,
+            min_size=self._config.pool_min,
+            max_size=self._config.pool_max,
+            kwargs={
+                "row_factory": dict_row,
+                "application_name": self._application_name,
+                "options": session_options(self._config),
+                "connect_timeout": max(1, int(self._config.connect_timeout_s)),
+            },
+            timeout=self._config.connect_timeout_s,
+            open=False,
+            name=self._application_name,
+        )
+        self._pool.open(wait=False)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    @contextmanager
+    def transaction(self) -> Iterator[Cursor]:
+        """One transaction on a pooled connection; commits on success, rolls back on error.
+
+        Connection-level failures surface as :class:`DatabaseUnavailableError`. The pool
+        checks a connection that failed and discards it, so the next call reconnects.
+        """
+        if self._pool is None:
+            raise StoreError("database pool is not open")
+        with (
+            translate_errors(),
+            self._pool.connection() as conn,
+            conn.transaction(),
+            conn.cursor() as cur,
+        ):
+            yield cur
+
+    def run(self, work: Callable[..., T], *args: Any) -> T:
+        """Run ``work(cursor, *args)`` in a transaction, retrying deadlocks/serialization."""
+        for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
+            try:
+                with self.transaction() as cur:
+                    return work(cur, *args)
+            except TransactionConflictError:
+                if attempt == TRANSACTION_ATTEMPTS:
+                    raise
+                logger.debug("transaction retried after a conflict", extra={"action": "tx_retry"})
+        raise AssertionError("unreachable")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

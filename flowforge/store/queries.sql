@@ -1,0 +1,472 @@
+-- Every query FlowForge runs, by name. Loaded once by flowforge.store.queries.
+-- State changes are conditional statements: they name the state (and fencing token) they
+-- start from, so a writer that lost a race matches zero rows instead of overwriting.
+-- Lease and retry arithmetic uses now(): the database clock is the only clock.
+
+-- ------------------------------------------------------------------ definitions and triggers
+
+-- name: register_definition
+INSERT INTO workflow_definitions (name, digest, definition)
+VALUES (%(name)s, %(digest)s, %(definition)s)
+ON CONFLICT (name, digest) DO NOTHING;
+
+-- name: lock_ordering_keys
+-- Serialises triggers that share an ordering key, so creation order (seq) is commit order.
+SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
+  FROM unnest(%(keys)s::text[]) AS k
+ ORDER BY k;
+
+-- name: insert_run
+INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
+                           request_digest)
+VALUES (%(id)s, %(workflow)s, %(digest)s, %(input)s, %(fail_fast)s, %(key)s, %(request_digest)s)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: find_run_by_key
+SELECT id, request_digest FROM workflow_runs WHERE idempotency_key = %(key)s;
+
+-- name: insert_tasks
+INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
+                       max_delay_s, jitter, timeout_s, idempotency_key, ordering_key, on_dead)
+SELECT t.id, %(run_id)s, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
+       t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead
+  FROM unnest(%(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[], %(pending)s::int[],
+              %(max_attempts)s::int[], %(base_delays)s::float8[], %(max_delays)s::float8[],
+              %(jitters)s::text[], %(timeouts)s::float8[], %(idem_keys)s::text[],
+              %(ordering_keys)s::text[], %(on_dead)s::text[])
+       AS t(id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s, jitter,
+            timeout_s, idempotency_key, ordering_key, on_dead);
+
+-- name: insert_edges
+INSERT INTO task_edges (upstream_id, downstream_id)
+SELECT * FROM unnest(%(upstream)s::uuid[], %(downstream)s::uuid[]);
+
+-- name: notify_scheduler
+SELECT pg_notify('flowforge_scheduler', '');
+
+-- name: notify_outbox
+SELECT pg_notify('flowforge_outbox', '');
+
+-- ------------------------------------------------------------------ scheduler: → READY
+
+-- name: promote_ready
+-- PENDING tasks whose dependencies succeeded and whose ordering stream is free, and RETRYING
+-- tasks whose backoff is over, become READY with an outbox row in the same statement. The
+-- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
+WITH eligible AS (
+    SELECT t.id
+      FROM task_runs t
+     WHERE t.state = 'PENDING' AND t.pending_deps = 0
+       AND (t.ordering_key IS NULL OR NOT EXISTS (
+               SELECT 1 FROM task_runs e
+                WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
+                  AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
+                  AND NOT (e.state = 'DEAD' AND e.on_dead = 'release')))
+     ORDER BY t.seq
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+), due AS (
+    SELECT t.id
+      FROM task_runs t
+     WHERE t.state = 'RETRYING' AND t.retry_at <= now()
+     ORDER BY t.retry_at
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+), candidates AS (
+    SELECT id FROM eligible UNION ALL SELECT id FROM due
+), promoted AS (
+    UPDATE task_runs t
+       SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
+      FROM candidates c
+     WHERE t.id = c.id AND t.state IN ('PENDING', 'RETRYING')
+    RETURNING t.id, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM promoted
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM queued) AS queued;
+
+-- ------------------------------------------------------------------ scheduler: failures
+
+-- name: lock_failed
+SELECT id, fencing_token, attempt, budget_start, max_attempts, base_delay_s, max_delay_s,
+       jitter, crash_streak, cancel_requested, failure_reason
+  FROM task_runs
+ WHERE state = 'FAILED'
+ ORDER BY updated_at
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED;
+
+-- name: apply_routing
+-- FAILED → RETRYING (with a backoff on the database clock) / DEAD / CANCELLED.
+UPDATE task_runs t
+   SET state = d.state,
+       failure_reason = d.reason,
+       retry_at = CASE WHEN d.state = 'RETRYING' THEN now() + make_interval(secs => d.delay_s) END,
+       finished_at = CASE WHEN d.state = 'RETRYING' THEN NULL ELSE now() END,
+       propagated = (d.state = 'RETRYING'),
+       cancel_cause = CASE WHEN d.state = 'CANCELLED' THEN coalesce(t.cancel_cause, 'operator') END,
+       updated_at = now()
+  FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(states)s::text[], %(delays)s::float8[],
+              %(reasons)s::text[]) AS d(id, token, state, delay_s, reason)
+ WHERE t.id = d.id AND t.state = 'FAILED' AND t.fencing_token = d.token
+RETURNING t.id, t.state;
+
+-- name: lock_expired_leases
+SELECT id, fencing_token, attempt, budget_start, max_attempts, base_delay_s, max_delay_s,
+       jitter, crash_streak, cancel_requested
+  FROM task_runs
+ WHERE state = 'RUNNING' AND lease_expires_at < now()
+ ORDER BY lease_expires_at
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED;
+
+-- name: apply_reap
+-- RUNNING with an expired lease → RETRYING / DEAD / CANCELLED; the token is bumped so the
+-- presumed-dead worker can neither renew nor finish, its attempt is closed and its
+-- idempotency key released.
+WITH reaped AS (
+    UPDATE task_runs t
+       SET state = d.state,
+           fencing_token = t.fencing_token + 1,
+           lease_owner = NULL,
+           lease_expires_at = NULL,
+           crash_streak = t.crash_streak + 1,
+           failure_reason = d.reason,
+           last_error = 'lease expired: the worker died or stopped renewing its lease',
+           retry_at = CASE WHEN d.state = 'RETRYING' THEN now() + make_interval(secs => d.delay_s) END,
+           finished_at = CASE WHEN d.state = 'RETRYING' THEN NULL ELSE now() END,
+           propagated = (d.state = 'RETRYING'),
+           cancel_cause = CASE WHEN d.state = 'CANCELLED' THEN coalesce(t.cancel_cause, 'operator') END,
+           updated_at = now()
+      FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(states)s::text[],
+                  %(delays)s::float8[], %(reasons)s::text[]) AS d(id, token, state, delay_s, reason)
+     WHERE t.id = d.id AND t.state = 'RUNNING' AND t.fencing_token = d.token
+       AND t.lease_expires_at < now()
+    RETURNING t.id, t.attempt, d.token AS old_token, t.state
+), closed AS (
+    UPDATE task_attempts a
+       SET finished_at = now(), outcome = 'lease_expired', failure_reason = 'lease_expired',
+           error = 'lease expired: the worker died or stopped renewing its lease'
+      FROM reaped r
+     WHERE a.task_run_id = r.id AND a.attempt = r.attempt
+), released AS (
+    DELETE FROM idempotency_keys k
+     USING reaped r
+     WHERE k.task_run_id = r.id AND k.fencing_token = r.old_token AND k.state = 'RUNNING'
+)
+SELECT id, state FROM reaped;
+
+-- ------------------------------------------------------------------ scheduler: consequences
+
+-- name: lock_unpropagated
+-- Tasks that reached SUCCEEDED, DEAD or CANCELLED whose consequences are not applied yet.
+SELECT t.id, t.run_id, t.state, r.fail_fast
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE NOT t.propagated
+ ORDER BY t.finished_at
+ LIMIT %(limit)s
+   FOR UPDATE OF t SKIP LOCKED;
+
+-- name: release_dependents
+UPDATE task_runs t
+   SET pending_deps = t.pending_deps - x.n, updated_at = now()
+  FROM (SELECT downstream_id AS id, count(*) AS n
+          FROM task_edges
+         WHERE upstream_id = ANY(%(ids)s::uuid[])
+         GROUP BY downstream_id) AS x
+ WHERE t.id = x.id AND t.state = 'PENDING';
+
+-- name: cancel_dependents
+-- A task that can never run because an upstream task died or was cancelled.
+UPDATE task_runs t
+   SET state = 'CANCELLED', cancel_cause = 'upstream', failure_reason = 'cancelled',
+       fencing_token = t.fencing_token + 1, finished_at = now(), propagated = false,
+       updated_at = now()
+  FROM task_edges e
+ WHERE e.upstream_id = ANY(%(ids)s::uuid[]) AND t.id = e.downstream_id AND t.state = 'PENDING';
+
+-- name: cancel_not_started
+-- Cancels every task of the given runs that is not executing right now.
+UPDATE task_runs
+   SET state = 'CANCELLED', cancel_cause = %(cause)s, failure_reason = 'cancelled',
+       fencing_token = fencing_token + 1, retry_at = NULL, finished_at = now(),
+       propagated = false, updated_at = now()
+ WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state IN ('PENDING', 'READY', 'RETRYING', 'FAILED')
+RETURNING id;
+
+-- name: request_stop
+-- Running tasks learn this on their next lease renewal (ctx.cancelled).
+UPDATE task_runs
+   SET cancel_requested = true, cancel_cause = %(cause)s, updated_at = now()
+ WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'RUNNING' AND NOT cancel_requested
+RETURNING id;
+
+-- name: mark_propagated
+UPDATE task_runs SET propagated = true WHERE id = ANY(%(ids)s::uuid[]);
+
+-- name: lock_runs
+-- Runs are locked in id order after their tasks (the order every writer uses).
+SELECT id, state, cancel_requested_at IS NOT NULL AS cancel_requested
+  FROM workflow_runs
+ WHERE id = ANY(%(ids)s::uuid[])
+ ORDER BY id
+   FOR UPDATE;
+
+-- name: run_facts
+SELECT run_id, state, count(*) AS n, bool_or(attempt > 0) AS attempted
+  FROM task_runs
+ WHERE run_id = ANY(%(ids)s::uuid[])
+ GROUP BY run_id, state;
+
+-- name: update_run_states
+UPDATE workflow_runs r
+   SET state = d.state,
+       finished_at = CASE WHEN d.finished THEN coalesce(r.finished_at, now()) END,
+       started_at = CASE WHEN d.state = 'PENDING' THEN r.started_at
+                         ELSE coalesce(r.started_at, now()) END,
+       updated_at = now()
+  FROM unnest(%(ids)s::uuid[], %(states)s::text[], %(finished)s::bool[]) AS d(id, state, finished)
+ WHERE r.id = d.id AND (r.state <> d.state OR (r.finished_at IS NOT NULL) <> d.finished)
+RETURNING r.id, r.state;
+
+-- name: purge_runs
+WITH doomed AS (
+    SELECT id FROM workflow_runs
+     WHERE finished_at < now() - make_interval(secs => %(age_s)s)
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM workflow_runs r USING doomed WHERE r.id = doomed.id;
+
+-- name: purge_outbox
+WITH doomed AS (
+    SELECT id FROM outbox
+     WHERE published_at < now() - make_interval(secs => %(age_s)s)
+     ORDER BY published_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox o USING doomed WHERE o.id = doomed.id;
+
+-- name: purge_keys
+WITH doomed AS (
+    SELECT key FROM idempotency_keys
+     WHERE state = 'SUCCEEDED' AND updated_at < now() - make_interval(secs => %(age_s)s)
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM idempotency_keys k USING doomed WHERE k.key = doomed.key;
+
+-- ------------------------------------------------------------------ worker
+
+-- name: claim
+-- READY → RUNNING for the dispatch generation the message names; the token is bumped and
+-- the lease set in the same statement, the attempt recorded, and the run marked started.
+WITH claimed AS (
+    UPDATE task_runs
+       SET state = 'RUNNING', attempt = attempt + 1, fencing_token = fencing_token + 1,
+           lease_owner = %(worker)s,
+           lease_expires_at = now() + make_interval(secs => %(lease_s)s),
+           cancel_requested = false, started_at = coalesce(started_at, now()),
+           updated_at = now()
+     WHERE id = %(id)s AND state = 'READY' AND fencing_token = %(token)s
+    RETURNING id, run_id, name, handler, attempt, fencing_token, timeout_s, idempotency_key
+), attempt_row AS (
+    INSERT INTO task_attempts (task_run_id, attempt, fencing_token, worker)
+    SELECT id, attempt, fencing_token, %(worker)s FROM claimed
+), run_started AS (
+    UPDATE workflow_runs r
+       SET state = 'RUNNING', started_at = now(), updated_at = now()
+      FROM claimed c
+     WHERE r.id = c.run_id AND r.state = 'PENDING'
+)
+SELECT c.*, r.input,
+       (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
+          FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+         WHERE e.downstream_id = c.id) AS upstream
+  FROM claimed c
+  JOIN workflow_runs r ON r.id = c.run_id;
+
+-- name: acquire_key
+-- Claims an idempotency key exclusively. A RUNNING key may be taken over only once its
+-- holder's lease has lapsed; the WHERE is evaluated on the latest committed row version.
+INSERT INTO idempotency_keys (key, state, task_run_id, fencing_token, lease_expires_at)
+VALUES (%(key)s, 'RUNNING', %(id)s, %(token)s, now() + make_interval(secs => %(lease_s)s))
+ON CONFLICT (key) DO UPDATE
+   SET task_run_id = EXCLUDED.task_run_id, fencing_token = EXCLUDED.fencing_token,
+       lease_expires_at = EXCLUDED.lease_expires_at, updated_at = now()
+ WHERE idempotency_keys.state = 'RUNNING'
+   AND (idempotency_keys.lease_expires_at < now()
+        OR idempotency_keys.task_run_id = EXCLUDED.task_run_id)
+RETURNING state;
+
+-- name: read_key
+SELECT state, result, task_run_id FROM idempotency_keys WHERE key = %(key)s;
+
+-- name: defer
+-- READY → RETRYING without using an attempt: the idempotency key is busy elsewhere.
+UPDATE task_runs
+   SET state = 'RETRYING', fencing_token = fencing_token + 1,
+       retry_at = now() + make_interval(secs => %(delay_s)s), updated_at = now()
+ WHERE id = %(id)s AND state = 'READY' AND fencing_token = %(token)s
+RETURNING id;
+
+-- name: renew_lease
+WITH renewed AS (
+    UPDATE task_runs
+       SET lease_expires_at = now() + make_interval(secs => %(lease_s)s)
+     WHERE id = %(id)s AND state = 'RUNNING' AND fencing_token = %(token)s
+    RETURNING id, cancel_requested, idempotency_key
+), key_renewed AS (
+    UPDATE idempotency_keys k
+       SET lease_expires_at = now() + make_interval(secs => %(lease_s)s)
+      FROM renewed r
+     WHERE k.key = r.idempotency_key AND k.task_run_id = r.id
+       AND k.fencing_token = %(token)s AND k.state = 'RUNNING'
+)
+SELECT cancel_requested FROM renewed;
+
+-- name: finish
+-- RUNNING → SUCCEEDED / FAILED / CANCELLED with the claim's token; a stale token matches
+-- nothing. The attempt is closed and the idempotency key settled in the same statement.
+WITH done AS (
+    UPDATE task_runs
+       SET state = %(state)s::text,
+           result = %(result)s,
+           failure_reason = %(reason)s::text,
+           last_error = coalesce(%(error)s::text, last_error),
+           lease_owner = NULL,
+           lease_expires_at = NULL,
+           crash_streak = 0,
+           cancel_cause = CASE WHEN %(state)s::text = 'CANCELLED'
+                               THEN coalesce(cancel_cause, 'operator') END,
+           finished_at = CASE WHEN %(state)s::text = 'FAILED' THEN NULL ELSE now() END,
+           propagated = (%(state)s::text = 'FAILED'),
+           updated_at = now()
+     WHERE id = %(id)s AND state = 'RUNNING' AND fencing_token = %(token)s
+    RETURNING id, attempt, idempotency_key
+), closed AS (
+    UPDATE task_attempts a
+       SET finished_at = now(), outcome = %(outcome)s::text, failure_reason = %(reason)s::text,
+           error = %(error)s::text, traceback = %(traceback)s::text
+      FROM done d
+     WHERE a.task_run_id = d.id AND a.attempt = d.attempt
+), key_kept AS (
+    UPDATE idempotency_keys k
+       SET state = 'SUCCEEDED', result = %(result)s, lease_expires_at = NULL, updated_at = now()
+      FROM done d
+     WHERE %(state)s::text = 'SUCCEEDED' AND k.key = d.idempotency_key
+       AND k.task_run_id = d.id AND k.fencing_token = %(token)s AND k.state = 'RUNNING'
+), key_released AS (
+    DELETE FROM idempotency_keys k
+     USING done d
+     WHERE %(state)s::text <> 'SUCCEEDED' AND k.key = d.idempotency_key
+       AND k.task_run_id = d.id AND k.fencing_token = %(token)s AND k.state = 'RUNNING'
+)
+SELECT id FROM done;
+
+-- ------------------------------------------------------------------ operator actions
+
+-- name: mark_run_cancel_requested
+UPDATE workflow_runs
+   SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
+ WHERE id = %(id)s
+RETURNING id;
+
+-- name: requeue_dead
+-- DEAD → PENDING with a fresh retry budget; dependencies are counted anew.
+UPDATE task_runs t
+   SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
+       failure_reason = NULL, retry_at = NULL, finished_at = NULL, crash_streak = 0,
+       cancel_requested = false, propagated = true, updated_at = now(),
+       pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                        WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
+ WHERE t.id = %(id)s AND t.state = 'DEAD'
+RETURNING t.id, t.run_id, t.attempt;
+
+-- name: revive_cancelled
+-- Tasks cancelled only because an upstream task died come back with the requeued task,
+-- unless an operator cancelled the run.
+UPDATE task_runs t
+   SET state = 'PENDING', cancel_cause = NULL, failure_reason = NULL, finished_at = NULL,
+       fencing_token = t.fencing_token + 1, cancel_requested = false, propagated = true,
+       updated_at = now(),
+       pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                        WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
+ WHERE t.run_id = %(run_id)s AND t.state = 'CANCELLED' AND t.cancel_cause = 'upstream'
+   AND NOT EXISTS (SELECT 1 FROM workflow_runs r
+                    WHERE r.id = t.run_id AND r.cancel_requested_at IS NOT NULL)
+RETURNING t.id;
+
+-- name: insert_audit
+INSERT INTO requeue_audit (task_run_id, requested_by, reason, previous_reason, attempt)
+VALUES (%(id)s, %(by)s, %(reason)s, %(previous_reason)s, %(attempt)s);
+
+-- ------------------------------------------------------------------ reads
+
+-- name: task_state
+SELECT state, failure_reason, attempt FROM task_runs WHERE id = %(id)s;
+
+-- name: get_run
+SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
+       started_at, finished_at
+  FROM workflow_runs WHERE id = %(id)s;
+
+-- name: get_run_tasks
+SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
+       t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
+       t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
+       t.ready_at, t.started_at, t.finished_at,
+       coalesce((SELECT array_agg(u.name ORDER BY u.name)
+                   FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                  WHERE e.downstream_id = t.id), '{}') AS depends_on
+  FROM task_runs t
+ WHERE t.run_id = %(id)s
+ ORDER BY t.seq;
+
+-- name: get_task
+SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
+       t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
+       t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
+       t.ready_at, t.started_at, t.finished_at,
+       coalesce((SELECT array_agg(u.name ORDER BY u.name)
+                   FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                  WHERE e.downstream_id = t.id), '{}') AS depends_on
+  FROM task_runs t
+ WHERE t.id = %(id)s;
+
+-- name: get_attempts
+SELECT task_run_id, attempt, fencing_token, worker, started_at, finished_at, outcome,
+       failure_reason, error, traceback
+  FROM task_attempts
+ WHERE task_run_id = %(id)s
+ ORDER BY attempt;
+
+-- name: list_runs
+-- Keyset pagination, newest first: (created_at, id) below the cursor.
+SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
+       started_at, finished_at
+  FROM workflow_runs
+ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+   AND (%(before_created)s::timestamptz IS NULL
+        OR (created_at, id) < (%(before_created)s::timestamptz, %(before_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: list_dead
+SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
+       t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
+       t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
+       t.ready_at, t.started_at, t.finished_at, '{}'::text[] AS depends_on, r.workflow
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.state = 'DEAD'
+ ORDER BY t.finished_at DESC
+ LIMIT %(limit)s;

@@ -1,0 +1,627 @@
+"""The repository: the one owner of every query FlowForge runs.
+
+Each public method is one transaction. State changes are the conditional statements of
+``queries.sql``; the legality of each requested transition is checked here *before* any SQL
+runs (an illegal request raises, a lost race returns False / LOST). All lease and retry
+arithmetic happens in SQL on the database clock; this module only decides *how long*.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from flowforge.domain import transitions
+from flowforge.domain.dag import WorkflowDef, render_key
+from flowforge.domain.model import (
+    Attempt,
+    Claim,
+    ClaimOutcome,
+    ClaimResult,
+    Renewal,
+    Run,
+    TaskRun,
+    TriggerResult,
+    parse_id,
+)
+from flowforge.domain.policy import (
+    DEFAULT_CRASH_LOOP_THRESHOLD,
+    Bury,
+    Cancel,
+    Decision,
+    FailureFacts,
+    Jitter,
+    Retry,
+    RetryPolicy,
+    decide,
+)
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.runstate import RunFacts, derive
+from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, TaskState
+from flowforge.errors import InputError, NotDeadError, NotFoundError, TriggerConflictError
+from flowforge.store import queries, rows
+from flowforge.store.db import Cursor, Database
+
+logger = logging.getLogger(__name__)
+
+#: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
+ORDERING_LOCK_NAMESPACE = 0x4F52  # "OR"
+_OUTCOMES = {
+    TaskState.SUCCEEDED: "succeeded",
+    TaskState.FAILED: "failed",
+    TaskState.CANCELLED: "cancelled",
+}
+
+
+class _KeyBusyError(Exception):
+    """Internal: roll the claim back because its idempotency key is held elsewhere."""
+
+
+class Repository:
+    """Every read and state change of runs and task runs.
+
+    ``rand`` (a float in [0, 1)) feeds retry jitter; tests inject a fixed one.
+    """
+
+    def __init__(self, db: Database, rand: Callable[[], float] = random.random) -> None:
+        self._db = db
+        self._q = queries.load()
+        self._rand = rand
+
+    # ------------------------------------------------------------------ triggering
+
+    def trigger(
+        self,
+        workflow: WorkflowDef,
+        run_input: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> TriggerResult:
+        """Create a run and its task runs in one transaction.
+
+        The same ``idempotency_key`` returns the same run (``created`` False); the same key
+        with another workflow or input raises :class:`TriggerConflictError`.
+        """
+        run_input = {} if run_input is None else run_input
+        if not isinstance(run_input, Mapping):
+            raise InputError("the run input must be a JSON object")
+        try:
+            request_digest = hashlib.sha256(
+                json.dumps({"workflow": workflow.name, "input": run_input}, sort_keys=True).encode()
+            ).hexdigest()
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"the run input is not JSON-serialisable: {exc}") from exc
+        tasks = _task_columns(workflow, run_input)
+        return self._db.run(
+            self._trigger, workflow, run_input, idempotency_key, request_digest, tasks
+        )
+
+    def _trigger(
+        self,
+        cur: Cursor,
+        workflow: WorkflowDef,
+        run_input: Mapping[str, Any],
+        idempotency_key: str | None,
+        request_digest: str,
+        tasks: dict[str, list[Any]],
+    ) -> TriggerResult:
+        q = self._q
+        cur.execute(
+            q["register_definition"],
+            {
+                "name": workflow.name,
+                "digest": workflow.digest,
+                "definition": Jsonb(workflow.to_dict()),
+            },
+        )
+        ordering = sorted({k for k in tasks["ordering_keys"] if k is not None})
+        if ordering:
+            cur.execute(
+                q["lock_ordering_keys"], {"namespace": ORDERING_LOCK_NAMESPACE, "keys": ordering}
+            )
+        run_id = uuid.uuid4()
+        inserted = cur.execute(
+            q["insert_run"],
+            {
+                "id": run_id,
+                "workflow": workflow.name,
+                "digest": workflow.digest,
+                "input": Jsonb(dict(run_input)),
+                "fail_fast": workflow.fail_fast,
+                "key": idempotency_key,
+                "request_digest": request_digest,
+            },
+        ).fetchone()
+        if inserted is None:
+            existing = cur.execute(q["find_run_by_key"], {"key": idempotency_key}).fetchone()
+            if existing is None or existing["request_digest"] != request_digest:
+                raise TriggerConflictError(
+                    f"idempotency key {idempotency_key!r} was used for a different request"
+                )
+            return TriggerResult(existing["id"], created=False)
+        edges = tasks.pop("edges")
+        cur.execute(q["insert_tasks"], {"run_id": run_id, **tasks})
+        if edges[0]:
+            cur.execute(q["insert_edges"], {"upstream": edges[0], "downstream": edges[1]})
+        cur.execute(q["notify_scheduler"])
+        return TriggerResult(run_id, created=True)
+
+    # ------------------------------------------------------------------ scheduler passes
+
+    def promote_ready(self, limit: int) -> int:
+        """PENDING (dependencies met, stream free) and due RETRYING → READY + outbox row."""
+        transitions.check((TaskState.PENDING, TaskState.RETRYING), TaskState.READY)
+
+        def work(cur: Cursor) -> int:
+            row = cur.execute(self._q["promote_ready"], {"limit": limit}).fetchone()
+            promoted, queued = (row["promoted"], row["queued"]) if row else (0, 0)
+            if queued:
+                cur.execute(self._q["notify_outbox"])
+            return int(promoted)
+
+        return self._db.run(work)
+
+    def route_failed(
+        self, limit: int, crash_loop_threshold: int = DEFAULT_CRASH_LOOP_THRESHOLD
+    ) -> int:
+        """FAILED → RETRYING / DEAD / CANCELLED by each task's retry policy."""
+
+        def facts(row: Mapping[str, Any]) -> FailureFacts:
+            return FailureFacts(
+                reason=FailureReason(row["failure_reason"] or FailureReason.HANDLER_ERROR),
+                attempts_used=row["attempt"] - row["budget_start"],
+                crash_streak=row["crash_streak"],
+                cancel_requested=row["cancel_requested"],
+            )
+
+        return self._apply_policy(
+            TaskState.FAILED, "lock_failed", "apply_routing", facts, limit, crash_loop_threshold
+        )
+
+    def reap_expired(
+        self, limit: int, crash_loop_threshold: int = DEFAULT_CRASH_LOOP_THRESHOLD
+    ) -> int:
+        """RUNNING with a lapsed lease → RETRYING / DEAD (crash loop) / CANCELLED, token bumped."""
+
+        def facts(row: Mapping[str, Any]) -> FailureFacts:
+            return FailureFacts(
+                reason=FailureReason.LEASE_EXPIRED,
+                attempts_used=row["attempt"] - row["budget_start"],
+                crash_streak=row["crash_streak"] + 1,
+                cancel_requested=row["cancel_requested"],
+            )
+
+        reaped = self._apply_policy(
+            TaskState.RUNNING,
+            "lock_expired_leases",
+            "apply_reap",
+            facts,
+            limit,
+            crash_loop_threshold,
+        )
+        if reaped:
+            logger.warning("reaped %s expired lease(s)", reaped, extra={"action": "leases_reaped"})
+        return reaped
+
+    def _apply_policy(
+        self,
+        source: TaskState,
+        lock_query: str,
+        apply_query: str,
+        facts: Callable[[Mapping[str, Any]], FailureFacts],
+        limit: int,
+        crash_loop_threshold: int,
+    ) -> int:
+        def work(cur: Cursor) -> int:
+            locked = cur.execute(self._q[lock_query], {"limit": limit}).fetchall()
+            if not locked:
+                return 0
+            columns: dict[str, list[Any]] = {
+                k: [] for k in ("ids", "tokens", "states", "delays", "reasons")
+            }
+            for row in locked:
+                row_facts = facts(row)
+                decision = decide(_policy(row), row_facts, self._rand, crash_loop_threshold)
+                state, delay, reason = _decision_columns(decision, row_facts.reason)
+                transitions.check(source, state)
+                for key, value in zip(
+                    columns,
+                    (row["id"], row["fencing_token"], str(state), delay, str(reason)),
+                    strict=True,
+                ):
+                    columns[key].append(value)
+            changed = cur.execute(self._q[apply_query], columns).fetchall()
+            if changed:
+                cur.execute(self._q["notify_scheduler"])
+            return len(changed)
+
+        return self._db.run(work)
+
+    def propagate(self, limit: int) -> int:
+        """Apply the consequences of tasks that finished (SUCCEEDED / DEAD / CANCELLED).
+
+        Success releases dependents; death or cancellation cancels the dependents that can
+        no longer run (and, for a fail-fast run, every task not yet started while running
+        siblings are asked to stop). The runs involved have their state derived anew.
+        """
+        transitions.check(TaskState.PENDING, TaskState.CANCELLED)
+
+        def work(cur: Cursor) -> int:
+            q = self._q
+            finished = cur.execute(q["lock_unpropagated"], {"limit": limit}).fetchall()
+            if not finished:
+                return 0
+            succeeded = [r["id"] for r in finished if r["state"] == TaskState.SUCCEEDED]
+            ended = [r["id"] for r in finished if r["state"] != TaskState.SUCCEEDED]
+            fail_fast = sorted(
+                {r["run_id"] for r in finished if r["state"] == TaskState.DEAD and r["fail_fast"]}
+            )
+            if succeeded:
+                cur.execute(q["release_dependents"], {"ids": succeeded})
+            if ended:
+                cur.execute(q["cancel_dependents"], {"ids": ended})
+            if fail_fast:
+                self._stop_runs(cur, fail_fast, CancelCause.UPSTREAM)
+            cur.execute(q["mark_propagated"], {"ids": [r["id"] for r in finished]})
+            self._derive(cur, {r["run_id"] for r in finished})
+            return len(finished)
+
+        return self._db.run(work)
+
+    def purge(self, age_s: float, limit: int) -> int:
+        """Delete finished runs, published outbox rows and settled keys older than ``age_s``."""
+
+        def work(cur: Cursor) -> int:
+            params = {"age_s": age_s, "limit": limit}
+            return sum(
+                cur.execute(self._q[name], params).rowcount
+                for name in ("purge_runs", "purge_outbox", "purge_keys")
+            )
+
+        return self._db.run(work)
+
+    def _stop_runs(self, cur: Cursor, run_ids: Sequence[UUID], cause: CancelCause) -> None:
+        transitions.check(NOT_STARTED_TASK_STATES, TaskState.CANCELLED)
+        params = {"run_ids": list(run_ids), "cause": str(cause)}
+        cur.execute(self._q["cancel_not_started"], params)
+        cur.execute(self._q["request_stop"], params)
+
+    def _derive(self, cur: Cursor, run_ids: Iterable[UUID]) -> None:
+        """Lock the runs (in id order, after their tasks) and store their derived states."""
+        ids = sorted(set(run_ids))
+        locked = cur.execute(self._q["lock_runs"], {"ids": ids}).fetchall()
+        counts: dict[UUID, dict[TaskState, int]] = {r["id"]: {} for r in locked}
+        attempted: dict[UUID, bool] = dict.fromkeys(counts, False)
+        for row in cur.execute(self._q["run_facts"], {"ids": ids}).fetchall():
+            counts[row["run_id"]][TaskState(row["state"])] = row["n"]
+            attempted[row["run_id"]] = attempted[row["run_id"]] or bool(row["attempted"])
+        columns: dict[str, list[Any]] = {"ids": [], "states": [], "finished": []}
+        for row in locked:
+            facts = RunFacts(counts[row["id"]], attempted[row["id"]], row["cancel_requested"])
+            columns["ids"].append(row["id"])
+            columns["states"].append(str(derive(facts)))
+            columns["finished"].append(facts.finished)
+        if columns["ids"]:
+            cur.execute(self._q["update_run_states"], columns)
+
+    # ------------------------------------------------------------------ worker
+
+    def claim(
+        self, task_run_id: UUID, token: int, worker: str, lease_s: float, key_wait_s: float = 1.0
+    ) -> ClaimResult:
+        """READY → RUNNING for the generation ``token`` names, holding a lease of ``lease_s``.
+
+        With an idempotency key: a key that already succeeded finishes the task with the
+        stored result (REUSED); a key held by a live execution undoes the claim and defers
+        the task by ``key_wait_s`` without using an attempt (DEFERRED).
+        """
+        transitions.check(TaskState.READY, TaskState.RUNNING)
+        params = {"id": task_run_id, "token": token, "worker": worker, "lease_s": lease_s}
+        try:
+            return self._db.run(self._claim, params)
+        except _KeyBusyError:
+            transitions.check(TaskState.READY, TaskState.RETRYING)
+            deferred = self._db.run(
+                lambda cur: cur.execute(
+                    self._q["defer"], {"id": task_run_id, "token": token, "delay_s": key_wait_s}
+                ).fetchone()
+            )
+            return ClaimResult(ClaimOutcome.DEFERRED if deferred else ClaimOutcome.LOST)
+
+    def _claim(self, cur: Cursor, params: dict[str, Any]) -> ClaimResult:
+        row = cur.execute(self._q["claim"], params).fetchone()
+        if row is None:
+            return ClaimResult(ClaimOutcome.LOST)
+        claim = Claim(
+            task_run_id=row["id"],
+            run_id=row["run_id"],
+            name=row["name"],
+            handler=row["handler"],
+            attempt=row["attempt"],
+            fencing_token=row["fencing_token"],
+            input=row["input"],
+            upstream=row["upstream"],
+            timeout_s=row["timeout_s"],
+            idempotency_key=row["idempotency_key"],
+        )
+        if claim.idempotency_key is None:
+            return ClaimResult(ClaimOutcome.EXECUTE, claim)
+        key_params = {
+            "key": claim.idempotency_key,
+            "id": claim.task_run_id,
+            "token": claim.fencing_token,
+            "lease_s": params["lease_s"],
+        }
+        if cur.execute(self._q["acquire_key"], key_params).fetchone():
+            return ClaimResult(ClaimOutcome.EXECUTE, claim)
+        held = cur.execute(self._q["read_key"], key_params).fetchone()
+        if held is None or held["state"] != TaskState.SUCCEEDED:
+            raise _KeyBusyError
+        self._finish(
+            cur,
+            claim.task_run_id,
+            claim.fencing_token,
+            TaskState.SUCCEEDED,
+            result=held["result"],
+            outcome="reused",
+        )
+        return ClaimResult(ClaimOutcome.REUSED, claim)
+
+    def renew_lease(self, task_run_id: UUID, token: int, lease_s: float) -> Renewal:
+        """Extend a held lease by ``lease_s`` from the database's now; report cancellation."""
+        row = self._db.run(
+            lambda cur: cur.execute(
+                self._q["renew_lease"], {"id": task_run_id, "token": token, "lease_s": lease_s}
+            ).fetchone()
+        )
+        return Renewal(held=row is not None, cancel_requested=bool(row and row["cancel_requested"]))
+
+    def finish(
+        self,
+        task_run_id: UUID,
+        token: int,
+        state: TaskState,
+        *,
+        result: Any = None,
+        reason: FailureReason | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> bool:
+        """RUNNING → ``state`` (SUCCEEDED, FAILED or CANCELLED) if ``token`` is current.
+
+        Returns False for a stale token (the task was reaped or finished by someone else).
+        """
+        transitions.check(TaskState.RUNNING, state)
+        if state is TaskState.FAILED and reason is None:
+            raise ValueError("a failure needs a reason")
+        if state is TaskState.CANCELLED:
+            reason = FailureReason.CANCELLED
+        return self._db.run(
+            self._finish,
+            task_run_id,
+            token,
+            state,
+            result,
+            reason,
+            error,
+            traceback,
+            _OUTCOMES[state],
+        )
+
+    def _finish(
+        self,
+        cur: Cursor,
+        task_run_id: UUID,
+        token: int,
+        state: TaskState,
+        result: Any = None,
+        reason: FailureReason | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+        outcome: str = "succeeded",
+    ) -> bool:
+        row = cur.execute(
+            self._q["finish"],
+            {
+                "id": task_run_id,
+                "token": token,
+                "state": str(state),
+                "result": None if result is None else Jsonb(result),
+                "reason": None if reason is None else str(reason),
+                "error": error,
+                "traceback": traceback,
+                "outcome": outcome,
+            },
+        ).fetchone()
+        if row is not None:
+            cur.execute(self._q["notify_scheduler"])
+        return row is not None
+
+    # ------------------------------------------------------------------ operator actions
+
+    def cancel_run(self, run_id: UUID | str) -> Run:
+        """Cancel what has not started, ask running tasks to stop; return the run after."""
+        rid = parse_id(run_id, "run id")
+
+        def work(cur: Cursor) -> None:
+            self._stop_runs(cur, [rid], CancelCause.OPERATOR)
+            if cur.execute(self._q["mark_run_cancel_requested"], {"id": rid}).fetchone() is None:
+                raise NotFoundError(f"no run with id {rid}")
+            self._derive(cur, [rid])
+            cur.execute(self._q["notify_scheduler"])
+
+        self._db.run(work)
+        return self.get_run(rid)
+
+    def requeue_dead(
+        self, task_run_id: UUID | str, requested_by: str, reason: str | None = None
+    ) -> TaskRun:
+        """DEAD → PENDING with a fresh retry budget, recorded in the audit table.
+
+        Tasks of the same run that were cancelled only because this one died come back too.
+        """
+        tid = parse_id(task_run_id, "task run id")
+        transitions.check(TaskState.DEAD, TaskState.PENDING)
+        transitions.check(TaskState.CANCELLED, TaskState.PENDING)
+
+        def work(cur: Cursor) -> None:
+            q = self._q
+            current = cur.execute(q["task_state"], {"id": tid}).fetchone()
+            if current is None:
+                raise NotFoundError(f"no task run with id {tid}")
+            if current["state"] != TaskState.DEAD:
+                raise NotDeadError(
+                    f"task run {tid} is {current['state']}, not DEAD: nothing to requeue"
+                )
+            row = cur.execute(q["requeue_dead"], {"id": tid}).fetchone()
+            if row is None:  # it changed since we looked: report it like any other non-dead task
+                raise NotDeadError(f"task run {tid} is no longer DEAD: nothing to requeue")
+            cur.execute(q["revive_cancelled"], {"run_id": row["run_id"]})
+            cur.execute(
+                q["insert_audit"],
+                {
+                    "id": tid,
+                    "by": requested_by,
+                    "reason": reason,
+                    "previous_reason": current["failure_reason"],
+                    "attempt": current["attempt"],
+                },
+            )
+            self._derive(cur, [row["run_id"]])
+            cur.execute(q["notify_scheduler"])
+
+        self._db.run(work)
+        logger.info("requeued dead task run %s", tid, extra={"action": "task_requeued"})
+        return self.get_task(tid)
+
+    # ------------------------------------------------------------------ reads
+
+    def get_run(self, run_id: UUID | str) -> Run:
+        """The run with its tasks; :class:`NotFoundError` if there is none."""
+        rid = parse_id(run_id, "run id")
+        with self._db.transaction() as cur:
+            row = cur.execute(self._q["get_run"], {"id": rid}).fetchone()
+            if row is None:
+                raise NotFoundError(f"no run with id {rid}")
+            tasks = cur.execute(self._q["get_run_tasks"], {"id": rid}).fetchall()
+        return rows.run(row, tuple(rows.task_run(t) for t in tasks))
+
+    def get_task(self, task_run_id: UUID | str) -> TaskRun:
+        tid = parse_id(task_run_id, "task run id")
+        with self._db.transaction() as cur:
+            row = cur.execute(self._q["get_task"], {"id": tid}).fetchone()
+        if row is None:
+            raise NotFoundError(f"no task run with id {tid}")
+        return rows.task_run(row)
+
+    def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
+        tid = parse_id(task_run_id, "task run id")
+        with self._db.transaction() as cur:
+            return [
+                rows.attempt(r)
+                for r in cur.execute(self._q["get_attempts"], {"id": tid}).fetchall()
+            ]
+
+    def list_runs(
+        self,
+        *,
+        state: str | None = None,
+        workflow: str | None = None,
+        limit: int = 50,
+        before: tuple[datetime, UUID] | None = None,
+    ) -> list[Run]:
+        """Runs newest first (without their tasks), keyset-paginated by ``before``."""
+        params = {
+            "state": state,
+            "workflow": workflow,
+            "limit": limit,
+            "before_created": before[0] if before else None,
+            "before_id": before[1] if before else None,
+        }
+        with self._db.transaction() as cur:
+            return [rows.run(r) for r in cur.execute(self._q["list_runs"], params).fetchall()]
+
+    def list_dead(self, limit: int = 100) -> list[TaskRun]:
+        with self._db.transaction() as cur:
+            return [
+                rows.task_run(r)
+                for r in cur.execute(self._q["list_dead"], {"limit": limit}).fetchall()
+            ]
+
+
+def _policy(row: Mapping[str, Any]) -> RetryPolicy:
+    return RetryPolicy(
+        row["max_attempts"], row["base_delay_s"], row["max_delay_s"], Jitter(row["jitter"])
+    )
+
+
+def _decision_columns(
+    decision: Decision, retry_reason: FailureReason
+) -> tuple[TaskState, float, FailureReason]:
+    """(target state, delay in seconds, reason to store) for a routing decision."""
+    if isinstance(decision, Retry):
+        return TaskState.RETRYING, decision.delay, retry_reason
+    if isinstance(decision, Bury):
+        return TaskState.DEAD, 0.0, decision.reason
+    assert isinstance(decision, Cancel)
+    return TaskState.CANCELLED, 0.0, FailureReason.CANCELLED
+
+
+def _task_columns(workflow: WorkflowDef, run_input: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Column arrays for inserting a run's tasks (in dependency order) and their edges."""
+    ordered = workflow.topological_order()
+    ids = {t.name: uuid.uuid4() for t in ordered}
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "ids",
+            "names",
+            "handlers",
+            "pending",
+            "max_attempts",
+            "base_delays",
+            "max_delays",
+            "jitters",
+            "timeouts",
+            "idem_keys",
+            "ordering_keys",
+            "on_dead",
+        )
+    }
+    upstream: list[UUID] = []
+    downstream: list[UUID] = []
+    for task in ordered:
+        label = f"task {task.name!r}"
+        values = (
+            ids[task.name],
+            task.name,
+            task.handler,
+            len(task.depends_on),
+            task.retry.max_attempts,
+            task.retry.base_delay,
+            task.retry.max_delay,
+            str(task.retry.jitter),
+            task.timeout,
+            None
+            if task.idempotency_key is None
+            else render_key(task.idempotency_key, run_input, f"{label} idempotency_key"),
+            None
+            if task.ordering_key is None
+            else render_key(task.ordering_key, run_input, f"{label} ordering_key"),
+            str(task.on_dead),
+        )
+        for key, value in zip(cols, values, strict=True):
+            cols[key].append(value)
+        for dep in task.depends_on:
+            upstream.append(ids[dep])
+            downstream.append(ids[task.name])
+    cols["edges"] = [upstream, downstream]
+    return cols

@@ -1,0 +1,1 @@
+"""A generic process supervisor (it imports nothing from flowforge)."""
