@@ -1,0 +1,1 @@
+"""Example handlers for the example workflows."""

@@ -1,0 +1,35 @@
+"""Handlers for the example workflows in ``config/workflows``.
+
+Each takes the task context and returns a JSON-serialisable value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowforge import task
+
+
+@task("hello.greet")
+def greet(ctx: Any) -> dict[str, str]:
+    return {"greeting": f"hello, {ctx.input.get('name', 'world')}"}
+
+
+@task("payments.charge")
+def charge(ctx: Any) -> dict[str, Any]:
+    return {"charged": ctx.input["amount"], "order": ctx.input["order_id"]}
+
+
+@task("inventory.reserve")
+def reserve(ctx: Any) -> dict[str, Any]:
+    return {"reserved": ctx.input.get("items", [])}
+
+
+@task("shipping.ship")
+def ship(ctx: Any) -> dict[str, Any]:
+    return {"shipped": ctx.input["order_id"], "charge": ctx.upstream["charge"]}
+
+
+@task("notify.email")
+def email(ctx: Any) -> dict[str, Any]:
+    return {"notified": ctx.input["customer_id"]}

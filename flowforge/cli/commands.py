@@ -1,0 +1,183 @@
+"""One function per ``flowforge`` subcommand: parse the arguments' meaning, call the engine,
+print the result. Each returns an exit code; errors propagate to ``main`` for mapping."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from flowforge.cli import exitcodes, output
+from flowforge.client import Client
+from flowforge.config import Config, load_config
+from flowforge.definitions import load_paths
+from flowforge.domain.states import RunState
+from flowforge.errors import InputError
+from flowforge.store.migrate import migrate as apply_migrations
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(getattr(args, "config", None))
+
+
+@contextmanager
+def _client(args: argparse.Namespace) -> Iterator[Client]:
+    with Client(_config(args)) as client:
+        yield client
+
+
+def no_action(args: argparse.Namespace) -> int:  # argparse requires an action for groups
+    return exitcodes.USAGE
+
+
+def migrate(args: argparse.Namespace) -> int:
+    config = _config(args)
+    applied = apply_migrations(config.database.url)
+    print(
+        f"applied migrations: {', '.join(map(str, applied))}" if applied else "schema is up to date"
+    )
+    return exitcodes.OK
+
+
+def trigger(args: argparse.Namespace) -> int:
+    try:
+        run_input = json.loads(args.input)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--input is not valid JSON: {exc.msg} at position {exc.pos}") from exc
+    if not isinstance(run_input, dict):
+        raise InputError("--input must be a JSON object")
+    with _client(args) as client:
+        result = client.trigger(args.workflow, run_input, args.idempotency_key)
+    print(result.run_id)
+    return exitcodes.OK
+
+
+def status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        run = client.status(args.run_id)
+    if args.json:
+        output.emit_json(output.run_dict(run))
+        return exitcodes.OK
+    print(f"run {run.id}  workflow {run.workflow}  state {run.state}")
+    print(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  finished {run.finished_at or '-'}")
+    output.table(
+        ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID"),
+        [
+            (
+                t.name,
+                t.state,
+                t.attempt,
+                t.failure_reason,
+                t.started_at,
+                t.finished_at,
+                output.task_dict(t)["duration_s"],
+                t.id,
+            )
+            for t in run.tasks
+        ],
+    )
+    return exitcodes.OK
+
+
+def runs(args: argparse.Namespace) -> int:
+    state = args.state.upper() if args.state else None
+    if state is not None and state not in RunState.__members__:
+        raise InputError(f"--state must be one of {', '.join(RunState)}")
+    if not 1 <= args.limit <= 1000:
+        raise InputError("--limit must be between 1 and 1000")
+    with _client(args) as client:
+        found = client.repository.list_runs(state=state, workflow=args.workflow, limit=args.limit)
+    if args.json:
+        output.emit_json([output.run_dict(r, with_tasks=False) for r in found])
+        return exitcodes.OK
+    output.table(
+        ("ID", "WORKFLOW", "STATE", "CREATED", "FINISHED"),
+        [(r.id, r.workflow, r.state, r.created_at, r.finished_at) for r in found],
+    )
+    return exitcodes.OK
+
+
+def cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        run = client.cancel(args.run_id)
+    if args.json:
+        output.emit_json(output.run_dict(run))
+    else:
+        print(f"run {run.id} is {run.state}")
+    return exitcodes.OK
+
+
+def dead_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        dead = client.repository.list_dead(limit=args.limit)
+    if args.json:
+        output.emit_json([output.task_dict(t) for t in dead])
+        return exitcodes.OK
+    output.table(
+        ("ID", "RUN", "TASK", "HANDLER", "ATTEMPT", "REASON", "FINISHED"),
+        [
+            (t.id, t.run_id, t.name, t.handler, t.attempt, t.failure_reason, t.finished_at)
+            for t in dead
+        ],
+    )
+    return exitcodes.OK
+
+
+def dead_show(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        task = client.repository.get_task(args.task_run_id)
+        attempts = client.attempts(task.id)
+    if args.json:
+        output.emit_json(
+            {**output.task_dict(task), "attempts": [output.attempt_dict(a) for a in attempts]}
+        )
+        return exitcodes.OK
+    print(
+        f"task run {task.id}  {task.name} ({task.handler})  state {task.state}  "
+        f"reason {task.failure_reason or '-'}"
+    )
+    output.table(
+        ("ATTEMPT", "WORKER", "OUTCOME", "REASON", "STARTED", "FINISHED", "ERROR"),
+        [
+            (
+                a.attempt,
+                a.worker,
+                a.outcome,
+                a.failure_reason,
+                a.started_at,
+                a.finished_at,
+                (a.error or "")[:60],
+            )
+            for a in attempts
+        ],
+    )
+    return exitcodes.OK
+
+
+def dead_requeue(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        task = client.requeue(args.task_run_id, args.by or getpass.getuser(), args.reason)
+    print(f"task run {task.id} requeued: {task.state}")
+    return exitcodes.OK
+
+
+def workflows_list(args: argparse.Namespace) -> int:
+    workflows = Client(_config(args)).workflows
+    if args.json:
+        output.emit_json([wf.to_dict() for wf in workflows.values()])
+        return exitcodes.OK
+    output.table(
+        ("WORKFLOW", "TASKS", "FAIL FAST", "DIGEST"),
+        [(wf.name, len(wf.tasks), wf.fail_fast, wf.digest[:12]) for wf in workflows.values()],
+    )
+    return exitcodes.OK
+
+
+def workflows_validate(args: argparse.Namespace) -> int:
+    paths = tuple(Path(p) for p in args.paths) or _config(args).workflow_paths()
+    found = load_paths(paths)
+    print(f"{len(found)} workflow(s) valid: {', '.join(sorted(found)) or '-'}")
+    return exitcodes.OK

@@ -1,0 +1,178 @@
+"""The ``flowforge`` command: argument parsing, dispatch and the error → exit-code mapping.
+
+Operator mistakes print one line on stderr and exit non-zero; logs go to stderr only with
+``-v``. No traceback reaches the terminal except for a genuine internal error under ``-vv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from flowforge.cli import commands, exitcodes
+from flowforge.errors import (
+    ConfigError,
+    DatabaseUnavailableError,
+    DefinitionError,
+    FlowForgeError,
+    InputError,
+    InvalidIdError,
+    MigrationError,
+    NotDeadError,
+    NotFoundError,
+    TriggerConflictError,
+    UnknownWorkflowError,
+)
+
+logger = logging.getLogger(__name__)
+
+#: First match wins: the exit code for each kind of failure.
+ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (ConfigError, exitcodes.USAGE),
+    (DefinitionError, exitcodes.USAGE),
+    (InputError, exitcodes.USAGE),
+    (InvalidIdError, exitcodes.USAGE),
+    (UnknownWorkflowError, exitcodes.USAGE),
+    (NotFoundError, exitcodes.NOT_FOUND),
+    (NotDeadError, exitcodes.REFUSED),
+    (TriggerConflictError, exitcodes.REFUSED),
+    (MigrationError, exitcodes.REFUSED),
+    (DatabaseUnavailableError, exitcodes.UNAVAILABLE),
+    (FlowForgeError, exitcodes.INTERNAL),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"flowforge: error: {message} (see --help)\n")
+        raise SystemExit(exitcodes.USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    # SUPPRESS keeps a -c given before the subcommand from being reset by the subparser.
+    common.add_argument(
+        "-c", "--config", default=argparse.SUPPRESS, help="config file (or $FLOWFORGE_CONFIG)"
+    )
+    common.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log to stderr"
+    )
+    parser = _Parser(prog="flowforge", description="A durable workflow engine.", parents=[common])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(
+        name: str, handler: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, parents=[common])
+        p.set_defaults(handler=handler)
+        return p
+
+    def json_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    command("migrate", commands.migrate, "create or upgrade the database schema")
+
+    p = command("trigger", commands.trigger, "start a run; prints its id")
+    p.add_argument("workflow")
+    p.add_argument("--input", default="{}", help="the run input as a JSON object")
+    p.add_argument("--idempotency-key", default=None)
+
+    p = command("status", commands.status, "show a run and its tasks")
+    p.add_argument("run_id")
+    json_flag(p)
+
+    p = command("runs", commands.runs, "list runs, newest first")
+    p.add_argument("--state", default=None)
+    p.add_argument("--workflow", default=None)
+    p.add_argument("--limit", type=int, default=50)
+    json_flag(p)
+
+    p = command("cancel", commands.cancel, "cancel a run")
+    p.add_argument("run_id")
+    json_flag(p)
+
+    dead = command("dead", commands.no_action, "dead tasks").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = dead.add_parser("list", help="list dead tasks", parents=[common])
+    p.set_defaults(handler=commands.dead_list)
+    p.add_argument("--limit", type=int, default=100)
+    json_flag(p)
+    p = dead.add_parser("show", help="a dead task with its attempts", parents=[common])
+    p.set_defaults(handler=commands.dead_show)
+    p.add_argument("task_run_id")
+    json_flag(p)
+    p = dead.add_parser(
+        "requeue", help="send a dead task back to be run (audited)", parents=[common]
+    )
+    p.set_defaults(handler=commands.dead_requeue)
+    p.add_argument("task_run_id")
+    p.add_argument("--reason", default=None, help="recorded in the audit row")
+    p.add_argument("--by", default=None, help="who requeues (default: the OS user)")
+
+    workflows = command("workflows", commands.no_action, "workflow definitions").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = workflows.add_parser("list", help="list the configured workflows", parents=[common])
+    p.set_defaults(handler=commands.workflows_list)
+    json_flag(p)
+    p = workflows.add_parser(
+        "validate", help="check workflow files (all configured ones by default)", parents=[common]
+    )
+    p.set_defaults(handler=commands.workflows_validate)
+    p.add_argument("paths", nargs="*")
+    return parser
+
+
+def _configure_logging(verbosity: int) -> None:
+    if verbosity <= 0:
+        logging.disable(logging.CRITICAL)
+        return
+    logging.basicConfig(
+        level=logging.DEBUG if verbosity > 1 else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def exit_code_for(exc: BaseException) -> int:
+    for kind, code in ERROR_CODES:
+        if isinstance(exc, kind):
+            return code
+    return exitcodes.INTERNAL
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code (the console script exits with it)."""
+    args = build_parser().parse_args(argv)
+    verbosity = getattr(args, "verbose", 0) or 0
+    _configure_logging(verbosity)
+    try:
+        return int(args.handler(args))
+    except FlowForgeError as exc:
+        sys.stderr.write(f"flowforge: {_one_line(exc)}\n")
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        sys.stderr.write("flowforge: interrupted\n")
+        return 130
+    except Exception as exc:  # an internal error: still one line unless asked for more
+        if verbosity > 1:
+            logger.exception("internal error")
+        sys.stderr.write(
+            f"flowforge: internal error: {_one_line(exc)} (run with -vv for details)\n"
+        )
+        return exitcodes.INTERNAL
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def entry_point() -> NoReturn:
+    sys.exit(main())
