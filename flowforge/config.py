@@ -8,7 +8,9 @@ directory is where handler modules are imported from (so a config folder is self
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +27,12 @@ ENV_BROKER_URL = "FLOWFORGE_BROKER_URL"
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/flowforge"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_QUEUE = "flowforge.tasks"
+_PASSWORD_PARAM = re.compile(r"((?:^|[?&\s])password=)[^&\s]*", re.IGNORECASE)
 
 
 def _positive(value: float, name: str) -> None:
-    if value <= 0:
-        raise ValueError(f"{name} must be positive")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive finite number")
 
 
 @dataclass(frozen=True)
@@ -183,11 +186,12 @@ def _read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
     try:
-        return yaml.safe_load(text) or {}
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1})" if mark is not None else ""
         raise ConfigError(f"{path}: not valid YAML{at}") from exc
+    return {} if data is None else data
 
 
 def _normalise(data: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +216,8 @@ def _apply_env(config: Config, env: Mapping[str, str], where: str) -> Config:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, safe to log."""
+    """``url`` with any password (in the authority or a ``password=`` parameter) as ``***``."""
+    url = _PASSWORD_PARAM.sub(r"\1***", url)
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url

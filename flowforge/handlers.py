@@ -24,7 +24,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def task(name: str) -> Callable[[F], F]:
     """Mark ``fn`` as the handler called ``name`` (a function taking the task context)."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise DefinitionError(f"handler name {name!r} is invalid")
 
     def mark(fn: F) -> F:

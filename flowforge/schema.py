@@ -8,6 +8,7 @@ how to read it, unknown keys are refused, and a dataclass's own ``__post_init__`
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -71,6 +72,8 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
         accepts, expected = _SCALARS[hint]
         if not accepts(value):
             raise SchemaError(f"{path}: expected {expected}, got {_kind(value)}")
+        if hint is float and not math.isfinite(value):
+            raise SchemaError(f"{path}: must be a finite number, got {value!r}")
         return float(value) if hint is float else value
     raise TypeError(f"{path}: unsupported field type {hint!r}")
 

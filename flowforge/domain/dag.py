@@ -19,8 +19,10 @@ from typing import Any
 from flowforge.domain.policy import RetryPolicy
 from flowforge.errors import DefinitionError, InputError
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
-_FIELD_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\[\]]+\])*$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+#: Longest per-task time limit accepted (one week), in seconds.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+_FIELD_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\[\]]+\])*")
 
 
 class OnDead(StrEnum):
@@ -46,8 +48,11 @@ class TaskDef:
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         _check_name(self.handler, f"task {self.name!r}: handler")
-        if self.timeout is not None and self.timeout <= 0:
-            raise DefinitionError(f"task {self.name!r}: timeout must be a positive number")
+        if self.timeout is not None and not 0 < self.timeout <= MAX_TIMEOUT_S:
+            raise DefinitionError(
+                f"task {self.name!r}: timeout must be a positive number of seconds "
+                f"(at most {MAX_TIMEOUT_S:.0f})"
+            )
         for label, template in (
             ("idempotency_key", self.idempotency_key),
             ("ordering_key", self.ordering_key),
@@ -125,11 +130,11 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
         "depends_on": list(task.depends_on),
         "retry": {
             "max_attempts": task.retry.max_attempts,
-            "base_delay": task.retry.base_delay,
-            "max_delay": task.retry.max_delay,
+            "base_delay": float(task.retry.base_delay),
+            "max_delay": float(task.retry.max_delay),
             "jitter": str(task.retry.jitter),
         },
-        "timeout": task.timeout,
+        "timeout": None if task.timeout is None else float(task.timeout),
         "idempotency_key": task.idempotency_key,
         "ordering_key": task.ordering_key,
         "on_dead": str(task.on_dead),
@@ -137,7 +142,7 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
 
 
 def _check_name(value: str, label: str) -> None:
-    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise DefinitionError(
             f"{label} {value!r} is invalid: use 1-128 letters, digits, '_', '.', '-'"
         )
@@ -168,23 +173,31 @@ def find_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
 
 
 def check_template(template: str, label: str) -> None:
-    """Refuse a key template that cannot be parsed or reaches beyond plain input lookups."""
+    """Refuse a key template that cannot be parsed or reaches beyond plain input lookups.
+
+    Fields nested in a format spec (``{a:{b}}``) are checked too, since ``str.format``
+    evaluates them as well.
+    """
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise DefinitionError(f"{label}: malformed template {template!r}: {exc}") from exc
-    for name in fields:
-        if not _FIELD_PATTERN.match(name):
+    for _, name, spec, _ in parsed:
+        if name is None:
+            continue
+        if not _FIELD_PATTERN.fullmatch(name):
             raise DefinitionError(
                 f"{label}: template field {{{name}}} must be an input key, optionally indexed"
             )
+        if spec:
+            check_template(spec, label)
 
 
 def render_key(template: str, run_input: Mapping[str, Any], label: str) -> str:
     """Format a key template with the run input; :class:`InputError` names what is missing."""
     try:
         return template.format_map(run_input)
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(
             f"{label}: cannot format {template!r} from the run input: {exc!r}"
         ) from exc

@@ -16,6 +16,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BASE_DELAY_S = 1.0
 DEFAULT_MAX_DELAY_S = 300.0
 DEFAULT_CRASH_LOOP_THRESHOLD = 3
+#: Longest backoff accepted (one year): keeps retry times far inside PostgreSQL's range.
+MAX_DELAY_LIMIT_S = 365 * 24 * 3600.0
 # 2**62 seconds is far beyond any cap; clamping the exponent keeps the float finite.
 _MAX_EXPONENT = 62
 
@@ -40,8 +42,12 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
-        if self.base_delay < 0 or self.max_delay < 0:
-            raise ValueError("delays must not be negative")
+        if not (
+            0 <= self.base_delay <= MAX_DELAY_LIMIT_S and 0 <= self.max_delay <= MAX_DELAY_LIMIT_S
+        ):
+            raise ValueError(
+                f"delays must be finite, between 0 and {MAX_DELAY_LIMIT_S:.0f} seconds"
+            )
         if self.max_delay < self.base_delay:
             raise ValueError("max_delay must not be smaller than base_delay")
 

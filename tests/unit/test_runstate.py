@@ -1,0 +1,137 @@
+"""Deriving a workflow run's state from aggregate task facts (precedence as data)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowforge.domain.runstate import PRECEDENCE, RunFacts, derive
+from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
+
+FAST = settings(database=None, deadline=None, max_examples=300)
+S = TaskState
+
+
+def facts(attempted: bool = False, cancel: bool = False, **counts: int) -> RunFacts:
+    return RunFacts(
+        counts={S[name]: n for name, n in counts.items()},
+        any_attempted=attempted,
+        cancel_requested=cancel,
+    )
+
+
+def test_empty_run_is_pending() -> None:
+    assert derive(RunFacts()) is RunState.PENDING
+
+
+def test_empty_run_with_zero_counts_is_pending() -> None:
+    assert derive(facts(PENDING=0, SUCCEEDED=0)) is RunState.PENDING
+
+
+def test_all_succeeded_is_succeeded() -> None:
+    assert derive(facts(attempted=True, SUCCEEDED=3)) is RunState.SUCCEEDED
+
+
+def test_all_succeeded_ignores_zero_count_entries() -> None:
+    assert derive(facts(attempted=True, SUCCEEDED=2, PENDING=0, DEAD=0)) is RunState.SUCCEEDED
+
+
+def test_partly_succeeded_is_running() -> None:
+    assert derive(facts(attempted=True, SUCCEEDED=1, PENDING=2)) is RunState.RUNNING
+
+
+def test_any_dead_is_failed() -> None:
+    assert derive(facts(attempted=True, SUCCEEDED=2, DEAD=1)) is RunState.FAILED
+
+
+def test_dead_with_fail_fast_cancelled_dependents_is_failed() -> None:
+    assert derive(facts(attempted=True, DEAD=1, CANCELLED=3)) is RunState.FAILED
+
+
+def test_operator_cancel_with_cancelled_tasks_is_cancelled_even_with_dead() -> None:
+    assert derive(facts(attempted=True, cancel=True, DEAD=1, CANCELLED=2)) is RunState.CANCELLED
+
+
+def test_operator_cancel_without_cancelled_tasks_does_not_hide_dead() -> None:
+    assert derive(facts(attempted=True, cancel=True, DEAD=1, SUCCEEDED=1)) is RunState.FAILED
+
+
+def test_cancelled_task_without_operator_request_is_cancelled() -> None:
+    assert derive(facts(attempted=True, CANCELLED=1, SUCCEEDED=1)) is RunState.CANCELLED
+
+
+def test_cancel_requested_while_tasks_still_running_is_running() -> None:
+    assert derive(facts(attempted=True, cancel=True, RUNNING=2)) is RunState.RUNNING
+
+
+@pytest.mark.parametrize("state", [S.RUNNING, S.FAILED, S.RETRYING, S.SUCCEEDED])
+def test_a_started_state_makes_run_running(state: TaskState) -> None:
+    assert derive(RunFacts(counts={state: 1, S.PENDING: 1})) is RunState.RUNNING
+
+
+def test_ready_task_attempted_before_makes_run_running() -> None:
+    assert derive(facts(attempted=True, READY=1, PENDING=1)) is RunState.RUNNING
+
+
+def test_only_pending_and_ready_never_attempted_is_pending() -> None:
+    assert derive(facts(attempted=False, READY=2, PENDING=3)) is RunState.PENDING
+
+
+def test_precedence_rules_have_unique_names() -> None:
+    names = [name for name, _, _ in PRECEDENCE]
+    assert len(names) == len(set(names))
+
+
+def test_finished_is_false_for_empty_run() -> None:
+    assert not RunFacts().finished
+
+
+def test_finished_is_true_when_every_task_is_in_a_final_state() -> None:
+    assert facts(SUCCEEDED=1, DEAD=1, CANCELLED=1).finished
+
+
+def test_finished_ignores_zero_count_unfinished_states() -> None:
+    assert facts(SUCCEEDED=2, RUNNING=0, PENDING=0).finished
+
+
+@pytest.mark.parametrize("state", [S.PENDING, S.READY, S.RUNNING, S.FAILED, S.RETRYING])
+def test_finished_is_false_while_a_task_can_still_move(state: TaskState) -> None:
+    assert not RunFacts(counts={S.SUCCEEDED: 3, state: 1}).finished
+
+
+def test_count_and_total_sum_counts() -> None:
+    f = facts(SUCCEEDED=2, DEAD=1)
+    assert (f.count(S.SUCCEEDED), f.count(S.RUNNING), f.total) == (2, 0, 3)
+
+
+run_facts = st.builds(
+    RunFacts,
+    counts=st.dictionaries(st.sampled_from(list(TaskState)), st.integers(0, 5)),
+    any_attempted=st.booleans(),
+    cancel_requested=st.booleans(),
+)
+
+
+@FAST
+@given(run_facts)
+def test_derive_is_total_and_consistent(f: RunFacts) -> None:
+    state = derive(f)
+    assert isinstance(state, RunState)
+    if state is RunState.SUCCEEDED:
+        assert f.total > 0
+        assert all(n == 0 for s, n in f.counts.items() if s is not S.SUCCEEDED)
+    if state is RunState.FAILED:
+        assert f.count(S.DEAD) > 0
+    if state is RunState.CANCELLED:
+        assert f.count(S.CANCELLED) > 0
+    if state is RunState.PENDING:
+        assert not f.any_attempted
+        assert all(n == 0 for s, n in f.counts.items() if s not in (S.PENDING, S.READY))
+
+
+@FAST
+@given(run_facts)
+def test_finished_matches_final_states(f: RunFacts) -> None:
+    live = {s for s, n in f.counts.items() if n}
+    assert f.finished == (bool(live) and live <= FINISHED_TASK_STATES)
