@@ -1,0 +1,106 @@
+"""`flowforge migrate` on real PostgreSQL: fresh install, re-run, concurrent runs, refusals."""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from flowforge.errors import MigrationError
+from flowforge.store.migrate import available_migrations, current_version, migrate
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def empty_database_url(pg_server_url: str) -> Iterator[str]:
+    """A brand-new empty database, dropped after the test."""
+    name = f"flowforge_migrate_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    params = conninfo_to_dict(pg_server_url)
+    params["dbname"] = name
+    yield make_conninfo(**params)
+    with psycopg.connect(pg_server_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _tables(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_migrate_on_an_empty_database_creates_the_schema_then_is_a_no_op(
+    empty_database_url: str,
+) -> None:
+    newest = available_migrations()[-1].version
+    assert current_version(empty_database_url) is None
+    assert migrate(empty_database_url) == [m.version for m in available_migrations()]
+    assert {"workflow_runs", "task_runs", "outbox", "flowforge_migrations"} <= _tables(
+        empty_database_url
+    )
+    assert current_version(empty_database_url) == newest
+    assert migrate(empty_database_url) == []
+    with psycopg.connect(empty_database_url) as conn:
+        count = conn.execute("SELECT count(*) FROM flowforge_migrations").fetchone()
+    assert count == (len(available_migrations()),)
+
+
+def _migrate_in_child(
+    url: str, start: multiprocessing.synchronize.Event, out: multiprocessing.Queue
+) -> None:  # type: ignore[type-arg]
+    start.wait(10)
+    try:
+        out.put(("ok", migrate(url)))
+    except Exception as exc:
+        out.put(("error", repr(exc)))
+
+
+def test_two_processes_migrating_at_once_apply_each_migration_once(
+    empty_database_url: str,
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_migrate_in_child, args=(empty_database_url, start, out))
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    start.set()
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert all(status == "ok" for status, _ in results), results
+    applied = [v for _, versions in results for v in versions]
+    assert sorted(applied) == [m.version for m in available_migrations()]
+    with psycopg.connect(empty_database_url) as conn:
+        rows = conn.execute("SELECT version FROM flowforge_migrations ORDER BY 1").fetchall()
+    assert [r[0] for r in rows] == [m.version for m in available_migrations()]
+
+
+def test_a_database_ahead_of_the_code_is_refused(empty_database_url: str) -> None:
+    migrate(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO flowforge_migrations (version, name, checksum)"
+            " VALUES (9999, 'future', 'x')"
+        )
+    with pytest.raises(MigrationError, match="newer"):
+        migrate(empty_database_url)
+
+
+def test_an_applied_migration_that_changed_is_refused(empty_database_url: str) -> None:
+    migrate(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute("UPDATE flowforge_migrations SET checksum = 'tampered' WHERE version = 1")
+    with pytest.raises(MigrationError, match="changed"):
+        migrate(empty_database_url)
