@@ -91,3 +91,32 @@ class TransactionConflictError(StoreError):
 
 class MigrationError(StoreError):
     """The schema cannot be brought to the expected version."""
+
+
+# --- broker ------------------------------------------------------------------------------------
+
+
+class BrokerError(FlowForgeError):
+    """RabbitMQ could not do what was asked."""
+
+
+class BrokerUnavailableError(BrokerError):
+    """A connection-level failure: the broker is down, restarting or unreachable (transient)."""
+
+
+class QueueTypeMismatchError(BrokerError):
+    """The task queue exists with another type than quorum. An operator must fix it; not retried."""
+
+
+# --- roles ---------------------------------------------------------------------------------------
+
+
+class BootError(FlowForgeError):
+    """A role cannot start for a reason that retrying will not fix (config, imports, topology)."""
+
+
+#: Failures that a role survives by reconnecting with backoff.
+TRANSIENT_ERRORS: tuple[type[FlowForgeError], ...] = (
+    DatabaseUnavailableError,
+    BrokerUnavailableError,
+)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +41,20 @@ def migrate(args: argparse.Namespace) -> int:
         f"applied migrations: {', '.join(map(str, applied))}" if applied else "schema is up to date"
     )
     return exitcodes.OK
+
+
+def role(args: argparse.Namespace) -> int:
+    from flowforge.roles.main import run  # the roles pull in pika; other commands need not
+
+    config = _config(args)
+    logging.basicConfig(
+        level=config.logging.level.upper(),
+        format=f"%(asctime)s %(levelname)s {args.name}[%(process)d] %(name)s: %(message)s",
+        force=True,
+    )
+    logging.disable(logging.NOTSET)
+    logging.getLogger("pika").setLevel(logging.WARNING)  # pika narrates every connection step
+    return run(args.name, config)
 
 
 def trigger(args: argparse.Namespace) -> int:

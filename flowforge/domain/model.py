@@ -149,3 +149,25 @@ def parse_id(value: UUID | str, what: str = "id") -> UUID:
         return UUID(str(value))
     except (ValueError, AttributeError, TypeError) as exc:
         raise InvalidIdError(f"malformed {what} {str(value)[:80]!r}: expected a UUID") from exc
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One pending outbox row: publish a message naming this task run and generation."""
+
+    outbox_id: int
+    task_run_id: UUID
+    fencing_token: int
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A registered role process (from the registry, by the database clock)."""
+
+    id: UUID
+    host: str
+    pid: int
+    role: str
+    started_at: datetime
+    last_seen_at: datetime
+    silent_s: float

@@ -103,9 +103,14 @@ class Database:
         self._pool.open(wait=False)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close(timeout=1.0)
+
+    def reset(self) -> None:
+        """Drop every pooled connection (after an outage) and open a fresh pool."""
+        self.close()
+        self.open()
 
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:

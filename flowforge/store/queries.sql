@@ -470,3 +470,51 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
  WHERE t.state = 'DEAD'
  ORDER BY t.finished_at DESC
  LIMIT %(limit)s;
+
+-- ------------------------------------------------------------------ publisher
+
+-- name: lock_outbox
+-- Pending dispatches, oldest first; SKIP LOCKED lets several publishers divide them.
+SELECT id, task_run_id, fencing_token
+  FROM outbox
+ WHERE published_at IS NULL
+ ORDER BY id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED;
+
+-- name: stamp_outbox
+-- Only rows the broker confirmed; the publisher never writes task state.
+UPDATE outbox SET published_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND published_at IS NULL;
+
+-- ------------------------------------------------------------------ process registry
+
+-- name: register_process
+INSERT INTO processes (id, host, pid, role)
+VALUES (%(id)s, %(host)s, %(pid)s, %(role)s)
+ON CONFLICT (id) DO UPDATE SET last_seen_at = now();
+
+-- name: touch_process
+UPDATE processes SET last_seen_at = now() WHERE id = %(id)s;
+
+-- name: deregister_process
+DELETE FROM processes WHERE id = %(id)s;
+
+-- name: forget_silent_processes
+-- Registrations not refreshed for a long time belong to processes that died uncleanly.
+DELETE FROM processes WHERE last_seen_at < now() - make_interval(secs => %(age_s)s);
+
+-- name: list_processes
+SELECT id, host, pid, role, started_at, last_seen_at,
+       extract(epoch FROM now() - last_seen_at) AS silent_s
+  FROM processes
+ ORDER BY host, role, pid;
+
+-- ------------------------------------------------------------------ counters
+
+-- name: increment_counter
+INSERT INTO counters (name, value) VALUES (%(name)s, %(by)s)
+ON CONFLICT (name) DO UPDATE SET value = counters.value + EXCLUDED.value;
+
+-- name: read_counters
+SELECT name, value FROM counters ORDER BY name;

@@ -13,7 +13,7 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -27,6 +27,8 @@ from flowforge.domain.model import (
     Claim,
     ClaimOutcome,
     ClaimResult,
+    Dispatch,
+    ProcessInfo,
     Renewal,
     Run,
     TaskRun,
@@ -55,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 #: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
 ORDERING_LOCK_NAMESPACE = 0x4F52  # "OR"
+STALE_COMPLETIONS = "stale_completions"
 _OUTCOMES = {
     TaskState.SUCCEEDED: "succeeded",
     TaskState.FAILED: "failed",
@@ -441,9 +444,63 @@ class Repository:
                 "outcome": outcome,
             },
         ).fetchone()
-        if row is not None:
-            cur.execute(self._q["notify_scheduler"])
-        return row is not None
+        if row is None:
+            cur.execute(self._q["increment_counter"], {"name": STALE_COMPLETIONS, "by": 1})
+            return False
+        cur.execute(self._q["notify_scheduler"])
+        return True
+
+    # ------------------------------------------------------------------ publisher
+
+    def publish_outbox(
+        self, limit: int, send: Callable[[Sequence[Dispatch]], Collection[int]]
+    ) -> tuple[int, int]:
+        """Lock up to ``limit`` pending outbox rows and hand them to ``send``.
+
+        ``send`` publishes them and returns the outbox ids the broker *confirmed*; only those
+        are stamped, in the same transaction. If ``send`` raises, nothing is stamped and every
+        row stays pending. Returns (rows handed over, rows stamped).
+        """
+
+        def work(cur: Cursor) -> tuple[int, int]:
+            locked = cur.execute(self._q["lock_outbox"], {"limit": limit}).fetchall()
+            if not locked:
+                return 0, 0
+            batch = [Dispatch(r["id"], r["task_run_id"], r["fencing_token"]) for r in locked]
+            confirmed = sorted(set(send(batch)) & {d.outbox_id for d in batch})
+            if confirmed:
+                cur.execute(self._q["stamp_outbox"], {"ids": confirmed})
+            return len(batch), len(confirmed)
+
+        return self._db.run(work)
+
+    # ------------------------------------------------------------------ process registry
+
+    def register_process(self, process_id: UUID, host: str, pid: int, role: str) -> None:
+        params = {"id": process_id, "host": host, "pid": pid, "role": role}
+        self._db.run(lambda cur: cur.execute(self._q["register_process"], params))
+
+    def touch_process(self, process_id: UUID) -> None:
+        self._db.run(lambda cur: cur.execute(self._q["touch_process"], {"id": process_id}))
+
+    def deregister_process(self, process_id: UUID) -> None:
+        self._db.run(lambda cur: cur.execute(self._q["deregister_process"], {"id": process_id}))
+
+    def forget_silent_processes(self, age_s: float) -> int:
+        def work(cur: Cursor) -> int:
+            return cur.execute(self._q["forget_silent_processes"], {"age_s": age_s}).rowcount
+
+        return self._db.run(work)
+
+    def list_processes(self) -> list[ProcessInfo]:
+        with self._db.transaction() as cur:
+            found = cur.execute(self._q["list_processes"]).fetchall()
+        return [ProcessInfo(**{**r, "silent_s": float(r["silent_s"])}) for r in found]
+
+    def counters(self) -> dict[str, int]:
+        """Global event counters (e.g. ``stale_completions``)."""
+        with self._db.transaction() as cur:
+            return {r["name"]: r["value"] for r in cur.execute(self._q["read_counters"]).fetchall()}
 
     # ------------------------------------------------------------------ operator actions
 

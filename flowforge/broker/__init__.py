@@ -1,0 +1,1 @@
+"""RabbitMQ: topology, message format, the confirming publisher and the consumer (pika)."""

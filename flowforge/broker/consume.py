@@ -1,0 +1,119 @@
+"""Consuming dispatch messages with manual acknowledgement (pika ``BlockingConnection``).
+
+The worker owns the connection's thread: it calls :meth:`Consumer.next_delivery` to wait for a
+message, :meth:`Consumer.pause` and :meth:`Consumer.ack` once the claim has committed, and
+:meth:`Consumer.pump` while a handler runs in another thread, so heartbeats keep flowing however
+long the handler takes. Pausing cancels the consumer *before* the ack, so the broker never
+pushes a second message to a worker that is busy (prefetch 1 means no hoarding).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
+
+from flowforge.broker.topology import (
+    connection_parameters,
+    is_type_mismatch,
+    queue_arguments,
+    type_mismatch_error,
+)
+from flowforge.config import BrokerConfig
+from flowforge.errors import BrokerUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    tag: int
+    body: bytes
+    redelivered: bool
+
+
+class Consumer:
+    """A connection, a channel with ``prefetch`` and a (pausable) consumer on the task queue."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self._config = config
+        self._conn: pika.BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._consumer_tag: str | None = None
+        self._buffer: collections.deque[Delivery] = collections.deque()
+
+    def connect(self) -> None:
+        """Connect (first reachable node), set the prefetch, declare the quorum queue."""
+        try:
+            self._conn = pika.BlockingConnection(connection_parameters(self._config))
+            self._channel = self._conn.channel()
+            self._channel.basic_qos(prefetch_count=self._config.prefetch)
+            self._channel.queue_declare(
+                self._config.queue, durable=True, arguments=queue_arguments(self._config)
+            )
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            self.close()
+            if is_type_mismatch(exc.reply_code, exc.reply_text):
+                raise type_mismatch_error(self._config.queue, exc.reply_text) from exc
+            raise BrokerUnavailableError(f"channel closed by broker: {exc!r}") from exc
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            self.close()
+            raise BrokerUnavailableError(f"cannot connect to the broker: {exc!r}") from exc
+
+    def close(self) -> None:
+        """Close the connection; unacked deliveries go back to the queue."""
+        conn, self._conn, self._channel, self._consumer_tag = self._conn, None, None, None
+        self._buffer.clear()
+        if conn is not None and conn.is_open:
+            try:
+                conn.close()
+            except Exception:  # a broken connection must not fail the close
+                logger.debug("error while closing the consumer connection", exc_info=True)
+
+    def resume(self) -> None:
+        """Start (or restart) receiving deliveries."""
+        if self._consumer_tag is None:
+            self._consumer_tag = self._call(
+                lambda ch: ch.basic_consume(self._config.queue, self._on_message, auto_ack=False)
+            )
+
+    def pause(self) -> None:
+        """Stop receiving deliveries; those already received stay ours to ack."""
+        if self._consumer_tag is not None:
+            tag, self._consumer_tag = self._consumer_tag, None
+            self._call(lambda ch: ch.basic_cancel(tag))
+
+    def next_delivery(self, timeout_s: float) -> Delivery | None:
+        """The next delivery, waiting up to ``timeout_s`` (heartbeats are served meanwhile)."""
+        if not self._buffer:
+            self.pump(timeout_s)
+        return self._buffer.popleft() if self._buffer else None
+
+    def pump(self, time_limit_s: float = 0.0) -> None:
+        """Serve the connection (heartbeats, deliveries into the buffer) for ``time_limit_s``."""
+        if self._conn is None:
+            raise BrokerUnavailableError("consumer is not connected")
+        try:
+            self._conn.process_data_events(time_limit=time_limit_s)
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            raise BrokerUnavailableError(f"broker connection lost: {exc!r}") from exc
+
+    def ack(self, tag: int) -> None:
+        """Acknowledge a delivery. Failure raises: an ack that failed is never a success."""
+        self._call(lambda ch: ch.basic_ack(tag))
+
+    def _call(self, action: Any) -> Any:
+        if self._channel is None:
+            raise BrokerUnavailableError("consumer is not connected")
+        try:
+            return action(self._channel)
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            raise BrokerUnavailableError(f"broker call failed: {exc!r}") from exc
+
+    def _on_message(self, _channel: Any, method: Any, _properties: Any, body: bytes) -> None:
+        self._buffer.append(Delivery(method.delivery_tag, body, bool(method.redelivered)))

@@ -1,0 +1,261 @@
+"""Publishing dispatch messages with publisher confirms awaited per batch.
+
+A blocking channel in confirm mode pays one network round trip per message. This publisher
+drives pika's ``SelectConnection`` itself instead: it sends a whole batch (persistent,
+``mandatory=True``), then runs the I/O loop until the broker has confirmed every message of the
+batch, so one round trip covers many messages. A message the broker returned as unroutable,
+or nacked, is not reported as confirmed, so its outbox row stays pending.
+
+Everything here runs in the calling thread; the I/O loop only runs inside :meth:`publish`,
+:meth:`connect` and :meth:`idle` — call :meth:`idle` while waiting so heartbeats flow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pika
+import pika.exceptions
+from pika.adapters.select_connection import IOLoop
+from pika.channel import Channel
+from pika.spec import Basic
+
+from flowforge.broker import messages
+from flowforge.broker.topology import (
+    connection_parameters,
+    is_type_mismatch,
+    queue_arguments,
+    type_mismatch_error,
+)
+from flowforge.config import BrokerConfig
+from flowforge.domain.model import Dispatch
+from flowforge.errors import BrokerError, BrokerUnavailableError
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10.0
+CONFIRM_TIMEOUT_S = 10.0
+PERSISTENT = 2
+
+
+class ConfirmingPublisher:
+    """One connection and one confirm-mode channel to the task queue."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self._config = config
+        self._conn: pika.SelectConnection | None = None
+        self._channel: Channel | None = None
+        self._ready = False
+        self._error: BrokerError | None = None
+        self._done: Callable[[], bool] = lambda: True
+        self._loop: IOLoop | None = None
+        self._next_tag = 0
+        self._pending: dict[int, int] = {}  # delivery tag → outbox id
+        self._confirmed: set[int] = set()
+        self._returned: set[int] = set()
+
+    # ------------------------------------------------------------------ connection
+
+    def connect(self) -> None:
+        """Connect to the first reachable node and declare the queue; raise if none works."""
+        failures = []
+        for params in connection_parameters(self._config):
+            try:
+                self._connect_to(params)
+                return
+            except BrokerUnavailableError as exc:
+                failures.append(str(exc))
+                self.close()
+        raise BrokerUnavailableError("no broker node reachable: " + "; ".join(failures))
+
+    def _connect_to(self, params: pika.URLParameters) -> None:
+        self._ready, self._error = False, None
+        self._conn = pika.SelectConnection(
+            params,
+            on_open_callback=self._on_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_closed,
+        )
+        if not self._run_until(lambda: self._ready, CONNECT_TIMEOUT_S):
+            raise BrokerUnavailableError(f"{params.host}:{params.port}: connection timed out")
+
+    def close(self) -> None:
+        """Close the connection (best effort) and forget it."""
+        conn, self._conn, self._channel = self._conn, None, None
+        self._pending.clear()
+        if conn is None:
+            return
+        try:
+            if conn.is_open:
+                conn.close()
+                self._run_loop(conn.ioloop, lambda: conn.is_closed, 2.0)
+        except Exception:  # closing a broken connection must never raise
+            logger.debug("error while closing the publisher connection", exc_info=True)
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None and self._conn.is_open and self._ready
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self, batch: Sequence[Dispatch], timeout_s: float = CONFIRM_TIMEOUT_S) -> set[int]:
+        """Publish ``batch``; return the outbox ids the broker confirmed (acked, not returned).
+
+        Raises :class:`BrokerUnavailableError` if the connection fails or the confirms do not
+        all arrive within ``timeout_s``; the caller then keeps every row pending.
+        """
+        if not self.is_open or self._channel is None:
+            raise BrokerUnavailableError("publisher is not connected")
+        self._confirmed.clear()
+        self._returned.clear()
+        try:
+            for dispatch in batch:
+                self._channel.basic_publish(
+                    exchange="",
+                    routing_key=self._config.queue,
+                    body=messages.encode(dispatch),
+                    properties=pika.BasicProperties(
+                        delivery_mode=PERSISTENT,
+                        content_type=messages.CONTENT_TYPE,
+                        message_id=str(dispatch.outbox_id),
+                    ),
+                    mandatory=True,
+                )
+                self._next_tag += 1
+                self._pending[self._next_tag] = dispatch.outbox_id
+        except pika.exceptions.AMQPError as exc:
+            raise BrokerUnavailableError(f"publish failed: {exc!r}") from exc
+        if not self._run_until(lambda: not self._pending, timeout_s):
+            raise BrokerUnavailableError(
+                f"{len(self._pending)} publisher confirm(s) not received within {timeout_s}s"
+            )
+        if self._returned:
+            logger.warning(
+                "%d message(s) returned as unroutable; their outbox rows stay pending",
+                len(self._returned),
+                extra={"action": "publish_returned"},
+            )
+        return self._confirmed - self._returned
+
+    def idle(self, timeout_s: float, wake_fd: int | None = None) -> None:
+        """Run the I/O loop (heartbeats) for ``timeout_s`` or until ``wake_fd`` is readable."""
+        if self._conn is None:
+            raise BrokerUnavailableError("publisher is not connected")
+        woken = [False]
+        ioloop = self._conn.ioloop
+
+        def wake(_fd: int, _events: int) -> None:
+            woken[0] = True
+            ioloop.stop()
+
+        if wake_fd is not None:
+            ioloop.add_handler(wake_fd, wake, IOLoop.READ)
+        try:
+            self._run_until(lambda: woken[0], timeout_s, timeout_is_failure=False)
+        finally:
+            if wake_fd is not None and self._conn is not None:
+                self._conn.ioloop.remove_handler(wake_fd)
+
+    # ------------------------------------------------------------------ the I/O loop
+
+    def _run_until(
+        self, done: Callable[[], bool], timeout_s: float, timeout_is_failure: bool = True
+    ) -> bool:
+        """Run the I/O loop until ``done()`` or ``timeout_s``; raise a recorded error."""
+        if self._conn is None:
+            raise BrokerUnavailableError("publisher is not connected")
+        finished = self._run_loop(
+            self._conn.ioloop, lambda: done() or self._error is not None, timeout_s
+        )
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._ready = False
+            raise error
+        return finished or not timeout_is_failure
+
+    def _run_loop(self, ioloop: IOLoop, done: Callable[[], bool], timeout_s: float) -> bool:
+        if done():
+            return True
+        timed_out = [False]
+
+        def on_timeout() -> None:
+            timed_out[0] = True
+            ioloop.stop()
+
+        self._done, self._loop = done, ioloop
+        timer = ioloop.call_later(timeout_s, on_timeout)
+        try:
+            ioloop.start()
+        finally:
+            ioloop.remove_timeout(timer)
+            self._done, self._loop = (lambda: True), None
+        return done()
+
+    def _check_done(self) -> None:
+        """Called at the end of every callback: stop the running loop once its goal is met."""
+        if self._loop is not None and self._done():
+            self._loop.stop()
+
+    # ------------------------------------------------------------------ pika callbacks
+
+    def _on_open(self, conn: Any) -> None:
+        conn.channel(on_open_callback=self._on_channel_open)
+
+    def _on_open_error(self, _conn: Any, error: BaseException) -> None:
+        self._error = BrokerUnavailableError(f"cannot connect: {error!r}")
+        self._check_done()
+
+    def _on_closed(self, _conn: Any, reason: BaseException) -> None:
+        self._ready = False
+        if self._error is None:
+            self._error = BrokerUnavailableError(f"connection closed: {reason!r}")
+        self._check_done()
+
+    def _on_channel_open(self, channel: Channel) -> None:
+        self._channel = channel
+        channel.add_on_close_callback(self._on_channel_closed)
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(self._on_confirm, callback=lambda _frame: self._declare(channel))
+
+    def _declare(self, channel: Channel) -> None:
+        channel.queue_declare(
+            self._config.queue,
+            durable=True,
+            arguments=queue_arguments(self._config),
+            callback=self._on_declared,
+        )
+
+    def _on_declared(self, _frame: Any) -> None:
+        self._ready = True
+        self._next_tag = 0
+        self._check_done()
+
+    def _on_channel_closed(self, _channel: Channel, reason: BaseException) -> None:
+        self._ready = False
+        if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and is_type_mismatch(
+            reason.reply_code, reason.reply_text
+        ):
+            self._error = type_mismatch_error(self._config.queue, reason.reply_text)
+        elif self._error is None:
+            self._error = BrokerUnavailableError(f"channel closed: {reason!r}")
+        self._check_done()
+
+    def _on_return(self, _channel: Channel, _method: Any, properties: Any, _body: bytes) -> None:
+        if properties.message_id is not None:
+            self._returned.add(int(properties.message_id))
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        acked = isinstance(method, Basic.Ack)
+        tags = (
+            [t for t in self._pending if t <= method.delivery_tag]
+            if method.multiple
+            else [method.delivery_tag]
+        )
+        for tag in tags:
+            outbox_id = self._pending.pop(tag, None)
+            if outbox_id is not None and acked:
+                self._confirmed.add(outbox_id)
+        self._check_done()

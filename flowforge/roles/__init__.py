@@ -1,0 +1,1 @@
+"""The three roles — scheduler, publisher, worker — and the loop that keeps each one alive."""

@@ -1,0 +1,26 @@
+"""The context a handler receives (SPEC 5.1)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Everything a handler may know about its task.
+
+    ``cancelled`` is set when the run is cancelled (or fail-fast stops it, or the lease was
+    lost): a handler that checks it and returns ends CANCELLED, not SUCCEEDED.
+    """
+
+    input: Mapping[str, Any]
+    upstream: Mapping[str, Any]
+    attempt: int
+    task_run_id: UUID
+    run_id: UUID
+    name: str
+    cancelled: threading.Event = field(default_factory=threading.Event)

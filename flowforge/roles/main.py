@@ -1,0 +1,47 @@
+"""Running one role in the current process until it is told to stop.
+
+Exit codes (``supervisor.exitcodes``): 0 after a clean stop, ``CHILD_RECYCLE`` when the worker
+asks to be replaced, ``CHILD_BOOT_FAILURE`` when the role cannot start for a reason a restart
+will not fix (bad config, handler import error, queue of the wrong type).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from flowforge.config import Config
+from flowforge.errors import BootError, ConfigError, DefinitionError, QueueTypeMismatchError
+from flowforge.roles.publisher import Publisher
+from flowforge.roles.runner import Role, run_role
+from flowforge.roles.scheduler import Scheduler
+from flowforge.roles.signals import stop_on_signals
+from flowforge.roles.worker import Worker
+from supervisor import exitcodes
+
+logger = logging.getLogger(__name__)
+
+ROLES: dict[str, Callable[[Config], Role]] = {
+    "scheduler": Scheduler,
+    "publisher": Publisher,
+    "worker": Worker,
+}
+BOOT_ERRORS = (ConfigError, DefinitionError, QueueTypeMismatchError, BootError)
+
+
+def run(name: str, config: Config, stop: threading.Event | None = None) -> int:
+    """Run the role called ``name`` until SIGTERM/SIGINT (or ``stop``); return the exit code."""
+    role = ROLES[name](config)
+    stop = stop or threading.Event()
+    logger.info("%s starting", role.title, extra={"action": "role_start"})
+    try:
+        with stop_on_signals(stop):
+            run_role(role, stop)
+    except BOOT_ERRORS as exc:
+        logger.error("%s cannot start: %s", role.title, exc, extra={"action": "boot_failed"})
+        return exitcodes.CHILD_BOOT_FAILURE
+    if getattr(role, "recycle", False):
+        return exitcodes.CHILD_RECYCLE
+    logger.info("%s stopped", role.title, extra={"action": "role_stop"})
+    return exitcodes.CLEAN

@@ -1,0 +1,36 @@
+"""A role process's entry in the process registry (host, pid, role, last seen by the DB clock)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+
+from flowforge.store.repository import Repository
+
+#: How often a live process refreshes its ``last_seen_at`` (seconds).
+TOUCH_INTERVAL_S = 5.0
+
+
+class Presence:
+    """Registers on :meth:`announce`, refreshes on :meth:`tick`, deregisters on :meth:`leave`."""
+
+    def __init__(self, repo: Repository, role: str) -> None:
+        self.id = uuid.uuid4()
+        self._repo = repo
+        self._role = role
+        self._last_touch = 0.0
+
+    def announce(self) -> None:
+        self._repo.register_process(self.id, socket.gethostname(), os.getpid(), self._role)
+        self._last_touch = time.monotonic()
+
+    def tick(self) -> None:
+        """Refresh the registration if :data:`TOUCH_INTERVAL_S` has passed."""
+        if time.monotonic() - self._last_touch >= TOUCH_INTERVAL_S:
+            self._repo.touch_process(self.id)
+            self._last_touch = time.monotonic()
+
+    def leave(self) -> None:
+        self._repo.deregister_process(self.id)

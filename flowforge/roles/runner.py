@@ -1,0 +1,72 @@
+"""Keeping a role alive through PostgreSQL and RabbitMQ outages, without a process restart.
+
+A role (what runs) is separate from how it is spawned: it has ``initialize`` (open connections,
+register), ``loop`` (work until the stop event is set), ``reset`` (drop connections after a
+failure) and ``shutdown`` (close cleanly). :func:`run_role` calls them, backs off exponentially
+with jitter (capped at 30 s) on connection-level failures, waiting on the stop event so a stop
+request during an outage returns promptly, and logs ``<Role> recovered`` when it reconnects.
+Anything else — a bad config, a queue of the wrong type — propagates: retrying cannot fix it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from flowforge.domain.policy import Jitter, RetryPolicy
+from flowforge.errors import TRANSIENT_ERRORS
+
+logger = logging.getLogger(__name__)
+
+#: Reconnection backoff: 0.5 s doubling to 30 s, equal jitter (never a zero wait).
+RECONNECT_BACKOFF = RetryPolicy(max_attempts=1, base_delay=0.5, max_delay=30.0, jitter=Jitter.EQUAL)
+
+
+class Role(Protocol):
+    """What a role process runs. ``title`` is used in logs ("Scheduler recovered")."""
+
+    title: str
+
+    def initialize(self) -> None: ...
+
+    def loop(self, stop: threading.Event) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def run_role(
+    role: Role,
+    stop: threading.Event,
+    backoff: RetryPolicy = RECONNECT_BACKOFF,
+    rand: Callable[[], float] = random.random,
+) -> None:
+    """Run ``role`` until ``stop`` is set (or its loop returns), surviving transient outages."""
+    failures = 0
+    try:
+        while not stop.is_set():
+            try:
+                role.initialize()
+                if failures:
+                    logger.info("%s recovered", role.title, extra={"action": "recovered"})
+                    failures = 0
+                role.loop(stop)
+                return
+            except TRANSIENT_ERRORS as exc:
+                failures += 1
+                delay = backoff.delay(failures, rand)
+                logger.warning(
+                    "%s lost a connection (%s); reconnecting in %.1fs",
+                    role.title,
+                    exc,
+                    delay,
+                    extra={"action": "reconnecting"},
+                )
+                role.reset()
+                stop.wait(delay)
+    finally:
+        role.shutdown()

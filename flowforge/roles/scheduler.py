@@ -1,0 +1,96 @@
+"""The scheduler role: runs the repository's passes continuously.
+
+A pass reaps expired leases, routes failed attempts, applies the consequences of finished tasks
+(release dependents, fail-fast, run states) and promotes READY tasks with their outbox rows.
+While passes find work they repeat at once; then the scheduler waits for a NOTIFY (a trigger or
+a finished task) or the poll interval. Several schedulers at once are safe: every step locks
+its batch with ``FOR UPDATE SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from flowforge.config import Config
+from flowforge.domain.model import PassReport
+from flowforge.roles.presence import Presence
+from flowforge.store.db import Database
+from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
+from flowforge.store.repository import Repository
+
+logger = logging.getLogger(__name__)
+
+#: Housekeeping (retention purge, forgetting dead registrations) runs this often (seconds).
+HOUSEKEEPING_INTERVAL_S = 60.0
+#: A registration silent this long belongs to a dead process (seconds).
+SILENT_PROCESS_AGE_S = 300.0
+SECONDS_PER_DAY = 86_400.0
+
+
+class Scheduler:
+    """The scheduler role (see module docstring). Nothing is opened before :meth:`initialize`."""
+
+    title = "Scheduler"
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._db = Database(config.database, application_name="flowforge-scheduler")
+        self._repo = Repository(self._db)
+        self._listener = Listener(config.database, SCHEDULER_CHANNEL)
+        self._presence = Presence(self._repo, "scheduler")
+        self._next_housekeeping = 0.0
+
+    def initialize(self) -> None:
+        self._db.open()
+        self._listener.open()
+        self._presence.announce()
+
+    def loop(self, stop: threading.Event) -> None:
+        poll = self._config.scheduler.poll_interval_s
+        while not stop.is_set():
+            self._listener.drain()  # clear "work arrived" before looking, never after
+            report = self.run_pass()
+            self._presence.tick()
+            self._housekeeping()
+            if report.total == 0:
+                self._listener.wait(poll)
+
+    def run_pass(self) -> PassReport:
+        """One pass over every kind of work, each bounded by the batch size."""
+        batch = self._config.scheduler.batch_size
+        threshold = self._config.scheduler.crash_loop_threshold
+        return PassReport(
+            reaped=self._repo.reap_expired(batch, threshold),
+            routed=self._repo.route_failed(batch, threshold),
+            propagated=self._repo.propagate(batch),
+            promoted=self._repo.promote_ready(batch),
+        )
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + HOUSEKEEPING_INTERVAL_S
+        age_s = self._config.scheduler.retention_days * SECONDS_PER_DAY
+        purged = self._repo.purge(age_s, self._config.scheduler.batch_size)
+        forgotten = self._repo.forget_silent_processes(SILENT_PROCESS_AGE_S)
+        if purged or forgotten:
+            logger.info(
+                "purged %d old row(s), forgot %d silent process(es)",
+                purged,
+                forgotten,
+                extra={"action": "housekeeping"},
+            )
+
+    def reset(self) -> None:
+        self._listener.close()
+        self._db.close()
+
+    def shutdown(self) -> None:
+        try:
+            self._presence.leave()
+        except Exception:  # the database may be gone; the registry forgets us later
+            logger.debug("could not deregister", exc_info=True)
+        self.reset()
