@@ -21,14 +21,29 @@ from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
+from tests.e2e import Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 TABLES = (
-    "counters, processes, requeue_audit, idempotency_keys, outbox, task_attempts, task_edges, task_runs, "
-    "workflow_runs, workflow_definitions"
+    "test_executions, counters, processes, requeue_audit, idempotency_keys, outbox, "
+    "task_attempts, task_edges, task_runs, workflow_runs, workflow_definitions"
 )
+
+
+#: Handler executions recorded by tests/e2e_handlers.py: tests count executions here.
+TEST_EXECUTIONS_DDL = """
+CREATE TABLE test_executions (
+    id          bigserial   PRIMARY KEY,
+    task_run_id uuid        NOT NULL,
+    run_id      uuid        NOT NULL,
+    task        text        NOT NULL,
+    handler     text        NOT NULL,
+    attempt     integer     NOT NULL,
+    pid         integer     NOT NULL,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+)"""
 
 
 def _unavailable(message: str) -> None:
@@ -68,9 +83,37 @@ def database_url(pg_server_url: str) -> Iterator[str]:
     params["dbname"] = name
     url = make_conninfo(**params)
     migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TEST_EXECUTIONS_DDL)
     yield url
     with psycopg.connect(pg_server_url, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def broker_url() -> Iterator[str]:
+    """A RabbitMQ this session may declare queues on (each test uses its own queue)."""
+    url = os.environ.get("FLOWFORGE_TEST_BROKER_URL")
+    if url:
+        yield url
+        return
+    from flowforge.testing.services import PrivateRabbitMQ, ServiceUnavailable
+
+    rabbit = PrivateRabbitMQ(REPO_ROOT / ".services", 55672, 55673, "flowforge-dev")
+    try:
+        rabbit.start()
+    except ServiceUnavailable as exc:
+        _unavailable(str(exc))
+    yield rabbit.url
+
+
+@pytest.fixture
+def stack(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[Stack]:
+    """Role processes for one test against the session database and broker, on a fresh queue."""
+    running = Stack(tmp_path, clean_database_url, broker_url)
+    yield running
+    running.stop_all()
+    running.delete_queue()
 
 
 @pytest.fixture

@@ -1,0 +1,99 @@
+"""Handlers for end-to-end tests. Each execution is recorded in ``test_executions`` (in the
+database named by ``FLOWFORGE_DATABASE_URL``) so tests count executions in the database."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from flowforge import PermanentError, task
+from flowforge.roles.context import TaskContext
+
+#: Upper bound on any waiting handler (seconds): tests never hang on a forgotten gate.
+MAX_WAIT_S = 120.0
+
+
+def record(ctx: TaskContext, handler: str) -> None:
+    with psycopg.connect(os.environ["FLOWFORGE_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO test_executions (task_run_id, run_id, task, handler, attempt, pid)"
+            " VALUES (%s, %s, %s, %s, %s, %s)",
+            (ctx.task_run_id, ctx.run_id, ctx.name, handler, ctx.attempt, os.getpid()),
+        )
+
+
+def _wait(ctx: TaskContext, until: Any, limit_s: float = MAX_WAIT_S) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if until():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@task("e2e.record")
+def record_only(ctx: TaskContext) -> dict[str, Any]:
+    record(ctx, "e2e.record")
+    return {"task": ctx.name, "attempt": ctx.attempt, "upstream": dict(ctx.upstream)}
+
+
+@task("e2e.sleep")
+def sleep(ctx: TaskContext) -> dict[str, Any]:
+    """Sleeps ``input.seconds`` (default 1) without looking at cancellation."""
+    record(ctx, "e2e.sleep")
+    time.sleep(float(ctx.input.get("seconds", 1)))
+    return {"slept": ctx.input.get("seconds", 1)}
+
+
+@task("e2e.gate")
+def gate(ctx: TaskContext) -> dict[str, Any]:
+    """Waits until the file ``input.gate`` exists (tests open the gate), or cancellation."""
+    record(ctx, "e2e.gate")
+    _wait(ctx, lambda: Path(ctx.input["gate"]).exists() or ctx.cancelled.is_set())
+    return {"gated": True}
+
+
+@task("e2e.flaky")
+def flaky(ctx: TaskContext) -> dict[str, Any]:
+    """Fails until attempt ``input.succeed_on`` (default 2)."""
+    record(ctx, "e2e.flaky")
+    if ctx.attempt < int(ctx.input.get("succeed_on", 2)):
+        raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+    return {"attempt": ctx.attempt}
+
+
+@task("e2e.fail")
+def fail(ctx: TaskContext) -> None:
+    record(ctx, "e2e.fail")
+    raise RuntimeError("this handler always fails")
+
+
+@task("e2e.permanent")
+def permanent(ctx: TaskContext) -> None:
+    record(ctx, "e2e.permanent")
+    raise PermanentError("this input can never work")
+
+
+@task("e2e.unserializable")
+def unserializable(ctx: TaskContext) -> object:
+    record(ctx, "e2e.unserializable")
+    return object()
+
+
+@task("e2e.honour_cancel")
+def honour_cancel(ctx: TaskContext) -> dict[str, Any]:
+    """Runs until asked to stop, then returns."""
+    record(ctx, "e2e.honour_cancel")
+    _wait(ctx, ctx.cancelled.is_set)
+    return {"stopped": ctx.cancelled.is_set()}
+
+
+@task("e2e.hang")
+def hang(ctx: TaskContext) -> None:
+    """Never returns on its own (for timeouts): only the process's end stops it."""
+    record(ctx, "e2e.hang")
+    time.sleep(MAX_WAIT_S * 10)
