@@ -30,14 +30,22 @@ ROLES: dict[str, Callable[[Config], Role]] = {
 BOOT_ERRORS = (ConfigError, DefinitionError, QueueTypeMismatchError, BootError)
 
 
-def run(name: str, config: Config, stop: threading.Event | None = None) -> int:
-    """Run the role called ``name`` until SIGTERM/SIGINT (or ``stop``); return the exit code."""
+def run(
+    name: str,
+    config: Config,
+    beat: Callable[[], None] = lambda: None,
+    ready: Callable[[], None] = lambda: None,
+) -> int:
+    """Run the role called ``name`` until SIGTERM/SIGINT; return the exit code.
+
+    ``beat`` and ``ready`` are a supervisor's liveness and readiness hooks.
+    """
     role = ROLES[name](config)
-    stop = stop or threading.Event()
+    stop = threading.Event()
     logger.info("%s starting", role.title, extra={"action": "role_start"})
     try:
         with stop_on_signals(stop):
-            run_role(role, stop)
+            run_role(role, stop, beat=beat, ready=ready)
     except BOOT_ERRORS as exc:
         logger.error("%s cannot start: %s", role.title, exc, extra={"action": "boot_failed"})
         return exitcodes.CHILD_BOOT_FAILURE

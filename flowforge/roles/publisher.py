@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flowforge.broker.publish import ConfirmingPublisher
 from flowforge.config import Config
@@ -47,12 +47,13 @@ class Publisher:
         self._broker.connect()
         self._presence.announce()
 
-    def loop(self, stop: threading.Event) -> None:
+    def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         poll = self._config.scheduler.poll_interval_s
         while not stop.is_set():
             self._listener.drain()
             handed, _stamped = self.sweep()
             self._presence.tick()
+            beat()
             if handed < self._batch_size:
                 self._broker.idle(poll, wake_fd=self._listener.fileno())
 

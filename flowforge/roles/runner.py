@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -22,6 +23,8 @@ from flowforge.errors import TRANSIENT_ERRORS
 logger = logging.getLogger(__name__)
 
 #: Reconnection backoff: 0.5 s doubling to 30 s, equal jitter (never a zero wait).
+#: Longest stretch without calling ``beat`` while backing off (seconds).
+BEAT_INTERVAL_S = 1.0
 RECONNECT_BACKOFF = RetryPolicy(max_attempts=1, base_delay=0.5, max_delay=30.0, jitter=Jitter.EQUAL)
 
 
@@ -32,11 +35,15 @@ class Role(Protocol):
 
     def initialize(self) -> None: ...
 
-    def loop(self, stop: threading.Event) -> None: ...
+    def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None: ...
 
     def reset(self) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+def _nothing() -> None:
+    """The default hook."""
 
 
 def run_role(
@@ -44,17 +51,24 @@ def run_role(
     stop: threading.Event,
     backoff: RetryPolicy = RECONNECT_BACKOFF,
     rand: Callable[[], float] = random.random,
+    beat: Callable[[], None] = _nothing,
+    ready: Callable[[], None] = _nothing,
 ) -> None:
-    """Run ``role`` until ``stop`` is set (or its loop returns), surviving transient outages."""
+    """Run ``role`` until ``stop`` is set (or its loop returns), surviving transient outages.
+
+    ``beat`` is called at least every :data:`BEAT_INTERVAL_S` while the role is healthy or
+    backing off (a supervisor's liveness check); ``ready`` after each successful initialize.
+    """
     failures = 0
     try:
         while not stop.is_set():
             try:
                 role.initialize()
+                ready()
                 if failures:
                     logger.info("%s recovered", role.title, extra={"action": "recovered"})
                     failures = 0
-                role.loop(stop)
+                role.loop(stop, beat)
                 return
             except TRANSIENT_ERRORS as exc:
                 failures += 1
@@ -67,6 +81,17 @@ def run_role(
                     extra={"action": "reconnecting"},
                 )
                 role.reset()
-                stop.wait(delay)
+                _wait(stop, delay, beat)
     finally:
         role.shutdown()
+
+
+def _wait(stop: threading.Event, seconds: float, beat: Callable[[], None]) -> None:
+    """Wait on ``stop`` for ``seconds``, beating in between: a long backoff is not a hang."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        beat()
+        stop.wait(min(remaining, BEAT_INTERVAL_S))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from flowforge.config import Config
 from flowforge.domain.model import PassReport
@@ -47,12 +48,13 @@ class Scheduler:
         self._listener.open()
         self._presence.announce()
 
-    def loop(self, stop: threading.Event) -> None:
+    def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         poll = self._config.scheduler.poll_interval_s
         while not stop.is_set():
             self._listener.drain()  # clear "work arrived" before looking, never after
             report = self.run_pass()
             self._presence.tick()
+            beat()
             self._housekeeping()
             if report.total == 0:
                 self._listener.wait(poll)

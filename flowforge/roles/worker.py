@@ -66,6 +66,7 @@ class Worker:
         self._broker_broken: BrokerUnavailableError | None = None
         self._id = ""
         self._task_limit = 0
+        self._beat: Callable[[], None] = lambda: None
         self.tasks_done = 0
         self.recycle = False
 
@@ -81,10 +82,12 @@ class Worker:
         self._consumer.connect()
         self._consumer.resume()
 
-    def loop(self, stop: threading.Event) -> None:
+    def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
+        self._beat = beat
         while not stop.is_set() and not self.recycle:
             delivery = self._consumer.next_delivery(IDLE_WAIT_S)
             self._presence.tick()
+            beat()
             if delivery is not None:
                 self._handle(delivery, stop)
 
@@ -200,6 +203,7 @@ class Worker:
             if job.done.wait(budget):
                 return True
             self._serve_broker()
+            self._beat()
             lease.maybe_renew()
             if deadline is not None and time.monotonic() >= deadline:
                 return job.done.is_set()
