@@ -15,7 +15,10 @@ FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.0, max_delay=0.0, jitter=J
 
 
 def wait_for(
-    probe: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.02, what: str = "condition"
+    probe: Callable[[], T | None],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str = "condition",
 ) -> T:
     """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -42,7 +45,9 @@ def chain(name: str = "chain", length: int = 3, retry: RetryPolicy = FAST_RETRY)
     return WorkflowDef(name, tuple(tasks))
 
 
-def diamond(name: str = "diamond", retry: RetryPolicy = FAST_RETRY, fail_fast: bool = True) -> WorkflowDef:
+def diamond(
+    name: str = "diamond", retry: RetryPolicy = FAST_RETRY, fail_fast: bool = True
+) -> WorkflowDef:
     """a → (b, c) → d."""
     return WorkflowDef(
         name,
@@ -54,3 +59,85 @@ def diamond(name: str = "diamond", retry: RetryPolicy = FAST_RETRY, fail_fast: b
         ),
         fail_fast=fail_fast,
     )
+
+
+# ------------------------------------------------------------------ scheduler and dispatch
+# Imports for this block live here so it could be appended without touching the lines above.
+from uuid import UUID  # noqa: E402
+
+import psycopg  # noqa: E402
+
+from flowforge.domain.model import Claim, ClaimOutcome  # noqa: E402
+from flowforge.store.repository import Repository  # noqa: E402
+
+SCHEDULER_LIMIT = 100
+
+
+def scheduler_pass(repo: Repository, limit: int = SCHEDULER_LIMIT) -> int:
+    """One scheduler pass in the scheduler's order; returns how many rows it changed."""
+    return (
+        repo.reap_expired(limit)
+        + repo.route_failed(limit)
+        + repo.propagate(limit)
+        + repo.promote_ready(limit)
+    )
+
+
+def drain(repo: Repository, max_passes: int = 50) -> int:
+    """Run scheduler passes until one changes nothing; fail if it never settles."""
+    total = 0
+    for _ in range(max_passes):
+        changed = scheduler_pass(repo)
+        if not changed:
+            return total
+        total += changed
+    raise AssertionError(f"the scheduler did not settle within {max_passes} passes")
+
+
+def dispatch(sql: psycopg.Connection[tuple[object, ...]]) -> list[tuple[UUID, int]]:
+    """Pending outbox rows as (task_run_id, fencing_token), oldest first, stamped published."""
+    rows = sql.execute(
+        "WITH sent AS (UPDATE outbox SET published_at = now() WHERE published_at IS NULL"
+        " RETURNING id, task_run_id, fencing_token)"
+        " SELECT task_run_id, fencing_token FROM sent ORDER BY id"
+    ).fetchall()
+    return [(UUID(str(r[0])), int(str(r[1]))) for r in rows]
+
+
+def outbox_token(sql: psycopg.Connection[tuple[object, ...]], task_run_id: UUID) -> int:
+    """The token carried by the newest outbox row of one task run (what its message names)."""
+    row = sql.execute(
+        "SELECT fencing_token FROM outbox WHERE task_run_id = %s ORDER BY id DESC LIMIT 1",
+        (task_run_id,),
+    ).fetchone()
+    assert row is not None, f"task run {task_run_id} has no outbox row"
+    return int(str(row[0]))
+
+
+def task_ids(repo: Repository, run_id: UUID) -> dict[str, UUID]:
+    """Task run ids of one run, by task name."""
+    return {t.name: t.id for t in repo.get_run(run_id).tasks}
+
+
+def claim_task(
+    repo: Repository,
+    sql: psycopg.Connection[tuple[object, ...]],
+    task_run_id: UUID,
+    worker: str = "worker-1",
+    lease_s: float = 30.0,
+) -> Claim:
+    """Claim a READY task with the token of its newest outbox row; it must be EXECUTE."""
+    result = repo.claim(task_run_id, outbox_token(sql, task_run_id), worker, lease_s)
+    assert result.outcome is ClaimOutcome.EXECUTE, result
+    assert result.claim is not None
+    return result.claim
+
+
+def expire_lease(sql: psycopg.Connection[tuple[object, ...]], task_run_id: UUID) -> None:
+    """Move a RUNNING task's lease one second into the database's past."""
+    changed = sql.execute(
+        "UPDATE task_runs SET lease_expires_at = now() - interval '1 second'"
+        " WHERE id = %s AND state = 'RUNNING'",
+        (task_run_id,),
+    ).rowcount
+    assert changed == 1, f"task run {task_run_id} is not RUNNING"

@@ -79,6 +79,10 @@ class WorkflowDef:
                 raise DefinitionError(f"workflow {self.name!r}: duplicate task name {task.name!r}")
             seen.add(task.name)
         for task in self.tasks:
+            if len(set(task.depends_on)) != len(task.depends_on):
+                raise DefinitionError(
+                    f"workflow {self.name!r}: task {task.name!r} lists a dependency twice"
+                )
             for dep in task.depends_on:
                 if dep not in seen:
                     raise DefinitionError(

@@ -391,18 +391,39 @@ UPDATE task_runs t
 RETURNING t.id, t.run_id, t.attempt;
 
 -- name: revive_cancelled
--- Tasks cancelled only because an upstream task died come back with the requeued task,
--- unless an operator cancelled the run.
-UPDATE task_runs t
-   SET state = 'PENDING', cancel_cause = NULL, failure_reason = NULL, finished_at = NULL,
-       fencing_token = t.fencing_token + 1, cancel_requested = false, propagated = true,
-       updated_at = now(),
-       pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-                        WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
- WHERE t.run_id = %(run_id)s AND t.state = 'CANCELLED' AND t.cancel_cause = 'upstream'
-   AND NOT EXISTS (SELECT 1 FROM workflow_runs r
-                    WHERE r.id = t.run_id AND r.cancel_requested_at IS NOT NULL)
-RETURNING t.id;
+-- Tasks cancelled only because the requeued task died come back with it: those downstream of
+-- it, and — once no task of the run is DEAD any more — whatever fail-fast cancelled. Running
+-- siblings that fail-fast asked to stop are told to carry on. Nothing is revived in a run an
+-- operator cancelled.
+WITH RECURSIVE downstream(id) AS (
+    SELECT downstream_id FROM task_edges WHERE upstream_id = %(id)s
+    UNION
+    SELECT e.downstream_id FROM task_edges e JOIN downstream d ON e.upstream_id = d.id
+), run_state AS (
+    SELECT NOT EXISTS (SELECT 1 FROM task_runs
+                        WHERE run_id = %(run_id)s AND state = 'DEAD') AS nothing_dead,
+           EXISTS (SELECT 1 FROM workflow_runs
+                    WHERE id = %(run_id)s AND cancel_requested_at IS NOT NULL) AS operator_cancel
+), revived AS (
+    UPDATE task_runs t
+       SET state = 'PENDING', cancel_cause = NULL, failure_reason = NULL, finished_at = NULL,
+           fencing_token = t.fencing_token + 1, cancel_requested = false, propagated = true,
+           updated_at = now(),
+           pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                            WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
+      FROM run_state s
+     WHERE t.run_id = %(run_id)s AND t.state = 'CANCELLED' AND t.cancel_cause = 'upstream'
+       AND NOT s.operator_cancel
+       AND (s.nothing_dead OR t.id IN (SELECT id FROM downstream))
+    RETURNING t.id
+), resumed AS (
+    UPDATE task_runs t
+       SET cancel_requested = false, cancel_cause = NULL, updated_at = now()
+      FROM run_state s
+     WHERE t.run_id = %(run_id)s AND t.state = 'RUNNING' AND t.cancel_cause = 'upstream'
+       AND NOT s.operator_cancel AND s.nothing_dead
+)
+SELECT id FROM revived;
 
 -- name: insert_audit
 INSERT INTO requeue_audit (task_run_id, requested_by, reason, previous_reason, attempt)

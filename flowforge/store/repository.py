@@ -49,7 +49,13 @@ from flowforge.domain.policy import (
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.runstate import RunFacts, derive
 from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, TaskState
-from flowforge.errors import InputError, NotDeadError, NotFoundError, TriggerConflictError
+from flowforge.errors import (
+    IllegalTransitionError,
+    InputError,
+    NotDeadError,
+    NotFoundError,
+    TriggerConflictError,
+)
 from flowforge.store import queries, rows
 from flowforge.store.db import Cursor, Database
 
@@ -403,6 +409,10 @@ class Repository:
         Returns False for a stale token (the task was reaped or finished by someone else).
         """
         transitions.check(TaskState.RUNNING, state)
+        if state not in _OUTCOMES:
+            raise IllegalTransitionError(
+                f"finish writes SUCCEEDED, FAILED or CANCELLED, not {state} (the reaper's)"
+            )
         if state is TaskState.FAILED and reason is None:
             raise ValueError("a failure needs a reason")
         if state is TaskState.CANCELLED:
@@ -541,7 +551,7 @@ class Repository:
             row = cur.execute(q["requeue_dead"], {"id": tid}).fetchone()
             if row is None:  # it changed since we looked: report it like any other non-dead task
                 raise NotDeadError(f"task run {tid} is no longer DEAD: nothing to requeue")
-            cur.execute(q["revive_cancelled"], {"run_id": row["run_id"]})
+            cur.execute(q["revive_cancelled"], {"run_id": row["run_id"], "id": tid})
             cur.execute(
                 q["insert_audit"],
                 {

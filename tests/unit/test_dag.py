@@ -314,3 +314,8 @@ def test_topological_order_of_random_dag_respects_every_dependency(
     for name, deps in edges.items():
         for dep in deps:
             assert position[dep] < position[name]
+
+
+def test_a_dependency_listed_twice_is_refused() -> None:
+    with pytest.raises(DefinitionError, match="twice"):
+        WorkflowDef("w", (TaskDef("a", "h"), TaskDef("b", "h", depends_on=("a", "a"))))
