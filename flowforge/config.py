@@ -76,10 +76,17 @@ class ProcessesConfig:
     workers: int = 4
     max_tasks_per_child: int = 0
     max_memory_mb_per_child: int = 0
+    drain_timeout_s: float = 25.0  # SIGTERM → every child stopped, or SIGKILLed
+    liveness_timeout_s: float = 60.0  # a child silent this long is hung
+    restart_limit: int = 10  # more restarts than this within restart_period_s stops the tree
+    restart_period_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.workers < 0:
-            raise ValueError("workers must not be negative")
+        if self.workers < 1:
+            raise ValueError("workers must be at least 1")
+        for name in ("drain_timeout_s", "liveness_timeout_s", "restart_period_s"):
+            _positive(getattr(self, name), name)
+        _positive(self.restart_limit, "restart_limit")
 
 
 @dataclass(frozen=True)

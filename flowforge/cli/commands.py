@@ -43,6 +43,14 @@ def migrate(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
+def up(args: argparse.Namespace) -> int:
+    from flowforge import up as tree
+
+    config = _config(args)
+    logging.disable(logging.NOTSET)
+    return tree.run(config, Path(args.config).name if getattr(args, "config", None) else "defaults")
+
+
 def role(args: argparse.Namespace) -> int:
     from flowforge.roles.main import run  # the roles pull in pika; other commands need not
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     def json_flag(p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="print JSON")
 
+    command("up", commands.up, "run the whole process tree (scheduler, publisher, workers)")
     command("migrate", commands.migrate, "create or upgrade the database schema")
 
     p = command("role", commands.role, "run one role in the foreground (what `up` forks)")
@@ -163,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("flowforge: interrupted\n")
         return 130
+    except BrokenPipeError:  # the reader went away (`flowforge runs | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exitcodes.OK
     except Exception as exc:  # an internal error: still one line unless asked for more
         if verbosity > 1:
             logger.exception("internal error")

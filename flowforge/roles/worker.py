@@ -242,6 +242,7 @@ class Worker:
                     extra={"action": "finish_retry"},
                 )
                 self._db.reset()
+                self._beat()
                 self._serve_broker(delay)
         if not committed:
             logger.warning(

@@ -1,0 +1,101 @@
+"""``flowforge up``: the one bridge between FlowForge and the generic supervisor.
+
+It turns the config into child specs — scheduler, workers, publisher (and the api, once it
+exists) — and runs the supervisor in the current process. Nothing here opens a connection or
+imports handler code: each child does that itself after the fork.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import sys
+from collections.abc import Callable
+
+from flowforge.config import Config
+from supervisor import logs
+from supervisor.child import ChildContext
+from supervisor.restart import IntensityLimit
+from supervisor.spec import ChildSpec, Restart
+from supervisor.tree import Supervisor
+
+logger = logging.getLogger(__name__)
+
+TITLE_PREFIX = "flowforge"
+#: Graceful stop of the scheduler and the publisher (seconds): each finishes its pass.
+ROLE_SHUTDOWN_S = 10.0
+
+
+def _role(name: str, config: Config) -> Callable[[ChildContext], int]:
+    def target(ctx: ChildContext) -> int:
+        from flowforge.roles.main import run
+
+        return run(name, config, beat=ctx.beat, ready=ctx.ready)
+
+    return target
+
+
+def build_specs(config: Config) -> list[ChildSpec]:
+    """The tree: stop order scheduler (0) → workers (1) → publisher (2)."""
+    p = config.processes
+    return [
+        ChildSpec(
+            "scheduler",
+            _role("scheduler", config),
+            restart=Restart.PERMANENT,
+            shutdown_timeout_s=ROLE_SHUTDOWN_S,
+            stop_group=0,
+            liveness_timeout_s=p.liveness_timeout_s,
+        ),
+        ChildSpec(
+            "worker",
+            _role("worker", config),
+            count=p.workers,
+            restart=Restart.PERMANENT,
+            shutdown_timeout_s=p.drain_timeout_s,
+            stop_group=1,
+            liveness_timeout_s=p.liveness_timeout_s,
+            scalable=True,
+            rolling=True,
+        ),
+        ChildSpec(
+            "publisher",
+            _role("publisher", config),
+            restart=Restart.PERMANENT,
+            shutdown_timeout_s=ROLE_SHUTDOWN_S,
+            stop_group=2,
+            liveness_timeout_s=p.liveness_timeout_s,
+        ),
+    ]
+
+
+def _child_setup(config: Config) -> Callable[[str], None]:
+    def setup(label: str) -> None:
+        logs.configure(label, config.logging.format, config.logging.level)
+        logging.getLogger("pika").setLevel(logging.WARNING)
+        faulthandler.enable()  # a hung child's SIGABRT prints where it was stuck
+
+    return setup
+
+
+def run(config: Config, config_label: str) -> int:
+    """Run the whole tree in this process until it is stopped; return the exit code."""
+    from supervisor.titles import set_title
+
+    logs.configure("supervisor", config.logging.format, config.logging.level)
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    set_title(f"{TITLE_PREFIX}: supervisor [{config_label}]")
+    specs = build_specs(config)
+    sys.stdout.write(
+        f"flowforge up: 1 scheduler, 1 publisher, {config.processes.workers} worker(s); "
+        "no api child in this build\n"
+    )
+    sys.stdout.flush()
+    supervisor = Supervisor(
+        specs,
+        title_prefix=TITLE_PREFIX,
+        intensity=IntensityLimit(config.processes.restart_limit, config.processes.restart_period_s),
+        drain_timeout_s=config.processes.drain_timeout_s,
+        child_setup=_child_setup(config),
+    )
+    return supervisor.run()

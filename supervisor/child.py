@@ -1,0 +1,109 @@
+"""Starting one child: fork, then prepare the child before its target runs.
+
+The child's constructor work happens in the parent (the spec and the slot are plain data);
+everything that opens resources happens in the target, after the fork. Right after the fork the
+child restores default signal handling, asks the kernel to SIGKILL it if the parent dies
+(``PR_SET_PDEATHSIG``), and checks that the parent did not die already — so no child outlives a
+killed supervisor by more than a moment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from supervisor.slots import SlotTable
+
+logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class ChildContext:
+    """What a child knows about itself; ``beat`` and ``ready`` write its shared slot."""
+
+    name: str
+    instance: int  # 1-based within its spec
+    count: int  # the spec's desired count when this child started
+    slot: int
+    table: SlotTable
+    spec_names: tuple[str, ...]
+
+    def beat(self) -> None:
+        """Report liveness; call at least every ``liveness_timeout_s``."""
+        self.table.beat(self.slot)
+
+    def ready(self) -> None:
+        """Report that this child finished booting and serves."""
+        self.table.mark_ready(self.slot)
+
+    def tree_readiness(self) -> dict[str, tuple[int, int]]:
+        """For every spec of the tree: (children ready, children desired)."""
+        found = self.table.readiness(range(len(self.spec_names)))
+        return {self.spec_names[i]: counts for i, counts in found.items()}
+
+
+def _libc() -> ctypes.CDLL | None:
+    path = ctypes.util.find_library("c")
+    return ctypes.CDLL(path, use_errno=True) if path else None
+
+
+def set_child_subreaper() -> None:
+    """Orphaned grandchildren get reparented to this process (so it can reap them)."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def spawn(
+    target: Callable[[ChildContext], int],
+    ctx: ChildContext,
+    handled_signals: Iterable[int],
+    close_fds: Iterable[int],
+) -> int:
+    """Fork a child that runs ``target(ctx)`` and exits with its return value; return its pid."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        _prepare_child(parent, handled_signals, close_fds)
+        code = int(target(ctx) or 0)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        with contextlib.suppress(Exception):
+            os.write(2, f"child {ctx.name} crashed:\n{traceback.format_exc()}".encode()[-4000:])
+    finally:
+        with contextlib.suppress(Exception):
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _prepare_child(parent: int, handled_signals: Iterable[int], close_fds: Iterable[int]) -> None:
+    signal.set_wakeup_fd(-1)
+    for signum in handled_signals:
+        signal.signal(signum, signal.SIG_DFL)
+    for fd in close_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    # Terminal signals (Ctrl-C) go to the supervisor only, which stops children in order.
+    os.setpgid(0, 0)
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(1)

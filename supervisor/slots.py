@@ -1,0 +1,77 @@
+"""Per-child liveness and readiness in anonymous shared memory, created before any fork.
+
+The parent assigns a slot to each child it starts; the child writes its slot (a beat is the
+monotonic clock, which is system-wide, so parent and child compare the same clock) and the
+parent, or any child that wants to know whether the tree is ready, reads the table.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import time
+from collections.abc import Iterable
+
+FREE = -1
+
+
+class SlotTable:
+    """``capacity`` slots of (spec index, pid, last beat, ready)."""
+
+    def __init__(self, capacity: int, spec_count: int) -> None:
+        self.capacity = capacity
+        self._spec = multiprocessing.RawArray(ctypes.c_int, [FREE] * capacity)
+        self._pid = multiprocessing.RawArray(ctypes.c_int, capacity)
+        self._beat = multiprocessing.RawArray(ctypes.c_double, capacity)
+        self._ready = multiprocessing.RawArray(ctypes.c_ubyte, capacity)
+        self._desired = multiprocessing.RawArray(ctypes.c_int, spec_count)
+
+    # ------------------------------------------------------------------ parent side
+
+    def allocate(self, spec_index: int) -> int:
+        for slot in range(self.capacity):
+            if self._spec[slot] == FREE:
+                self._spec[slot] = spec_index
+                self._pid[slot] = 0
+                self._ready[slot] = 0
+                self._beat[slot] = time.monotonic()
+                return slot
+        raise RuntimeError("no free child slot: raise the supervisor's capacity")
+
+    def assign_pid(self, slot: int, pid: int) -> None:
+        self._pid[slot] = pid
+
+    def release(self, slot: int) -> None:
+        self._spec[slot] = FREE
+        self._pid[slot] = 0
+        self._ready[slot] = 0
+
+    def set_desired(self, spec_index: int, count: int) -> None:
+        self._desired[spec_index] = count
+
+    # ------------------------------------------------------------------ child side
+
+    def beat(self, slot: int) -> None:
+        self._beat[slot] = time.monotonic()
+
+    def mark_ready(self, slot: int) -> None:
+        self._beat[slot] = time.monotonic()
+        self._ready[slot] = 1
+
+    # ------------------------------------------------------------------ readers
+
+    def silent_for(self, slot: int, now: float) -> float:
+        return now - self._beat[slot]
+
+    def is_ready(self, slot: int) -> bool:
+        return bool(self._ready[slot])
+
+    def readiness(self, spec_indexes: Iterable[int]) -> dict[int, tuple[int, int]]:
+        """For each spec index: (children ready, children desired)."""
+        wanted = set(spec_indexes)
+        ready = dict.fromkeys(wanted, 0)
+        for slot in range(self.capacity):
+            spec = self._spec[slot]
+            if spec in wanted and self._ready[slot]:
+                ready[spec] += 1
+        return {i: (ready[i], self._desired[i]) for i in wanted}
