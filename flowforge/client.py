@@ -43,6 +43,10 @@ class Client:
         return self._workflows
 
     @property
+    def config(self) -> Config:
+        return self._config
+
+    @property
     def repository(self) -> Repository:
         return self._repo
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 
 from flowforge.config import Config
@@ -24,20 +26,35 @@ logger = logging.getLogger(__name__)
 TITLE_PREFIX = "flowforge"
 #: Graceful stop of the scheduler and the publisher (seconds): each finishes its pass.
 ROLE_SHUTDOWN_S = 10.0
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def _role(name: str, config: Config) -> Callable[[ChildContext], int]:
     def target(ctx: ChildContext) -> int:
         from flowforge.roles.main import run
 
-        return run(name, config, beat=ctx.beat, ready=ctx.ready)
+        return run(name, config, beat=ctx.beat, ready=ctx.ready, tree=ctx.tree_readiness)
 
     return target
 
 
 def build_specs(config: Config) -> list[ChildSpec]:
-    """The tree: stop order scheduler (0) → workers (1) → publisher (2)."""
+    """The tree: stop order scheduler (0) → workers (1) → publisher (2) → api (3)."""
     p = config.processes
+    api = (
+        []
+        if config.api is None
+        else [
+            ChildSpec(
+                "api",
+                _role("api", config),
+                restart=Restart.PERMANENT,
+                shutdown_timeout_s=ROLE_SHUTDOWN_S,
+                stop_group=3,
+                liveness_timeout_s=p.liveness_timeout_s,
+            )
+        ]
+    )
     return [
         ChildSpec(
             "scheduler",
@@ -66,6 +83,7 @@ def build_specs(config: Config) -> list[ChildSpec]:
             stop_group=2,
             liveness_timeout_s=p.liveness_timeout_s,
         ),
+        *api,
     ]
 
 
@@ -82,13 +100,19 @@ def run(config: Config, config_label: str) -> int:
     """Run the whole tree in this process until it is stopped; return the exit code."""
     from supervisor.titles import set_title
 
-    logs.configure("supervisor", config.logging.format, config.logging.level)
-    logging.getLogger("pika").setLevel(logging.WARNING)
-    set_title(f"{TITLE_PREFIX}: supervisor [{config_label}]")
+    with tempfile.TemporaryDirectory(prefix="flowforge-metrics-") as metrics_dir:
+        # Before any child imports prometheus_client: every process writes its samples here.
+        os.environ[METRICS_DIR_ENV] = metrics_dir
+        logs.configure("supervisor", config.logging.format, config.logging.level)
+        set_title(f"{TITLE_PREFIX}: supervisor [{config_label}]")
+        return _supervise(config)
+
+
+def _supervise(config: Config) -> int:
     specs = build_specs(config)
+    api = f"api on http://{config.api.listen}" if config.api else "no api"
     sys.stdout.write(
-        f"flowforge up: 1 scheduler, 1 publisher, {config.processes.workers} worker(s); "
-        "no api child in this build\n"
+        f"flowforge up: 1 scheduler, 1 publisher, {config.processes.workers} worker(s); {api}\n"
     )
     sys.stdout.flush()
     supervisor = Supervisor(

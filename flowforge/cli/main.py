@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("migrate", commands.migrate, "create or upgrade the database schema")
 
     p = command("role", commands.role, "run one role in the foreground (what `up` forks)")
-    p.add_argument("name", choices=("scheduler", "publisher", "worker"))
+    p.add_argument("name", choices=("scheduler", "publisher", "worker", "api"))
 
     p = command("trigger", commands.trigger, "start a run; prints its id")
     p.add_argument("workflow")

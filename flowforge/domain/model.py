@@ -103,6 +103,7 @@ class Claim:
     upstream: Mapping[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None
     idempotency_key: str | None = None
+    dispatch_lag_s: float = 0.0  # READY → claimed, by the database clock
 
 
 class ClaimOutcome(StrEnum):

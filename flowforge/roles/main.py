@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from flowforge.api.server import ApiServer
 from flowforge.config import Config
 from flowforge.errors import BootError, ConfigError, DefinitionError, QueueTypeMismatchError
 from flowforge.roles.publisher import Publisher
@@ -18,14 +19,17 @@ from flowforge.roles.runner import Role, run_role
 from flowforge.roles.scheduler import Scheduler
 from flowforge.roles.signals import stop_on_signals
 from flowforge.roles.worker import Worker
+from flowforge.telemetry import Telemetry
 from supervisor import exitcodes
 
 logger = logging.getLogger(__name__)
 
-ROLES: dict[str, Callable[[Config], Role]] = {
-    "scheduler": Scheduler,
-    "publisher": Publisher,
-    "worker": Worker,
+Tree = Callable[[], dict[str, tuple[int, int]]]
+ROLES: dict[str, Callable[[Config, Telemetry, Tree | None], Role]] = {
+    "scheduler": lambda config, telemetry, _tree: Scheduler(config, telemetry),
+    "publisher": lambda config, telemetry, _tree: Publisher(config, telemetry),
+    "worker": lambda config, telemetry, _tree: Worker(config, telemetry),
+    "api": lambda config, telemetry, tree: ApiServer(config, telemetry, tree),
 }
 BOOT_ERRORS = (ConfigError, DefinitionError, QueueTypeMismatchError, BootError)
 
@@ -35,17 +39,31 @@ def run(
     config: Config,
     beat: Callable[[], None] = lambda: None,
     ready: Callable[[], None] = lambda: None,
+    tree: Tree | None = None,
 ) -> int:
     """Run the role called ``name`` until SIGTERM/SIGINT; return the exit code.
 
-    ``beat`` and ``ready`` are a supervisor's liveness and readiness hooks.
+    ``beat`` and ``ready`` are a supervisor's liveness and readiness hooks; ``tree`` reports
+    the readiness of the whole tree (the api shows it).
     """
-    role = ROLES[name](config)
+    telemetry = Telemetry()
+    telemetry.child_starts.labels(role=name).inc()
+    try:
+        role = ROLES[name](config, telemetry, tree)
+    except BOOT_ERRORS as exc:
+        logger.error("%s cannot start: %s", name, exc, extra={"action": "boot_failed"})
+        return exitcodes.CHILD_BOOT_FAILURE
     stop = threading.Event()
     logger.info("%s starting", role.title, extra={"action": "role_start"})
     try:
         with stop_on_signals(stop):
-            run_role(role, stop, beat=beat, ready=ready)
+            run_role(
+                role,
+                stop,
+                beat=beat,
+                ready=ready,
+                on_reconnect=telemetry.reconnects.labels(role=name).inc,
+            )
     except BOOT_ERRORS as exc:
         logger.error("%s cannot start: %s", role.title, exc, extra={"action": "boot_failed"})
         return exitcodes.CHILD_BOOT_FAILURE

@@ -27,10 +27,9 @@ class Presence:
         self._last_touch = time.monotonic()
 
     def tick(self) -> None:
-        """Refresh the registration if :data:`TOUCH_INTERVAL_S` has passed."""
+        """Refresh (or re-create) the registration if :data:`TOUCH_INTERVAL_S` has passed."""
         if time.monotonic() - self._last_touch >= TOUCH_INTERVAL_S:
-            self._repo.touch_process(self.id)
-            self._last_touch = time.monotonic()
+            self.announce()
 
     def leave(self) -> None:
         self._repo.deregister_process(self.id)

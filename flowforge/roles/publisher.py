@@ -20,6 +20,7 @@ from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
 from flowforge.store.notify import OUTBOX_CHANNEL, Listener
 from flowforge.store.repository import Repository
+from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,12 @@ class Publisher:
 
     title = "Publisher"
 
-    def __init__(self, config: Config, batch_size: int = PUBLISH_BATCH) -> None:
+    def __init__(
+        self,
+        config: Config,
+        telemetry: Telemetry | None = None,
+        batch_size: int = PUBLISH_BATCH,
+    ) -> None:
         self._config = config
         self._batch_size = batch_size
         self._db = Database(config.database, application_name="flowforge-publisher")

@@ -53,6 +53,7 @@ def run_role(
     rand: Callable[[], float] = random.random,
     beat: Callable[[], None] = _nothing,
     ready: Callable[[], None] = _nothing,
+    on_reconnect: Callable[[], None] = _nothing,
 ) -> None:
     """Run ``role`` until ``stop`` is set (or its loop returns), surviving transient outages.
 
@@ -81,6 +82,7 @@ def run_role(
                     extra={"action": "reconnecting"},
                 )
                 role.reset()
+                on_reconnect()
                 _wait(stop, delay, beat)
     finally:
         role.shutdown()

@@ -16,10 +16,13 @@ from collections.abc import Callable
 
 from flowforge.config import Config
 from flowforge.domain.model import PassReport
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.states import TaskState
 from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
 from flowforge.store.repository import Repository
+from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +38,9 @@ class Scheduler:
 
     title = "Scheduler"
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, telemetry: Telemetry | None = None) -> None:
         self._config = config
+        self._telemetry = telemetry or Telemetry()
         self._db = Database(config.database, application_name="flowforge-scheduler")
         self._repo = Repository(self._db)
         self._listener = Listener(config.database, SCHEDULER_CHANNEL)
@@ -63,12 +67,19 @@ class Scheduler:
         """One pass over every kind of work, each bounded by the batch size."""
         batch = self._config.scheduler.batch_size
         threshold = self._config.scheduler.crash_loop_threshold
-        return PassReport(
-            reaped=self._repo.reap_expired(batch, threshold),
-            routed=self._repo.route_failed(batch, threshold),
-            propagated=self._repo.propagate(batch),
-            promoted=self._repo.promote_ready(batch),
-        )
+        with self._telemetry.scheduler_pass.time():
+            return PassReport(
+                reaped=self._repo.reap_expired(batch, threshold, self._observe),
+                routed=self._repo.route_failed(batch, threshold, self._observe),
+                propagated=self._repo.propagate(batch),
+                promoted=self._repo.promote_ready(batch),
+            )
+
+    def _observe(self, state: TaskState, reason: FailureReason) -> None:
+        if state is TaskState.RETRYING:
+            self._telemetry.tasks_retried.labels(reason=str(reason)).inc()
+        elif state is TaskState.DEAD:
+            self._telemetry.tasks_dead.labels(reason=str(reason)).inc()
 
     def _housekeeping(self) -> None:
         now = time.monotonic()

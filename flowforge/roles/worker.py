@@ -38,6 +38,7 @@ from flowforge.roles.presence import Presence
 from flowforge.roles.runner import RECONNECT_BACKOFF
 from flowforge.store.db import Database
 from flowforge.store.repository import Repository
+from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,14 @@ class Worker:
 
     title = "Worker"
 
-    def __init__(self, config: Config, rand: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self,
+        config: Config,
+        telemetry: Telemetry | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
         self._config = config
+        self._telemetry = telemetry or Telemetry()
         self._rand = rand
         self._db = Database(config.database, application_name="flowforge-worker")
         self._repo = Repository(self._db)
@@ -126,6 +133,8 @@ class Worker:
             )
             self._consumer.ack(delivery.tag)
             return
+        self._telemetry.tasks_started.inc()
+        self._telemetry.dispatch_lag.observe(result.claim.dispatch_lag_s)
         self._consumer.pause()
         self._ack_claimed(delivery)
         self._execute(result.claim)
@@ -173,8 +182,13 @@ class Worker:
         lease = LeaseKeeper(
             self._repo, claim, ctx, self._config.worker.lease_s, self._config.worker.heartbeat_s
         )
+        started = time.monotonic()
         job = self._executor.submit(handler, ctx)
-        if not self._wait(job, lease, claim.timeout_s):
+        finished_in_time = self._wait(job, lease, claim.timeout_s)
+        self._telemetry.task_duration.labels(handler=claim.handler).observe(
+            time.monotonic() - started
+        )
+        if not finished_in_time:
             self._finish(
                 claim,
                 Finish(
@@ -244,6 +258,7 @@ class Worker:
                 self._db.reset()
                 self._beat()
                 self._serve_broker(delay)
+        self._count(finish, committed)
         if not committed:
             logger.warning(
                 "stale completion of task run %s rejected (token %d is no longer current)",
@@ -251,6 +266,17 @@ class Worker:
                 claim.fencing_token,
                 extra={"action": "stale_completion"},
             )
+
+    def _count(self, finish: Finish, committed: bool) -> None:
+        t = self._telemetry
+        if not committed:
+            t.stale_completions.inc()
+        elif finish.state is TaskState.SUCCEEDED:
+            t.tasks_succeeded.inc()
+        elif finish.state is TaskState.CANCELLED:
+            t.tasks_cancelled.inc()
+        else:
+            t.tasks_failed.labels(reason=str(finish.reason)).inc()
 
     def _check_recycle(self) -> None:
         if self._task_limit and self.tasks_done >= self._task_limit:

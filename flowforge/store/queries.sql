@@ -276,7 +276,8 @@ WITH claimed AS (
            cancel_requested = false, started_at = coalesce(started_at, now()),
            updated_at = now()
      WHERE id = %(id)s AND state = 'READY' AND fencing_token = %(token)s
-    RETURNING id, run_id, name, handler, attempt, fencing_token, timeout_s, idempotency_key
+    RETURNING id, run_id, name, handler, attempt, fencing_token, timeout_s, idempotency_key,
+              extract(epoch FROM now() - ready_at)::float8 AS dispatch_lag_s
 ), attempt_row AS (
     INSERT INTO task_attempts (task_run_id, attempt, fencing_token, worker)
     SELECT id, attempt, fencing_token, %(worker)s FROM claimed
@@ -539,3 +540,56 @@ ON CONFLICT (name) DO UPDATE SET value = counters.value + EXCLUDED.value;
 
 -- name: read_counters
 SELECT name, value FROM counters ORDER BY name;
+
+-- ------------------------------------------------------------------ operations
+
+-- name: ping
+SELECT 1 AS ok;
+
+-- name: task_state_counts
+SELECT state, count(*) AS n FROM task_runs GROUP BY state;
+
+-- name: outbox_backlog
+SELECT count(*) AS pending,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_s
+  FROM outbox
+ WHERE published_at IS NULL;
+
+-- name: live_process_counts
+SELECT role, count(*) AS n
+  FROM processes
+ WHERE last_seen_at > now() - make_interval(secs => %(fresh_s)s)
+ GROUP BY role;
+
+-- name: stats_attempts
+-- How many attempts task runs needed (or have used so far).
+SELECT attempt, count(*) AS n FROM task_runs GROUP BY attempt ORDER BY attempt;
+
+-- name: stats_failure_reasons
+SELECT failure_reason AS reason, count(*) AS n
+  FROM task_attempts
+ WHERE failure_reason IS NOT NULL
+ GROUP BY failure_reason
+ ORDER BY n DESC;
+
+-- name: stats_retry_backlog
+SELECT count(*) AS n, min(retry_at) AS next_at, max(retry_at) AS latest_at
+  FROM task_runs
+ WHERE state = 'RETRYING';
+
+-- name: stats_poison_candidates
+-- Unfinished task runs that already used many attempts.
+SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.failure_reason, r.workflow
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.attempt >= %(threshold)s AND t.state NOT IN ('SUCCEEDED', 'CANCELLED')
+ ORDER BY t.attempt DESC
+ LIMIT %(limit)s;
+
+-- name: stats_dead_by_workflow
+SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.state = 'DEAD'
+ GROUP BY r.workflow, t.handler, t.failure_reason
+ ORDER BY n DESC;

@@ -64,6 +64,8 @@ logger = logging.getLogger(__name__)
 #: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
 ORDERING_LOCK_NAMESPACE = 0x4F52  # "OR"
 STALE_COMPLETIONS = "stale_completions"
+#: Told each (new state, reason) a routing or reaping pass committed.
+Observer = Callable[[TaskState, FailureReason], None]
 _OUTCOMES = {
     TaskState.SUCCEEDED: "succeeded",
     TaskState.FAILED: "failed",
@@ -179,7 +181,10 @@ class Repository:
         return self._db.run(work)
 
     def route_failed(
-        self, limit: int, crash_loop_threshold: int = DEFAULT_CRASH_LOOP_THRESHOLD
+        self,
+        limit: int,
+        crash_loop_threshold: int = DEFAULT_CRASH_LOOP_THRESHOLD,
+        observe: Observer | None = None,
     ) -> int:
         """FAILED → RETRYING / DEAD / CANCELLED by each task's retry policy."""
 
@@ -192,11 +197,20 @@ class Repository:
             )
 
         return self._apply_policy(
-            TaskState.FAILED, "lock_failed", "apply_routing", facts, limit, crash_loop_threshold
+            TaskState.FAILED,
+            "lock_failed",
+            "apply_routing",
+            facts,
+            limit,
+            crash_loop_threshold,
+            observe,
         )
 
     def reap_expired(
-        self, limit: int, crash_loop_threshold: int = DEFAULT_CRASH_LOOP_THRESHOLD
+        self,
+        limit: int,
+        crash_loop_threshold: int = DEFAULT_CRASH_LOOP_THRESHOLD,
+        observe: Observer | None = None,
     ) -> int:
         """RUNNING with a lapsed lease → RETRYING / DEAD (crash loop) / CANCELLED, token bumped."""
 
@@ -215,6 +229,7 @@ class Repository:
             facts,
             limit,
             crash_loop_threshold,
+            observe,
         )
         if reaped:
             logger.warning("reaped %s expired lease(s)", reaped, extra={"action": "leases_reaped"})
@@ -228,11 +243,12 @@ class Repository:
         facts: Callable[[Mapping[str, Any]], FailureFacts],
         limit: int,
         crash_loop_threshold: int,
+        observe: Observer | None,
     ) -> int:
-        def work(cur: Cursor) -> int:
+        def work(cur: Cursor) -> list[tuple[TaskState, FailureReason]]:
             locked = cur.execute(self._q[lock_query], {"limit": limit}).fetchall()
             if not locked:
-                return 0
+                return []
             columns: dict[str, list[Any]] = {
                 k: [] for k in ("ids", "tokens", "states", "delays", "reasons")
             }
@@ -250,9 +266,14 @@ class Repository:
             changed = cur.execute(self._q[apply_query], columns).fetchall()
             if changed:
                 cur.execute(self._q["notify_scheduler"])
-            return len(changed)
+            reasons = dict(zip(columns["ids"], columns["reasons"], strict=True))
+            return [(TaskState(r["state"]), FailureReason(reasons[r["id"]])) for r in changed]
 
-        return self._db.run(work)
+        outcomes = self._db.run(work)
+        if observe is not None:  # after the commit: a retried transaction counts once
+            for state, reason in outcomes:
+                observe(state, reason)
+        return len(outcomes)
 
     def propagate(self, limit: int) -> int:
         """Apply the consequences of tasks that finished (SUCCEEDED / DEAD / CANCELLED).
@@ -360,6 +381,7 @@ class Repository:
             upstream=row["upstream"],
             timeout_s=row["timeout_s"],
             idempotency_key=row["idempotency_key"],
+            dispatch_lag_s=row["dispatch_lag_s"] or 0.0,
         )
         if claim.idempotency_key is None:
             return ClaimResult(ClaimOutcome.EXECUTE, claim)
@@ -511,6 +533,49 @@ class Repository:
         """Global event counters (e.g. ``stale_completions``)."""
         with self._db.transaction() as cur:
             return {r["name"]: r["value"] for r in cur.execute(self._q["read_counters"]).fetchall()}
+
+    # ------------------------------------------------------------------ operations
+
+    def ping(self) -> None:
+        """Raise :class:`DatabaseUnavailableError` unless PostgreSQL answers."""
+        with self._db.transaction() as cur:
+            cur.execute(self._q["ping"])
+
+    def task_state_counts(self) -> dict[str, int]:
+        with self._db.transaction() as cur:
+            found = cur.execute(self._q["task_state_counts"]).fetchall()
+        return {r["state"]: r["n"] for r in found}
+
+    def outbox_backlog(self) -> tuple[int, float]:
+        """(pending outbox rows, age in seconds of the oldest one; 0 when none)."""
+        with self._db.transaction() as cur:
+            row = cur.execute(self._q["outbox_backlog"]).fetchone()
+        return (row["pending"], row["oldest_s"]) if row else (0, 0.0)
+
+    def live_process_counts(self, fresh_s: float) -> dict[str, int]:
+        """Registered processes seen within ``fresh_s`` seconds, by role."""
+        with self._db.transaction() as cur:
+            found = cur.execute(self._q["live_process_counts"], {"fresh_s": fresh_s}).fetchall()
+        return {r["role"]: r["n"] for r in found}
+
+    def stats(self, poison_threshold: int, limit: int = 20) -> dict[str, Any]:
+        """Retry distribution, failure reasons, retry backlog, poison candidates, dead tasks."""
+        q = self._q
+        with self._db.transaction() as cur:
+            attempts = cur.execute(q["stats_attempts"]).fetchall()
+            reasons = cur.execute(q["stats_failure_reasons"]).fetchall()
+            backlog = cur.execute(q["stats_retry_backlog"]).fetchone()
+            poison = cur.execute(
+                q["stats_poison_candidates"], {"threshold": poison_threshold, "limit": limit}
+            ).fetchall()
+            dead = cur.execute(q["stats_dead_by_workflow"]).fetchall()
+        return {
+            "attempts": {r["attempt"]: r["n"] for r in attempts},
+            "failure_reasons": {r["reason"]: r["n"] for r in reasons},
+            "retry_backlog": dict(backlog or {"n": 0, "next_at": None, "latest_at": None}),
+            "poison_candidates": [dict(r) for r in poison],
+            "dead": [dict(r) for r in dead],
+        }
 
     # ------------------------------------------------------------------ operator actions
 

@@ -1,0 +1,86 @@
+"""``/health/live`` and ``/health/ready``.
+
+Ready means: PostgreSQL answers, RabbitMQ accepts a connection and knows the task queue, and a
+scheduler, a publisher and at least one worker of some tree are alive in the process registry.
+Any failure is a 503 whose body names the component in error (``"rabbitmq": "error"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import falcon
+import pika
+import pika.exceptions
+
+from flowforge.broker.topology import connection_parameters
+from flowforge.config import BrokerConfig
+from flowforge.errors import FlowForgeError
+from flowforge.store.repository import Repository
+from flowforge.views import dumps
+
+#: A registered process seen within this many seconds counts as alive.
+FRESH_S = 15.0
+REQUIRED_ROLES = ("scheduler", "publisher", "worker")
+BROKER_CHECK_TIMEOUT_S = 2.0
+
+
+class Live:
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.text = dumps({"status": "ok"})
+
+
+class Ready:
+    """Runs every check on each request; ``tree`` adds this tree's own child readiness."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        broker: BrokerConfig,
+        tree: Callable[[], dict[str, tuple[int, int]]] | None = None,
+    ) -> None:
+        self._repo = repo
+        self._broker = broker
+        self._tree = tree
+
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        checks = self.check()
+        ok = all(v == "ok" for k, v in checks.items() if k != "tree")
+        resp.status = falcon.HTTP_200 if ok else falcon.HTTP_503
+        resp.content_type = falcon.MEDIA_JSON
+        body: dict[str, object] = {"status": "ok" if ok else "error", **checks}
+        if self._tree is not None:
+            body["tree"] = {name: f"{have}/{want}" for name, (have, want) in self._tree().items()}
+        resp.text = dumps(body)
+
+    def check(self) -> dict[str, str]:
+        checks = {"postgres": "ok", "rabbitmq": self._check_broker()}
+        try:
+            self._repo.ping()
+            alive = self._repo.live_process_counts(FRESH_S)
+        except FlowForgeError:
+            checks["postgres"] = "error"
+            alive = {}
+        for role in REQUIRED_ROLES:
+            checks[role] = "ok" if alive.get(role, 0) > 0 else "error"
+        return checks
+
+    def _check_broker(self) -> str:
+        params = connection_parameters(self._broker)
+        for p in params:
+            p.socket_timeout = BROKER_CHECK_TIMEOUT_S
+            p.stack_timeout = BROKER_CHECK_TIMEOUT_S
+            p.blocked_connection_timeout = BROKER_CHECK_TIMEOUT_S
+        try:
+            conn = pika.BlockingConnection(params)
+        except (pika.exceptions.AMQPError, OSError):
+            return "error"
+        try:
+            conn.channel().queue_declare(self._broker.queue, passive=True)
+            return "ok"
+        except (pika.exceptions.AMQPError, OSError):
+            return "error"
+        finally:
+            if conn.is_open:
+                conn.close()

@@ -1,0 +1,71 @@
+"""``/metrics``: Prometheus text format.
+
+Counters and histograms come from every process of the tree (``PROMETHEUS_MULTIPROC_DIR``);
+gauges of the whole system (task runs by state, outbox backlog, live processes) are read from
+PostgreSQL at scrape time, so every tree's api reports the same truth.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import falcon
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from flowforge.errors import FlowForgeError
+from flowforge.store.repository import Repository
+
+FRESH_S = 15.0
+
+
+class DatabaseCollector(Collector):
+    """Gauges read from PostgreSQL on each scrape."""
+
+    def __init__(self, repo: Repository) -> None:
+        self._repo = repo
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("flowforge_database_up", "1 if PostgreSQL answered the scrape")
+        try:
+            states = self._repo.task_state_counts()
+            pending, oldest_s = self._repo.outbox_backlog()
+            processes = self._repo.live_process_counts(FRESH_S)
+        except FlowForgeError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        tasks = GaugeMetricFamily("flowforge_task_runs", "Task runs by state", labels=["state"])
+        for state, n in sorted(states.items()):
+            tasks.add_metric([state], n)
+        yield tasks
+        yield GaugeMetricFamily(
+            "flowforge_outbox_pending", "Outbox rows not yet confirmed", value=pending
+        )
+        yield GaugeMetricFamily(
+            "flowforge_outbox_oldest_pending_seconds",
+            "Age of the oldest pending outbox row",
+            value=oldest_s,
+        )
+        live = GaugeMetricFamily(
+            "flowforge_processes", "Live registered processes", labels=["role"]
+        )
+        for role, n in sorted(processes.items()):
+            live.add_metric([role], n)
+        yield live
+
+
+class Metrics:
+    def __init__(self, repo: Repository) -> None:
+        self._registry = CollectorRegistry()
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            multiprocess.MultiProcessCollector(self._registry)  # type: ignore[no-untyped-call]
+        self._registry.register(DatabaseCollector(repo))
+
+    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = CONTENT_TYPE_LATEST
+        resp.data = generate_latest(self._registry)
