@@ -204,3 +204,52 @@ def workflows_validate(args: argparse.Namespace) -> int:
     found = load_paths(paths)
     print(f"{len(found)} workflow(s) valid: {', '.join(sorted(found)) or '-'}")
     return exitcodes.OK
+
+
+def stats(args: argparse.Namespace) -> int:
+    if args.poison_threshold < 1:
+        raise InputError("--poison-threshold must be at least 1")
+    with _client(args) as client:
+        data = client.repository.stats(args.poison_threshold)
+    if args.json:
+        output.emit_json(data)
+        return exitcodes.OK
+    print("attempts used per task run:")
+    output.table(("ATTEMPTS", "TASK RUNS"), sorted(data["attempts"].items()))
+    print("\nfailure reasons (all attempts):")
+    output.table(("REASON", "ATTEMPTS"), list(data["failure_reasons"].items()))
+    backlog = data["retry_backlog"]
+    print(
+        f"\nretry backlog: {backlog['n']} waiting, next {backlog['next_at'] or '-'}, "
+        f"latest {backlog['latest_at'] or '-'}"
+    )
+    print(f"\npoison candidates (>= {args.poison_threshold} attempts, unfinished):")
+    output.table(
+        ("ID", "WORKFLOW", "TASK", "STATE", "ATTEMPT", "REASON"),
+        [
+            (p["id"], p["workflow"], p["name"], p["state"], p["attempt"], p["failure_reason"])
+            for p in data["poison_candidates"]
+        ],
+    )
+    print("\ndead tasks:")
+    output.table(
+        ("WORKFLOW", "HANDLER", "REASON", "COUNT"),
+        [(d["workflow"], d["handler"], d["reason"], d["n"]) for d in data["dead"]],
+    )
+    return exitcodes.OK
+
+
+def ps(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        found = client.repository.list_processes()
+    if args.json:
+        output.emit_json([output.to_dict(p) for p in found])
+        return exitcodes.OK
+    output.table(
+        ("HOST", "PID", "ROLE", "STARTED", "LAST SEEN", "SILENT S"),
+        [
+            (p.host, p.pid, p.role, p.started_at, p.last_seen_at, round(p.silent_s, 1))
+            for p in found
+        ],
+    )
+    return exitcodes.OK

@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     json_flag(p)
 
+    p = command("stats", commands.stats, "retries, failure reasons, backlog, poison, dead tasks")
+    p.add_argument("--poison-threshold", type=int, default=3, help="attempts (default 3)")
+    json_flag(p)
+
+    p = command("ps", commands.ps, "live processes of every tree (from the registry)")
+    json_flag(p)
+
     dead = command("dead", commands.no_action, "dead tasks").add_subparsers(
         dest="action", required=True, parser_class=_Parser
     )

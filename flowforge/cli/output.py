@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from flowforge.views import attempt_dict, dumps, run_dict, task_dict
+from flowforge.views import attempt_dict, dumps, run_dict, task_dict, to_dict
 
-__all__ = ["attempt_dict", "emit_json", "run_dict", "table", "task_dict"]
+__all__ = ["attempt_dict", "emit_json", "run_dict", "table", "task_dict", "to_dict"]
 
 
 def emit_json(data: Any, out: TextIO = sys.stdout) -> None:
