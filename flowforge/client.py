@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 from uuid import UUID
@@ -75,10 +75,22 @@ class Client:
         idempotency_key: str | None = None,
     ) -> TriggerResult:
         """Start a run of ``workflow``; a replayed ``idempotency_key`` returns the same run."""
+        return self._repo.trigger(self._definition(workflow), input, idempotency_key)
+
+    def trigger_many(
+        self,
+        workflow: str,
+        inputs: Sequence[Mapping[str, Any] | None],
+        idempotency_keys: Sequence[str | None] | None = None,
+    ) -> list[TriggerResult]:
+        """Start one run per input in a single transaction (much faster than one by one)."""
+        return self._repo.trigger_many(self._definition(workflow), inputs, idempotency_keys)
+
+    def _definition(self, workflow: str) -> WorkflowDef:
         definition = self.workflows.get(workflow)
         if definition is None:
             raise UnknownWorkflowError(f"unknown workflow {workflow!r}")
-        return self._repo.trigger(definition, input, idempotency_key)
+        return definition
 
     def status(self, run_id: UUID | str) -> Run:
         return self._repo.get_run(run_id)

@@ -16,27 +16,32 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
   FROM unnest(%(keys)s::text[]) AS k
  ORDER BY k;
 
--- name: insert_run
+-- name: insert_runs
+-- A run whose idempotency key exists already is skipped (the caller compares digests).
 INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
                            request_digest)
-VALUES (%(id)s, %(workflow)s, %(digest)s, %(input)s, %(fail_fast)s, %(key)s, %(request_digest)s)
+SELECT r.id, %(workflow)s, %(digest)s, r.input, %(fail_fast)s, r.key, r.request_digest
+  FROM unnest(%(ids)s::uuid[], %(inputs)s::jsonb[], %(keys)s::text[], %(digests)s::text[])
+       AS r(id, input, key, request_digest)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id;
 
--- name: find_run_by_key
-SELECT id, request_digest FROM workflow_runs WHERE idempotency_key = %(key)s;
+-- name: find_runs_by_keys
+SELECT id, idempotency_key, request_digest
+  FROM workflow_runs
+ WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: insert_tasks
 INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                        max_delay_s, jitter, timeout_s, idempotency_key, ordering_key, on_dead)
-SELECT t.id, %(run_id)s, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
+SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
        t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead
-  FROM unnest(%(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[], %(pending)s::int[],
-              %(max_attempts)s::int[], %(base_delays)s::float8[], %(max_delays)s::float8[],
-              %(jitters)s::text[], %(timeouts)s::float8[], %(idem_keys)s::text[],
-              %(ordering_keys)s::text[], %(on_dead)s::text[])
-       AS t(id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s, jitter,
-            timeout_s, idempotency_key, ordering_key, on_dead);
+  FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
+              %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
+              %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
+              %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[])
+       AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
+            jitter, timeout_s, idempotency_key, ordering_key, on_dead);
 
 -- name: insert_edges
 INSERT INTO task_edges (upstream_id, downstream_id)

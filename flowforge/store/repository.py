@@ -8,11 +8,8 @@ arithmetic happens in SQL on the database clock; this module only decides *how l
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import random
-import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -21,7 +18,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from flowforge.domain import transitions
-from flowforge.domain.dag import WorkflowDef, render_key
+from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import (
     Attempt,
     Claim,
@@ -35,6 +32,7 @@ from flowforge.domain.model import (
     TriggerResult,
     parse_id,
 )
+from flowforge.domain.plan import RunPlan, plan_runs
 from flowforge.domain.policy import (
     DEFAULT_CRASH_LOOP_THRESHOLD,
     Bury,
@@ -51,7 +49,6 @@ from flowforge.domain.runstate import RunFacts, derive
 from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, TaskState
 from flowforge.errors import (
     IllegalTransitionError,
-    InputError,
     NotDeadError,
     NotFoundError,
     TriggerConflictError,
@@ -101,29 +98,27 @@ class Repository:
         The same ``idempotency_key`` returns the same run (``created`` False); the same key
         with another workflow or input raises :class:`TriggerConflictError`.
         """
-        run_input = {} if run_input is None else run_input
-        if not isinstance(run_input, Mapping):
-            raise InputError("the run input must be a JSON object")
-        try:
-            request_digest = hashlib.sha256(
-                json.dumps({"workflow": workflow.name, "input": run_input}, sort_keys=True).encode()
-            ).hexdigest()
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"the run input is not JSON-serialisable: {exc}") from exc
-        tasks = _task_columns(workflow, run_input)
-        return self._db.run(
-            self._trigger, workflow, run_input, idempotency_key, request_digest, tasks
-        )
+        return self.trigger_many(workflow, [run_input], [idempotency_key])[0]
 
-    def _trigger(
+    def trigger_many(
         self,
-        cur: Cursor,
         workflow: WorkflowDef,
-        run_input: Mapping[str, Any],
-        idempotency_key: str | None,
-        request_digest: str,
-        tasks: dict[str, list[Any]],
-    ) -> TriggerResult:
+        inputs: Sequence[Mapping[str, Any] | None],
+        idempotency_keys: Sequence[str | None] | None = None,
+    ) -> list[TriggerResult]:
+        """Create one run per input in one transaction (a few array inserts, not one per run).
+
+        Results are in input order; idempotency keys behave as in :meth:`trigger`, and one
+        conflict fails the whole batch.
+        """
+        plan = plan_runs(workflow, inputs, idempotency_keys)
+        if not plan.run_ids:
+            return []
+        return self._db.run(self._insert_plan, workflow, plan)
+
+    def _insert_plan(
+        self, cur: Cursor, workflow: WorkflowDef, plan: RunPlan
+    ) -> list[TriggerResult]:
         q = self._q
         cur.execute(
             q["register_definition"],
@@ -133,37 +128,55 @@ class Repository:
                 "definition": Jsonb(workflow.to_dict()),
             },
         )
-        ordering = sorted({k for k in tasks["ordering_keys"] if k is not None})
+        ordering = plan.ordering_keys()
         if ordering:
             cur.execute(
                 q["lock_ordering_keys"], {"namespace": ORDERING_LOCK_NAMESPACE, "keys": ordering}
             )
-        run_id = uuid.uuid4()
-        inserted = cur.execute(
-            q["insert_run"],
+        rows = cur.execute(
+            q["insert_runs"],
             {
-                "id": run_id,
+                "ids": plan.run_ids,
                 "workflow": workflow.name,
                 "digest": workflow.digest,
-                "input": Jsonb(dict(run_input)),
+                "inputs": [Jsonb(dict(i)) for i in plan.inputs],
                 "fail_fast": workflow.fail_fast,
-                "key": idempotency_key,
-                "request_digest": request_digest,
+                "keys": plan.keys,
+                "digests": plan.digests,
             },
-        ).fetchone()
-        if inserted is None:
-            existing = cur.execute(q["find_run_by_key"], {"key": idempotency_key}).fetchone()
-            if existing is None or existing["request_digest"] != request_digest:
+        ).fetchall()
+        inserted = {r["id"] for r in rows}
+        results = [TriggerResult(rid, created=True) for rid in plan.run_ids]
+        if len(inserted) < len(plan.run_ids):
+            results = self._replayed(cur, plan, inserted, results)
+        tasks = plan.tasks_of(inserted)
+        if tasks["ids"]:
+            cur.execute(q["insert_tasks"], tasks)
+            upstream, downstream = plan.edges_of(set(tasks["ids"]))
+            if upstream:
+                cur.execute(q["insert_edges"], {"upstream": upstream, "downstream": downstream})
+            cur.execute(q["notify_scheduler"])
+        return results
+
+    def _replayed(
+        self, cur: Cursor, plan: RunPlan, inserted: set[UUID], results: list[TriggerResult]
+    ) -> list[TriggerResult]:
+        """Resolve runs whose idempotency key already existed: the same request or a conflict."""
+        keys = [k for rid, k in zip(plan.run_ids, plan.keys, strict=True) if rid not in inserted]
+        existing = {
+            r["idempotency_key"]: r
+            for r in cur.execute(self._q["find_runs_by_keys"], {"keys": keys})
+        }
+        for index, (rid, key) in enumerate(zip(plan.run_ids, plan.keys, strict=True)):
+            if rid in inserted:
+                continue
+            found = existing.get(key)
+            if found is None or found["request_digest"] != plan.digests[index]:
                 raise TriggerConflictError(
-                    f"idempotency key {idempotency_key!r} was used for a different request"
+                    f"idempotency key {key!r} was used for a different request"
                 )
-            return TriggerResult(existing["id"], created=False)
-        edges = tasks.pop("edges")
-        cur.execute(q["insert_tasks"], {"run_id": run_id, **tasks})
-        if edges[0]:
-            cur.execute(q["insert_edges"], {"upstream": edges[0], "downstream": edges[1]})
-        cur.execute(q["notify_scheduler"])
-        return TriggerResult(run_id, created=True)
+            results[index] = TriggerResult(found["id"], created=False)
+        return results
 
     # ------------------------------------------------------------------ scheduler passes
 
@@ -705,55 +718,3 @@ def _decision_columns(
         return TaskState.DEAD, 0.0, decision.reason
     assert isinstance(decision, Cancel)
     return TaskState.CANCELLED, 0.0, FailureReason.CANCELLED
-
-
-def _task_columns(workflow: WorkflowDef, run_input: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """Column arrays for inserting a run's tasks (in dependency order) and their edges."""
-    ordered = workflow.topological_order()
-    ids = {t.name: uuid.uuid4() for t in ordered}
-    cols: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "ids",
-            "names",
-            "handlers",
-            "pending",
-            "max_attempts",
-            "base_delays",
-            "max_delays",
-            "jitters",
-            "timeouts",
-            "idem_keys",
-            "ordering_keys",
-            "on_dead",
-        )
-    }
-    upstream: list[UUID] = []
-    downstream: list[UUID] = []
-    for task in ordered:
-        label = f"task {task.name!r}"
-        values = (
-            ids[task.name],
-            task.name,
-            task.handler,
-            len(task.depends_on),
-            task.retry.max_attempts,
-            task.retry.base_delay,
-            task.retry.max_delay,
-            str(task.retry.jitter),
-            task.timeout,
-            None
-            if task.idempotency_key is None
-            else render_key(task.idempotency_key, run_input, f"{label} idempotency_key"),
-            None
-            if task.ordering_key is None
-            else render_key(task.ordering_key, run_input, f"{label} ordering_key"),
-            str(task.on_dead),
-        )
-        for key, value in zip(cols, values, strict=True):
-            cols[key].append(value)
-        for dep in task.depends_on:
-            upstream.append(ids[dep])
-            downstream.append(ids[task.name])
-    cols["edges"] = [upstream, downstream]
-    return cols
