@@ -1,0 +1,470 @@
+"""``scripts/bench``: FlowForge's speed, measured on a real ``flowforge up`` tree.
+
+Each workload runs on a fresh database (tables truncated between repetitions) against a tree
+with ``--workers`` workers, and every figure is the median of ``--repeat`` repetitions with its
+min and max. Latencies come from database timestamps. Nothing here asserts a figure: it prints a
+table and writes JSON with the machine, versions, settings and every repetition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pika
+import psycopg
+import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from flowforge.config import DatabaseConfig
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.store.db import Database
+from flowforge.store.migrate import migrate
+from flowforge.store.repository import Repository
+from flowforge.testing.services import DEFAULT_BASE_DIR, PrivatePostgres, PrivateRabbitMQ
+
+HANDLER_MODULE = "flowforge_bench_handlers"
+HANDLER_SOURCE = (
+    "from flowforge import task\n\n\n@task('bench.noop')\ndef noop(ctx):\n    return None\n"
+)
+TABLES = (
+    "counters, processes, requeue_audit, idempotency_keys, outbox, task_attempts, task_edges, "
+    "task_runs, workflow_runs, workflow_definitions"
+)
+POLL_S = 0.02
+READY_TIMEOUT_S = 60.0
+TRIGGER_BATCH = 500
+
+
+@dataclass
+class Settings:
+    workers: int = 4
+    repeat: int = 3
+    tasks: int = 5000
+    fanout: int = 5000
+    chain: int = 200
+    latency_runs: int = 500
+    scale: tuple[int, ...] = (1000, 10000)
+    timeout_s: float = 600.0
+
+
+@dataclass
+class Result:
+    name: str
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "median": statistics.median(self.samples) if self.samples else None,
+            "min": min(self.samples, default=None),
+            "max": max(self.samples, default=None),
+            "samples": self.samples,
+            **self.extra,
+        }
+
+
+# ---------------------------------------------------------------------------- the tree
+
+
+class Tree:
+    """A ``flowforge up`` subprocess on its own queue, with a no-op handler."""
+
+    def __init__(self, directory: Path, database_url: str, broker_url: str, workers: int) -> None:
+        (directory / f"{HANDLER_MODULE}.py").write_text(HANDLER_SOURCE)
+        self.queue = f"flowforge.bench.{uuid.uuid4().hex[:8]}"
+        config = {
+            "database": {"url": database_url, "pool_max": 4},
+            "broker": {"url": broker_url, "queue": self.queue},
+            "handlers": [HANDLER_MODULE],
+            "processes": {"workers": workers},
+            "logging": {"level": "WARNING"},
+        }
+        self.config_path = directory / "bench.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = directory / "tree.log"
+        self.database_url = database_url
+        self.broker_url = broker_url
+        self.workers = workers
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flowforge.cli", "-c", str(self.config_path), "up"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_path.open("ab"),
+        )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"flowforge up exited with {self.proc.returncode}; see {self.log_path}"
+                    )
+                row = conn.execute(
+                    "SELECT count(*) FROM processes WHERE role = 'worker'"
+                ).fetchone()
+                if row and row[0] >= self.workers:
+                    return
+                time.sleep(0.1)
+        raise RuntimeError("the tree did not become ready in time")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        try:
+            conn = pika.BlockingConnection(pika.URLParameters(self.broker_url))
+            conn.channel().queue_delete(self.queue)
+            conn.close()
+        except pika.exceptions.AMQPError:
+            pass
+
+    def memory_kb(self) -> dict[str, int]:
+        """RSS and PSS (kB) summed over the supervisor and its children."""
+        if self.proc is None:
+            return {}
+        pids = [self.proc.pid, *_children(self.proc.pid)]
+        rss = pss = 0
+        for pid in pids:
+            try:
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1])
+            except OSError:
+                continue
+        return {"rss_kb": rss, "pss_kb": pss, "processes": len(pids)}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        found = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return found + [g for c in found for g in _children(c)]
+
+
+# ---------------------------------------------------------------------------- workloads
+
+
+def _one(name: str) -> WorkflowDef:
+    return WorkflowDef(name, (TaskDef("t", "bench.noop"),))
+
+
+def _fanout(width: int) -> WorkflowDef:
+    middle = tuple(TaskDef(f"m{i}", "bench.noop", depends_on=("start",)) for i in range(width))
+    return WorkflowDef(
+        f"fanout-{width}",
+        (
+            TaskDef("start", "bench.noop"),
+            *middle,
+            TaskDef("end", "bench.noop", depends_on=tuple(m.name for m in middle)),
+        ),
+    )
+
+
+def _chain(length: int) -> WorkflowDef:
+    return WorkflowDef(
+        f"chain-{length}",
+        tuple(
+            TaskDef(f"c{i}", "bench.noop", depends_on=(f"c{i - 1}",) if i else ())
+            for i in range(length)
+        ),
+    )
+
+
+def _wait_until(
+    conn: psycopg.Connection[Any], query: str, params: dict[str, Any], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = conn.execute(query, params).fetchone()
+        if row and row[0]:
+            return
+        time.sleep(POLL_S)
+    raise RuntimeError(f"timed out after {timeout_s}s waiting for: {query}")
+
+
+def throughput(repo: Repository, conn: psycopg.Connection[Any], s: Settings) -> dict[str, float]:
+    wf = _one("throughput")
+    started = time.perf_counter()
+    for offset in range(0, s.tasks, TRIGGER_BATCH):
+        repo.trigger_many(
+            wf, [{"i": i} for i in range(offset, min(s.tasks, offset + TRIGGER_BATCH))]
+        )
+    triggered = time.perf_counter()
+    _wait_until(
+        conn,
+        "SELECT count(*) = %(n)s FROM task_runs WHERE state = 'SUCCEEDED'",
+        {"n": s.tasks},
+        s.timeout_s,
+    )
+    row = conn.execute(
+        "SELECT extract(epoch FROM max(t.finished_at) - min(r.created_at))"
+        " FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
+    ).fetchone()
+    wall = float(row[0]) if row and row[0] else time.perf_counter() - started
+    return {"tasks_per_s": s.tasks / wall, "trigger_per_s": s.tasks / (triggered - started)}
+
+
+def fanout(
+    repo: Repository, conn: psycopg.Connection[Any], width: int, timeout_s: float
+) -> dict[str, float]:
+    run = repo.trigger(_fanout(width))
+    _wait_until(
+        conn,
+        "SELECT state = 'SUCCEEDED' FROM workflow_runs WHERE id = %(id)s",
+        {"id": run.run_id},
+        timeout_s,
+    )
+    row = conn.execute(
+        "SELECT extract(epoch FROM finished_at - created_at) FROM workflow_runs WHERE id = %(id)s",
+        {"id": run.run_id},
+    ).fetchone()
+    wall = float(row[0]) if row else 0.0
+    tasks = width + 2
+    return {"wall_s": wall, "tasks_per_s": tasks / wall, "ms_per_task": 1000 * wall / tasks}
+
+
+def chain(
+    repo: Repository, conn: psycopg.Connection[Any], length: int, timeout_s: float
+) -> dict[str, float]:
+    run = repo.trigger(_chain(length))
+    _wait_until(
+        conn,
+        "SELECT state = 'SUCCEEDED' FROM workflow_runs WHERE id = %(id)s",
+        {"id": run.run_id},
+        timeout_s,
+    )
+    rows = conn.execute(
+        "SELECT extract(epoch FROM started_at - lag(finished_at) OVER (ORDER BY seq)) * 1000"
+        " FROM task_runs WHERE run_id = %(id)s ORDER BY seq",
+        {"id": run.run_id},
+    ).fetchall()
+    hops = sorted(float(r[0]) for r in rows if r[0] is not None)
+    return {"p50_ms": _pct(hops, 50), "p99_ms": _pct(hops, 99), "mean_ms": statistics.fmean(hops)}
+
+
+def dispatch(
+    repo: Repository, conn: psycopg.Connection[Any], runs: int, timeout_s: float
+) -> dict[str, float]:
+    wf = _one("latency")
+    for i in range(runs):
+        run = repo.trigger(wf, {"i": i})
+        _wait_until(
+            conn,
+            "SELECT bool_and(started_at IS NOT NULL) FROM task_runs WHERE run_id = %(id)s",
+            {"id": run.run_id},
+            timeout_s,
+        )
+    rows = conn.execute(
+        "SELECT extract(epoch FROM t.started_at - r.created_at) * 1000"
+        " FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id WHERE r.workflow = 'latency'"
+    ).fetchall()
+    lat = sorted(float(r[0]) for r in rows)
+    return {"p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
+
+
+def _pct(values: list[float], pct: float) -> float:
+    if not values:
+        return float("nan")
+    index = min(len(values) - 1, max(0, round(pct / 100 * (len(values) - 1))))
+    return values[index]
+
+
+# ---------------------------------------------------------------------------- running
+
+
+@contextmanager
+def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """(server URL for databases, broker URL): given, or the private dev services."""
+    if args.database_url and args.broker_url:
+        yield args.database_url, args.broker_url
+        return
+    pg = PrivatePostgres(DEFAULT_BASE_DIR, port=55432)
+    rabbit = PrivateRabbitMQ(DEFAULT_BASE_DIR, 55672, 55673, "flowforge-dev")
+    pg.start()
+    rabbit.start()
+    yield args.database_url or pg.url, args.broker_url or rabbit.url
+
+
+@contextmanager
+def fresh_database(server_url: str) -> Iterator[str]:
+    name = f"flowforge_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')  # generated name, not input
+    params = conninfo_to_dict(server_url)
+    params["dbname"] = name
+    url = make_conninfo("", **params)
+    try:
+        migrate(url)
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def measure(
+    settings: Settings, server_url: str, broker_url: str, log: Callable[[str], None]
+) -> dict[str, Any]:
+    results: dict[str, Result] = {}
+    memory: dict[str, Any] = {}
+
+    def record(name: str, unit: str, value: float, **extra: Any) -> None:
+        results.setdefault(name, Result(name, unit)).samples.append(round(value, 3))
+        results[name].extra.update(extra)
+
+    with fresh_database(server_url) as url, tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        tree = Tree(Path(tmp), url, broker_url, settings.workers)
+        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
+        db.open()
+        repo = Repository(db)
+        try:
+            tree.start()
+            time.sleep(1.0)
+            memory["idle"] = tree.memory_kb()
+            with psycopg.connect(url, autocommit=True) as conn:
+                for rep in range(settings.repeat):
+                    log(f"repetition {rep + 1}/{settings.repeat}")
+                    conn.execute(f"TRUNCATE {TABLES.replace('processes, ', '')} CASCADE")
+                    t = throughput(repo, conn, settings)
+                    memory["load"] = max(
+                        memory.get("load", {}), tree.memory_kb(), key=lambda m: m.get("rss_kb", 0)
+                    )
+                    record("throughput", "tasks/s", t["tasks_per_s"])
+                    record("trigger rate", "runs/s", t["trigger_per_s"])
+                    f = fanout(repo, conn, settings.fanout, settings.timeout_s)
+                    record("fan-out", "tasks/s", f["tasks_per_s"], width=settings.fanout)
+                    record("fan-out wall", "s", f["wall_s"])
+                    c = chain(repo, conn, settings.chain, settings.timeout_s)
+                    record("chain p50", "ms/hop", c["p50_ms"], length=settings.chain)
+                    record("chain p99", "ms/hop", c["p99_ms"])
+                    d = dispatch(repo, conn, settings.latency_runs, settings.timeout_s)
+                    record("dispatch p50", "ms", d["p50_ms"], runs=settings.latency_runs)
+                    record("dispatch p99", "ms", d["p99_ms"])
+                    for width in settings.scale:
+                        s = fanout(repo, conn, width, settings.timeout_s)
+                        record(f"per-task cost @{width}", "ms/task", s["ms_per_task"])
+        finally:
+            tree.stop()
+            db.close()
+    scale = [results[f"per-task cost @{w}"].summary()["median"] for w in settings.scale]
+    return {
+        "results": {name: r.summary() for name, r in results.items()},
+        "scale_ratio": (scale[-1] / scale[0]) if len(scale) > 1 and scale[0] else None,
+        "memory": memory,
+    }
+
+
+def machine(server_url: str, broker_url: str) -> dict[str, Any]:
+    with psycopg.connect(server_url) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    conn_amqp = pika.BlockingConnection(pika.URLParameters(broker_url))
+    rabbit = conn_amqp._impl.server_properties.get("version", b"?")
+    conn_amqp.close()
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "python": platform.python_version(),
+        "postgresql": row[0] if row else "?",
+        "rabbitmq": rabbit.decode() if isinstance(rabbit, bytes) else str(rabbit),
+    }
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"{'workload':<24} {'median':>10} {'min':>10} {'max':>10}  unit")
+    for name, r in report["results"].items():
+        print(f"{name:<24} {r['median']:>10.1f} {r['min']:>10.1f} {r['max']:>10.1f}  {r['unit']}")
+    if report.get("scale_ratio"):
+        print(f"{'per-task cost ratio':<24} {report['scale_ratio']:>10.2f}  (largest / smallest)")
+    for phase, m in report["memory"].items():
+        rss, pss = m.get("rss_kb", 0) / 1024, m.get("pss_kb", 0) / 1024
+        print(
+            f"memory {phase:<17} rss {rss:>7.1f} MB  pss {pss:>7.1f} MB"
+            f"  ({m.get('processes')} processes)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=5000)
+    parser.add_argument("--fanout", type=int, default=5000)
+    parser.add_argument("--chain", type=int, default=200)
+    parser.add_argument("--latency-runs", type=int, default=500)
+    parser.add_argument("--scale", default="1000,10000", help="fan-out widths, comma-separated")
+    parser.add_argument("--quick", action="store_true", help="a few hundred tasks, one repetition")
+    parser.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write JSON")
+    parser.add_argument("--database-url", help="a PostgreSQL server URL (a database is created)")
+    parser.add_argument("--broker-url", help="a RabbitMQ URL")
+    args = parser.parse_args(argv)
+    settings = Settings(
+        workers=args.workers,
+        repeat=args.repeat,
+        tasks=args.tasks,
+        fanout=args.fanout,
+        chain=args.chain,
+        latency_runs=args.latency_runs,
+        scale=tuple(int(w) for w in args.scale.split(",")),
+    )
+    if args.quick:
+        settings = Settings(
+            workers=args.workers,
+            repeat=1,
+            tasks=300,
+            fanout=200,
+            chain=20,
+            latency_runs=20,
+            scale=(50, 200),
+            timeout_s=120,
+        )
+    with services(args) as (server_url, broker_url):
+        report = {
+            "machine": machine(server_url, broker_url),
+            "settings": vars(settings) | {"scale": list(settings.scale)},
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **measure(settings, server_url, broker_url, lambda m: print(m, file=sys.stderr)),
+        }
+    args.json.write_text(json.dumps(report, indent=2))
+    print_table(report)
+    print(f"JSON written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
