@@ -46,17 +46,13 @@ def run(
     ``beat`` and ``ready`` are a supervisor's liveness and readiness hooks; ``tree`` reports
     the readiness of the whole tree (the api shows it).
     """
-    telemetry = Telemetry()
-    telemetry.child_starts.labels(role=name).inc()
-    try:
-        role = ROLES[name](config, telemetry, tree)
-    except BOOT_ERRORS as exc:
-        logger.error("%s cannot start: %s", name, exc, extra={"action": "boot_failed"})
-        return exitcodes.CHILD_BOOT_FAILURE
     stop = threading.Event()
-    logger.info("%s starting", role.title, extra={"action": "role_start"})
-    try:
-        with stop_on_signals(stop):
+    with stop_on_signals(stop):  # first: a SIGTERM during the boot is a clean stop too
+        telemetry = Telemetry()
+        telemetry.child_starts.labels(role=name).inc()
+        try:
+            role = ROLES[name](config, telemetry, tree)
+            logger.info("%s starting", role.title, extra={"action": "role_start"})
             run_role(
                 role,
                 stop,
@@ -64,9 +60,9 @@ def run(
                 ready=ready,
                 on_reconnect=telemetry.reconnects.labels(role=name).inc,
             )
-    except BOOT_ERRORS as exc:
-        logger.error("%s cannot start: %s", role.title, exc, extra={"action": "boot_failed"})
-        return exitcodes.CHILD_BOOT_FAILURE
+        except BOOT_ERRORS as exc:
+            logger.error("%s cannot start: %s", name, exc, extra={"action": "boot_failed"})
+            return exitcodes.CHILD_BOOT_FAILURE
     if getattr(role, "recycle", False):
         return exitcodes.CHILD_RECYCLE
     logger.info("%s stopped", role.title, extra={"action": "role_stop"})

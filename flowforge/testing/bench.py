@@ -87,7 +87,6 @@ class Tree:
     """A ``flowforge up`` subprocess on its own queue, with a no-op handler."""
 
     def __init__(self, directory: Path, database_url: str, broker_url: str, workers: int) -> None:
-        (directory / f"{HANDLER_MODULE}.py").write_text(HANDLER_SOURCE)
         self.queue = f"flowforge.bench.{uuid.uuid4().hex[:8]}"
         config = {
             "database": {"url": database_url, "pool_max": 4},
