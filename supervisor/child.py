@@ -83,8 +83,11 @@ def spawn(
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
-        with contextlib.suppress(Exception):
-            os.write(2, f"child {ctx.name} crashed:\n{traceback.format_exc()}".encode()[-4000:])
+        try:
+            logger.exception("child %s-%d crashed", ctx.name, ctx.instance)
+        except Exception:  # logging itself is broken: a raw line is better than nothing
+            with contextlib.suppress(Exception):
+                os.write(2, f"child {ctx.name} crashed: {traceback.format_exc(limit=3)}".encode())
     finally:
         with contextlib.suppress(Exception):
             logging.shutdown()

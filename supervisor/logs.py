@@ -36,24 +36,41 @@ class LineFormatter(logging.Formatter):
         if record.exc_info:
             message = f"{message}\n{self.formatException(record.exc_info)}"
         if self.style == "json":
-            data: dict[str, Any] = {
-                "ts": round(record.created, 6),
-                "level": record.levelname,
-                "role": self.role,
-                "pid": record.process,
-                "logger": record.name,
-                "msg": message,
-            }
-            data.update(
-                (k, v) for k, v in vars(record).items() if k not in _STANDARD_ATTRS and _plain(v)
-            )
-            return json.dumps(data, default=str)
+            return self._json(record, message)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
         text = message.replace("\n", "\n    ")
         return (
             f"{stamp}.{int(record.msecs):03d} {record.levelname} {self.role}[{record.process}] "
             f"{record.name}: {text}"
         )
+
+    def _json(self, record: logging.LogRecord, message: str) -> str:
+        """One JSON object that fits in a line: an oversized message is shortened inside it."""
+        data: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname,
+            "role": self.role,
+            "pid": record.process,
+            "logger": record.name,
+            "msg": message,
+        }
+        data.update(
+            (k, v) for k, v in vars(record).items() if k not in _STANDARD_ATTRS and _plain(v)
+        )
+        line = json.dumps(data, default=str, ensure_ascii=False)
+        if len(line.encode()) < LINE_MAX_BYTES:
+            return line
+        # the longest prefix of the message that still fits, found by bisection
+        low, high = 0, min(len(message), LINE_MAX_BYTES)
+        while low < high:
+            middle = (low + high + 1) // 2
+            data["msg"] = message[:middle] + TRUNCATED
+            if len(json.dumps(data, default=str, ensure_ascii=False).encode()) < LINE_MAX_BYTES:
+                low = middle
+            else:
+                high = middle - 1
+        data["msg"] = message[:low] + TRUNCATED
+        return json.dumps(data, default=str, ensure_ascii=False)
 
 
 def _plain(value: Any) -> bool:

@@ -460,7 +460,10 @@ def describe_exit(code: int) -> str:
     """Human words for a wait status turned exit code (negative: killed by that signal)."""
     if code >= 0:
         return f"exited with code {code}"
-    name = signal.Signals(-code).name
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:  # real-time signals have numbers, not names
+        name = f"signal {-code}"
     if -code == signal.SIGKILL:
         return f"killed by {name} — out of memory?"
     return f"killed by {name}"

@@ -32,7 +32,7 @@ def _limit(req: falcon.Request, default: int) -> int:
     raw = req.get_param("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
         raise json_error(falcon.HTTP_400, f"limit must be an integer from 1 to {MAX_PAGE}")
     return int(raw)
 

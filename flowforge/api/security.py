@@ -50,5 +50,5 @@ def read_json(req: falcon.Request, limit: int, required: bool = True) -> Any:
         return None
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise json_error(falcon.HTTP_400, f"malformed JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        raise json_error(falcon.HTTP_400, f"malformed JSON: {str(exc)[:200]}") from exc

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from waitress import wasyncore
-from waitress.server import create_server
 
 from flowforge.api.app import create_app
+from flowforge.api.wsgi_server import make_server
 from flowforge.client import Client
 from flowforge.config import Config
 from flowforge.errors import BootError, DatabaseUnavailableError
@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 THREADS = 4
 SLICE_S = 0.5
 CHANNEL_TIMEOUT_S = 30
-SERVER_BODY_LIMIT = 16 * 1024 * 1024
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -77,17 +76,15 @@ class ApiServer:
             )
         app = create_app(self._client, token, self._api.max_body_bytes, self._tree)
         try:
-            server = create_server(
+            server = make_server(
                 app,
-                map=self._map,
+                self._map,
+                self._api.max_body_bytes,
                 host=host,
                 port=port,
                 threads=THREADS,
                 ident="flowforge",
                 channel_timeout=CHANNEL_TIMEOUT_S,
-                # waitress answers above its own limit in plain text; keep it well above ours so
-                # every body our handlers can see is refused by them, as JSON
-                max_request_body_size=max(self._api.max_body_bytes * 16, SERVER_BODY_LIMIT),
             )
         except OSError as exc:
             raise BootError(f"api cannot listen on {self._api.listen}: {exc.strerror}") from exc

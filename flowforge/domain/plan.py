@@ -64,10 +64,24 @@ class RunPlan:
 def request_digest(workflow: str, run_input: Mapping[str, Any]) -> str:
     """What a trigger idempotency key stands for: the workflow and the input."""
     try:
-        canonical = json.dumps({"workflow": workflow, "input": run_input}, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"the run input is not JSON-serialisable: {exc}") from exc
+        canonical = json.dumps(
+            {"workflow": workflow, "input": run_input}, sort_keys=True, allow_nan=False
+        )
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InputError(f"the run input is not storable JSON: {str(exc)[:200]}") from exc
+    if _has_nul(run_input):  # PostgreSQL's jsonb cannot hold a NUL character
+        raise InputError("the run input is not storable JSON: it contains a NUL character")
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def plan_runs(

@@ -587,7 +587,7 @@ SELECT count(*) AS n, min(retry_at) AS next_at, max(retry_at) AS latest_at
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.failure_reason, r.workflow
   FROM task_runs t
   JOIN workflow_runs r ON r.id = t.run_id
- WHERE t.attempt >= %(threshold)s AND t.state NOT IN ('SUCCEEDED', 'CANCELLED')
+ WHERE t.attempt >= %(threshold)s AND t.state NOT IN ('SUCCEEDED', 'CANCELLED', 'DEAD')
  ORDER BY t.attempt DESC
  LIMIT %(limit)s;
 

@@ -49,6 +49,7 @@ from flowforge.domain.runstate import RunFacts, derive
 from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, TaskState
 from flowforge.errors import (
     IllegalTransitionError,
+    InputError,
     NotDeadError,
     NotFoundError,
     TriggerConflictError,
@@ -614,6 +615,8 @@ class Repository:
         Tasks of the same run that were cancelled only because this one died come back too.
         """
         tid = parse_id(task_run_id, "task run id")
+        if "\x00" in requested_by or (reason is not None and "\x00" in reason):
+            raise InputError("the requeue reason and requester cannot contain a NUL character")
         transitions.check(TaskState.DEAD, TaskState.PENDING)
         transitions.check(TaskState.CANCELLED, TaskState.PENDING)
 
