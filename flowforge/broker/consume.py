@@ -4,7 +4,8 @@ The worker owns the connection's thread: it calls :meth:`Consumer.next_delivery`
 message, :meth:`Consumer.pause` and :meth:`Consumer.ack` once the claim has committed, and
 :meth:`Consumer.pump` while a handler runs in another thread, so heartbeats keep flowing however
 long the handler takes. Pausing cancels the consumer *before* the ack, so the broker never
-pushes a second message to a worker that is busy (prefetch 1 means no hoarding).
+pushes a second message to a worker that is busy (prefetch 1 means no hoarding); after the
+task, the worker pulls the next message itself and resumes consuming only when none is left.
 """
 
 from __future__ import annotations
@@ -89,9 +90,22 @@ class Consumer:
             self._call(lambda ch: ch.basic_cancel(tag))
 
     def next_delivery(self, timeout_s: float) -> Delivery | None:
-        """The next delivery, waiting up to ``timeout_s`` (heartbeats are served meanwhile)."""
-        if not self._buffer:
-            self.pump(timeout_s)
+        """The next delivery, waiting up to ``timeout_s`` (heartbeats are served meanwhile).
+
+        While paused (right after a task), the queue is first asked directly (``basic.get``):
+        under load the next message comes in one round trip and the consumer never needs to be
+        restarted. Only an empty queue restarts the consumer and waits for a push.
+        """
+        if self._buffer:
+            return self._buffer.popleft()
+        if self._consumer_tag is None:
+            method, _properties, body = self._call(
+                lambda ch: ch.basic_get(self._config.queue, auto_ack=False)
+            )
+            if method is not None:
+                return Delivery(method.delivery_tag, body, bool(method.redelivered))
+            self.resume()
+        self.pump(timeout_s)
         return self._buffer.popleft() if self._buffer else None
 
     def pump(self, time_limit_s: float = 0.0) -> None:

@@ -68,11 +68,14 @@ class Scheduler:
         batch = self._config.scheduler.batch_size
         threshold = self._config.scheduler.crash_loop_threshold
         with self._telemetry.scheduler_pass.time():
+            # the next level of a DAG waits on propagate → promote: they go first
+            propagated = self._repo.propagate(batch)
+            promoted = self._repo.promote_ready(batch)
             return PassReport(
-                reaped=self._repo.reap_expired(batch, threshold, self._observe),
+                propagated=propagated,
+                promoted=promoted,
                 routed=self._repo.route_failed(batch, threshold, self._observe),
-                propagated=self._repo.propagate(batch),
-                promoted=self._repo.promote_ready(batch),
+                reaped=self._repo.reap_expired(batch, threshold, self._observe),
             )
 
     def _observe(self, state: TaskState, reason: FailureReason) -> None:

@@ -7,7 +7,8 @@
   drops its connections (the broker requeues the message) and reconnects with backoff.
 * A redelivered message for a task already claimed or finished is acked without executing.
 * While the handler runs on its own thread, the main thread serves the broker connection
-  (heartbeats) and renews the lease; the consumer is paused so no second message waits here.
+  (heartbeats) and renews the lease; the consumer is paused so no second message waits here,
+  and the next message is pulled only once the worker is free again.
 * A finish that cannot reach the database is retried until it commits or its token is stale.
 """
 
@@ -96,7 +97,7 @@ class Worker:
             self._presence.tick()
             beat()
             if delivery is not None:
-                self._handle(delivery, stop)
+                self._handle(delivery)
 
     def reset(self) -> None:
         self._consumer.close()
@@ -111,7 +112,7 @@ class Worker:
 
     # ------------------------------------------------------------------ one delivery
 
-    def _handle(self, delivery: Delivery, stop: threading.Event) -> None:
+    def _handle(self, delivery: Delivery) -> None:
         try:
             message = decode(delivery.body)
         except MessageError as exc:
@@ -142,8 +143,6 @@ class Worker:
         self._check_recycle()
         if self._broker_broken is not None:
             raise self._broker_broken
-        if not stop.is_set() and not self.recycle:
-            self._consumer.resume()
 
     def _ack_claimed(self, delivery: Delivery) -> None:
         try:

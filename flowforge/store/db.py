@@ -9,7 +9,7 @@ a process killed in the middle of a transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -91,6 +91,9 @@ class Database:
             min_size=self._config.pool_min,
             max_size=self._config.pool_max,
             kwargs={
+                # single statements run as their own transaction (one round trip); multi-
+                # statement work opens an explicit transaction block
+                "autocommit": True,
                 "row_factory": dict_row,
                 "application_name": self._application_name,
                 "options": session_options(self._config),
@@ -129,11 +132,33 @@ class Database:
         ):
             yield cur
 
+    def execute(self, query: bytes, params: Mapping[str, Any] | None = None) -> list[Row]:
+        """One statement as its own transaction (one round trip); returns its rows, if any.
+
+        Deadlocks and serialization failures are retried like :meth:`run`.
+        """
+
+        def one(cur: Cursor) -> list[Row]:
+            cur.execute(query, params)
+            return cur.fetchall() if cur.description is not None else []
+
+        return self._retrying(self._statement, one)
+
+    @contextmanager
+    def _statement(self) -> Iterator[Cursor]:
+        if self._pool is None:
+            raise StoreError("database pool is not open")
+        with translate_errors(), self._pool.connection() as conn, conn.cursor() as cur:
+            yield cur
+
     def run(self, work: Callable[..., T], *args: Any) -> T:
         """Run ``work(cursor, *args)`` in a transaction, retrying deadlocks/serialization."""
+        return self._retrying(self.transaction, work, *args)
+
+    def _retrying(self, scope: Callable[[], Any], work: Callable[..., T], *args: Any) -> T:
         for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
             try:
-                with self.transaction() as cur:
+                with scope() as cur:
                     return work(cur, *args)
             except TransactionConflictError:
                 if attempt == TRANSACTION_ATTEMPTS:

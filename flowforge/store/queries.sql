@@ -273,6 +273,8 @@ DELETE FROM idempotency_keys k USING doomed WHERE k.key = doomed.key;
 -- name: claim
 -- READY → RUNNING for the dispatch generation the message names; the token is bumped and
 -- the lease set in the same statement, the attempt recorded, and the run marked started.
+-- With keyless_only, a task with an idempotency key is left alone (the caller then claims it
+-- in a transaction that also claims the key).
 WITH claimed AS (
     UPDATE task_runs
        SET state = 'RUNNING', attempt = attempt + 1, fencing_token = fencing_token + 1,
@@ -281,6 +283,7 @@ WITH claimed AS (
            cancel_requested = false, started_at = coalesce(started_at, now()),
            updated_at = now()
      WHERE id = %(id)s AND state = 'READY' AND fencing_token = %(token)s
+       AND (NOT %(keyless_only)s::bool OR idempotency_key IS NULL)
     RETURNING id, run_id, name, handler, attempt, fencing_token, timeout_s, idempotency_key,
               extract(epoch FROM now() - ready_at)::float8 AS dispatch_lag_s
 ), attempt_row AS (
@@ -340,7 +343,8 @@ SELECT cancel_requested FROM renewed;
 
 -- name: finish
 -- RUNNING → SUCCEEDED / FAILED / CANCELLED with the claim's token; a stale token matches
--- nothing. The attempt is closed and the idempotency key settled in the same statement.
+-- nothing (and is counted). The attempt is closed, the idempotency key settled and the
+-- scheduler notified in the same statement: one round trip.
 WITH done AS (
     UPDATE task_runs
        SET state = %(state)s::text,
@@ -374,8 +378,13 @@ WITH done AS (
      USING done d
      WHERE %(state)s::text <> 'SUCCEEDED' AND k.key = d.idempotency_key
        AND k.task_run_id = d.id AND k.fencing_token = %(token)s AND k.state = 'RUNNING'
+), stale AS (
+    -- a finish that matched nothing was stale: count it
+    INSERT INTO counters (name, value)
+    SELECT 'stale_completions', 1 WHERE NOT EXISTS (SELECT 1 FROM done)
+    ON CONFLICT (name) DO UPDATE SET value = counters.value + 1
 )
-SELECT id FROM done;
+SELECT id, pg_notify('flowforge_scheduler', '')::text AS notified FROM done;
 
 -- ------------------------------------------------------------------ operator actions
 
@@ -538,10 +547,6 @@ SELECT id, host, pid, role, started_at, last_seen_at,
  ORDER BY host, role, pid;
 
 -- ------------------------------------------------------------------ counters
-
--- name: increment_counter
-INSERT INTO counters (name, value) VALUES (%(name)s, %(by)s)
-ON CONFLICT (name) DO UPDATE SET value = counters.value + EXCLUDED.value;
 
 -- name: read_counters
 SELECT name, value FROM counters ORDER BY name;

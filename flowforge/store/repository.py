@@ -61,7 +61,6 @@ logger = logging.getLogger(__name__)
 
 #: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
 ORDERING_LOCK_NAMESPACE = 0x4F52  # "OR"
-STALE_COMPLETIONS = "stale_completions"
 #: Told each (new state, reason) a routing or reaping pass committed.
 Observer = Callable[[TaskState, FailureReason], None]
 _OUTCOMES = {
@@ -369,8 +368,12 @@ class Repository:
         """
         transitions.check(TaskState.READY, TaskState.RUNNING)
         params = {"id": task_run_id, "token": token, "worker": worker, "lease_s": lease_s}
+        # most tasks have no idempotency key: then the claim is one statement, one round trip
+        found = self._db.execute(self._q["claim"], {**params, "keyless_only": True})
+        if found:
+            return ClaimResult(ClaimOutcome.EXECUTE, _claim_from_row(found[0]))
         try:
-            return self._db.run(self._claim, params)
+            return self._db.run(self._claim, {**params, "keyless_only": False})
         except _KeyBusyError:
             transitions.check(TaskState.READY, TaskState.RETRYING)
             deferred = self._db.run(
@@ -384,19 +387,7 @@ class Repository:
         row = cur.execute(self._q["claim"], params).fetchone()
         if row is None:
             return ClaimResult(ClaimOutcome.LOST)
-        claim = Claim(
-            task_run_id=row["id"],
-            run_id=row["run_id"],
-            name=row["name"],
-            handler=row["handler"],
-            attempt=row["attempt"],
-            fencing_token=row["fencing_token"],
-            input=row["input"],
-            upstream=row["upstream"],
-            timeout_s=row["timeout_s"],
-            idempotency_key=row["idempotency_key"],
-            dispatch_lag_s=row["dispatch_lag_s"] or 0.0,
-        )
+        claim = _claim_from_row(row)
         if claim.idempotency_key is None:
             return ClaimResult(ClaimOutcome.EXECUTE, claim)
         key_params = {
@@ -410,14 +401,10 @@ class Repository:
         held = cur.execute(self._q["read_key"], key_params).fetchone()
         if held is None or held["state"] != TaskState.SUCCEEDED:
             raise _KeyBusyError
-        self._finish(
-            cur,
-            claim.task_run_id,
-            claim.fencing_token,
-            TaskState.SUCCEEDED,
-            result=held["result"],
-            outcome="reused",
+        params = _finish_params(
+            claim.task_run_id, claim.fencing_token, TaskState.SUCCEEDED, held["result"]
         )
+        cur.execute(self._q["finish"], {**params, "outcome": "reused"})
         return ClaimResult(ClaimOutcome.REUSED, claim)
 
     def renew_lease(self, task_run_id: UUID, token: int, lease_s: float) -> Renewal:
@@ -453,48 +440,8 @@ class Repository:
             raise ValueError("a failure needs a reason")
         if state is TaskState.CANCELLED:
             reason = FailureReason.CANCELLED
-        return self._db.run(
-            self._finish,
-            task_run_id,
-            token,
-            state,
-            result,
-            reason,
-            error,
-            traceback,
-            _OUTCOMES[state],
-        )
-
-    def _finish(
-        self,
-        cur: Cursor,
-        task_run_id: UUID,
-        token: int,
-        state: TaskState,
-        result: Any = None,
-        reason: FailureReason | None = None,
-        error: str | None = None,
-        traceback: str | None = None,
-        outcome: str = "succeeded",
-    ) -> bool:
-        row = cur.execute(
-            self._q["finish"],
-            {
-                "id": task_run_id,
-                "token": token,
-                "state": str(state),
-                "result": None if result is None else Jsonb(result),
-                "reason": None if reason is None else str(reason),
-                "error": error,
-                "traceback": traceback,
-                "outcome": outcome,
-            },
-        ).fetchone()
-        if row is None:
-            cur.execute(self._q["increment_counter"], {"name": STALE_COMPLETIONS, "by": 1})
-            return False
-        cur.execute(self._q["notify_scheduler"])
-        return True
+        params = _finish_params(task_run_id, token, state, result, reason, error, traceback)
+        return bool(self._db.execute(self._q["finish"], params))
 
     # ------------------------------------------------------------------ publisher
 
@@ -721,3 +668,40 @@ def _decision_columns(
         return TaskState.DEAD, 0.0, decision.reason
     assert isinstance(decision, Cancel)
     return TaskState.CANCELLED, 0.0, FailureReason.CANCELLED
+
+
+def _claim_from_row(row: Mapping[str, Any]) -> Claim:
+    return Claim(
+        task_run_id=row["id"],
+        run_id=row["run_id"],
+        name=row["name"],
+        handler=row["handler"],
+        attempt=row["attempt"],
+        fencing_token=row["fencing_token"],
+        input=row["input"],
+        upstream=row["upstream"],
+        timeout_s=row["timeout_s"],
+        idempotency_key=row["idempotency_key"],
+        dispatch_lag_s=row["dispatch_lag_s"] or 0.0,
+    )
+
+
+def _finish_params(
+    task_run_id: UUID,
+    token: int,
+    state: TaskState,
+    result: Any = None,
+    reason: FailureReason | None = None,
+    error: str | None = None,
+    traceback: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": task_run_id,
+        "token": token,
+        "state": str(state),
+        "result": None if result is None else Jsonb(result),
+        "reason": None if reason is None else str(reason),
+        "error": error,
+        "traceback": traceback,
+        "outcome": _OUTCOMES[state],
+    }

@@ -37,10 +37,7 @@ from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
 from flowforge.testing.services import DEFAULT_BASE_DIR, PrivatePostgres, PrivateRabbitMQ
 
-HANDLER_MODULE = "flowforge_bench_handlers"
-HANDLER_SOURCE = (
-    "from flowforge import task\n\n\n@task('bench.noop')\ndef noop(ctx):\n    return None\n"
-)
+HANDLER_MODULE = "flowforge.testing.bench_handlers"
 TABLES = (
     "counters, processes, requeue_audit, idempotency_keys, outbox, task_attempts, task_edges, "
     "task_runs, workflow_runs, workflow_definitions"
@@ -115,9 +112,8 @@ class Tree:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"flowforge up exited with {self.proc.returncode}; see {self.log_path}"
-                    )
+                    tail = " | ".join(self.log_path.read_text(errors="replace").splitlines()[-5:])
+                    raise RuntimeError(f"flowforge up exited with {self.proc.returncode}: {tail}")
                 row = conn.execute(
                     "SELECT count(*) FROM processes WHERE role = 'worker'"
                 ).fetchone()
