@@ -106,11 +106,17 @@ class SchedulerConfig:
     batch_size: int = 500
     crash_loop_threshold: int = 3
     retention_days: float = 30.0
+    # a READY task whose message was confirmed this long ago and never claimed, while later
+    # ones were, was lost by the broker and is dispatched again (seconds)
+    redispatch_after_s: float = 120.0
+    housekeeping_interval_s: float = 60.0  # retention purge, lost dispatches, dead registrations
 
     def __post_init__(self) -> None:
         _positive(self.poll_interval_s, "poll_interval_s")
         _positive(self.batch_size, "batch_size")
         _positive(self.crash_loop_threshold, "crash_loop_threshold")
+        _positive(self.redispatch_after_s, "redispatch_after_s")
+        _positive(self.housekeeping_interval_s, "housekeeping_interval_s")
 
 
 @dataclass(frozen=True)

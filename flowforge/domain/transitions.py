@@ -15,8 +15,8 @@ from flowforge.errors import IllegalTransitionError
 TRANSITIONS: Mapping[S, frozenset[S]] = {
     # advance (dependencies met) / cancel
     S.PENDING: frozenset({S.READY, S.CANCELLED}),
-    # claim / defer (idempotency key busy) / cancel
-    S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED}),
+    # claim / defer (idempotency key busy) / cancel / re-dispatch a message the broker lost
+    S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED, S.READY}),
     # finish / reap (retry or bury) / honoured cancellation
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.RETRYING, S.DEAD, S.CANCELLED}),
     # route by retry policy / cancel

@@ -26,8 +26,6 @@ from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
-#: Housekeeping (retention purge, forgetting dead registrations) runs this often (seconds).
-HOUSEKEEPING_INTERVAL_S = 60.0
 #: A registration silent this long belongs to a dead process (seconds).
 SILENT_PROCESS_AGE_S = 300.0
 SECONDS_PER_DAY = 86_400.0
@@ -88,9 +86,12 @@ class Scheduler:
         now = time.monotonic()
         if now < self._next_housekeeping:
             return
-        self._next_housekeeping = now + HOUSEKEEPING_INTERVAL_S
+        self._next_housekeeping = now + self._config.scheduler.housekeeping_interval_s
         age_s = self._config.scheduler.retention_days * SECONDS_PER_DAY
         purged = self._repo.purge(age_s, self._config.scheduler.batch_size)
+        self._repo.redispatch_lost(
+            self._config.scheduler.redispatch_after_s, self._config.scheduler.batch_size
+        )
         forgotten = self._repo.forget_silent_processes(SILENT_PROCESS_AGE_S)
         if purged or forgotten:
             logger.info(

@@ -603,3 +603,41 @@ SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
  WHERE t.state = 'DEAD'
  GROUP BY r.workflow, t.handler, t.failure_reason
  ORDER BY n DESC;
+
+-- ------------------------------------------------------------------ lost dispatches
+
+-- name: redispatch_lost
+-- A READY task whose message was confirmed long ago, while dispatches published after it have
+-- already been claimed (the FIFO queue moved past it), was lost by the broker — e.g. a node
+-- killed right after confirming, or a queue deleted by hand. It gets a new dispatch generation
+-- (token + 1) with its own outbox row; should the old message still turn up, it is stale and
+-- claims nothing.
+WITH lost AS (
+    SELECT t.id
+      FROM task_runs t
+      JOIN outbox o ON o.task_run_id = t.id AND o.fencing_token = t.fencing_token
+     WHERE t.state = 'READY'
+       AND t.ready_at < now() - make_interval(secs => %(age_s)s)
+       AND o.published_at < now() - make_interval(secs => %(age_s)s)
+       AND EXISTS (SELECT 1
+                     FROM outbox later
+                     JOIN task_attempts a ON a.task_run_id = later.task_run_id
+                                         AND a.fencing_token = later.fencing_token + 1
+                    WHERE later.id > o.id)
+     ORDER BY t.ready_at
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+), renewed AS (
+    UPDATE task_runs t
+       SET fencing_token = t.fencing_token + 1, ready_at = now(), updated_at = now()
+      FROM lost l
+     WHERE t.id = l.id AND t.state = 'READY'
+    RETURNING t.id, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM renewed
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM queued) AS queued, pg_notify('flowforge_outbox', '')::text AS notified
+ WHERE EXISTS (SELECT 1 FROM queued);

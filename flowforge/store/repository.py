@@ -193,6 +193,23 @@ class Repository:
 
         return self._db.run(work)
 
+    def redispatch_lost(self, age_s: float, limit: int) -> int:
+        """READY tasks whose confirmed message the broker lost get a new dispatch generation.
+
+        Lost means: published more than ``age_s`` seconds ago and never claimed, while a
+        dispatch published after it has been claimed already. Returns how many were re-queued.
+        """
+        transitions.check(TaskState.READY, TaskState.READY)
+        found = self._db.execute(self._q["redispatch_lost"], {"age_s": age_s, "limit": limit})
+        queued = int(found[0]["queued"]) if found else 0
+        if queued:
+            logger.warning(
+                "re-dispatched %d READY task(s) whose message the broker lost",
+                queued,
+                extra={"action": "redispatched"},
+            )
+        return queued
+
     def route_failed(
         self,
         limit: int,
