@@ -71,6 +71,7 @@ PORT_RELEASE_WAIT_S = 5.0
 COMMAND_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 2.0
 POLL_INTERVAL_S = 0.1
+PID_FILE_ATTEMPTS = 5
 
 # --- rabbitmq defaults --------------------------------------------------------------------
 DEFAULT_HEARTBEAT_S = 60
@@ -1076,16 +1077,29 @@ class PrivateRabbitMQ:
             launcher.wait(timeout=COMMAND_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise ServiceError("rabbitmq-server -detached did not return") from None
-        try:
-            self.rabbitmqctl(
-                "wait",
-                "--timeout",
-                str(int(RABBIT_START_TIMEOUT_S)),
-                str(self.pid_file),
-                timeout=RABBIT_START_TIMEOUT_S + 10,
-            )
-        except ServiceError as exc:
-            raise ServiceError(f"{exc}; log: {_tail(self.log_dir / f'{self.node}.log')}") from None
+        # rabbitmq-server writes its pid file in pieces: `rabbitmqctl wait` that reads it too
+        # early fails with garbage_in_pid_file instead of waiting, so wait for a whole pid first
+        _wait_until(
+            lambda: _read_pid_file(self.pid_file) is not None,
+            RABBIT_START_TIMEOUT_S,
+            f"{self.pid_file} to hold a pid",
+        )
+        for attempt in range(1, PID_FILE_ATTEMPTS + 1):
+            try:
+                self.rabbitmqctl(
+                    "wait",
+                    "--timeout",
+                    str(int(RABBIT_START_TIMEOUT_S)),
+                    str(self.pid_file),
+                    timeout=RABBIT_START_TIMEOUT_S + 10,
+                )
+                break
+            except ServiceError as exc:
+                if "garbage_in_pid_file" in str(exc) and attempt < PID_FILE_ATTEMPTS:
+                    time.sleep(POLL_INTERVAL_S)  # caught the pid file half-written: read again
+                    continue
+                log = _tail(self.log_dir / f"{self.node}.log")
+                raise ServiceError(f"{exc}; log: {log}") from None
         logger.info("rabbitmq node %s booted in %.1f s", self.node, time.monotonic() - started)
 
     # -- private epmd -----------------------------------------------------------------
