@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 from flowforge.config import Config
 from supervisor import logs
@@ -41,50 +42,33 @@ def _role(name: str, config: Config) -> Callable[[ChildContext], int]:
 def build_specs(config: Config) -> list[ChildSpec]:
     """The tree: stop order scheduler (0) → workers (1) → publisher (2) → api (3)."""
     p = config.processes
-    api = (
-        []
-        if config.api is None
-        else [
-            ChildSpec(
-                "api",
-                _role("api", config),
-                restart=Restart.PERMANENT,
-                shutdown_timeout_s=ROLE_SHUTDOWN_S,
-                stop_group=3,
-                liveness_timeout_s=p.liveness_timeout_s,
-            )
-        ]
-    )
-    return [
-        ChildSpec(
-            "scheduler",
-            _role("scheduler", config),
+
+    def role(name: str, stop_group: int, **more: Any) -> ChildSpec:
+        return ChildSpec(
+            name,
+            _role(name, config),
             restart=Restart.PERMANENT,
-            shutdown_timeout_s=ROLE_SHUTDOWN_S,
-            stop_group=0,
+            shutdown_timeout_s=more.pop("shutdown_timeout_s", ROLE_SHUTDOWN_S),
+            stop_group=stop_group,
             liveness_timeout_s=p.liveness_timeout_s,
-        ),
-        ChildSpec(
+            **more,
+        )
+
+    specs = [
+        role("scheduler", 0),
+        role(
             "worker",
-            _role("worker", config),
+            1,
             count=p.workers,
-            restart=Restart.PERMANENT,
             shutdown_timeout_s=p.drain_timeout_s,
-            stop_group=1,
-            liveness_timeout_s=p.liveness_timeout_s,
             scalable=True,
             rolling=True,
         ),
-        ChildSpec(
-            "publisher",
-            _role("publisher", config),
-            restart=Restart.PERMANENT,
-            shutdown_timeout_s=ROLE_SHUTDOWN_S,
-            stop_group=2,
-            liveness_timeout_s=p.liveness_timeout_s,
-        ),
-        *api,
+        role("publisher", 2),
     ]
+    if config.api is not None:
+        specs.append(role("api", 3))
+    return specs
 
 
 def _child_setup(config: Config) -> Callable[[str], None]:

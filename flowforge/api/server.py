@@ -108,10 +108,7 @@ class ApiServer:
         self._client.close()
 
     def shutdown(self) -> None:
-        try:
-            self._presence.leave()
-        except Exception:  # the database may be gone; the registry forgets us later
-            logger.debug("could not deregister", exc_info=True)
+        self._presence.leave()
         if self._server is not None:
             self._server.close()
             self._server.task_dispatcher.shutdown(cancel_pending=False, timeout=5)

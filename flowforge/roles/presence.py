@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 import uuid
 
 from flowforge.store.repository import Repository
+
+logger = logging.getLogger(__name__)
 
 #: How often a live process refreshes its ``last_seen_at`` (seconds).
 TOUCH_INTERVAL_S = 5.0
@@ -32,4 +35,8 @@ class Presence:
             self.announce()
 
     def leave(self) -> None:
-        self._repo.deregister_process(self.id)
+        """Deregister; if the database is gone, the scheduler forgets the silent row later."""
+        try:
+            self._repo.deregister_process(self.id)
+        except Exception:  # shutting down: nothing to do about a failure but note it
+            logger.debug("could not deregister", exc_info=True)

@@ -85,8 +85,5 @@ class Publisher:
         self._db.close()
 
     def shutdown(self) -> None:
-        try:
-            self._presence.leave()
-        except Exception:  # the database may be gone; the registry forgets us later
-            logger.debug("could not deregister", exc_info=True)
+        self._presence.leave()
         self.reset()
