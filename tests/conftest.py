@@ -9,18 +9,17 @@ the test instead of skipping it.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
+from flowforge.testing.resources import create_database, drop_database
 from tests.e2e import Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -72,22 +71,15 @@ def pg_server_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def database_url(pg_server_url: str) -> Iterator[str]:
     """A fresh, migrated database for this test session (dropped at the end)."""
-    name = f"flowforge_test_{uuid.uuid4().hex[:10]}"
     try:
-        admin = psycopg.connect(pg_server_url, autocommit=True, connect_timeout=5)
+        url = create_database(pg_server_url, "flowforge_test")
     except psycopg.OperationalError as exc:
         _unavailable(f"PostgreSQL at {pg_server_url} is unreachable: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')  # name is generated above, not input
-    params = conninfo_to_dict(pg_server_url)
-    params["dbname"] = name
-    url = make_conninfo(**params)
     migrate(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(TEST_EXECUTIONS_DDL)
     yield url
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_database(pg_server_url, url)
 
 
 @pytest.fixture(scope="session")

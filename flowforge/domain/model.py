@@ -135,11 +135,10 @@ class PassReport:
     routed: int = 0
     reaped: int = 0
     propagated: int = 0
-    purged: int = 0
 
     @property
     def total(self) -> int:
-        return self.promoted + self.routed + self.reaped + self.propagated + self.purged
+        return self.promoted + self.routed + self.reaped + self.propagated
 
 
 def parse_id(value: UUID | str, what: str = "id") -> UUID:

@@ -530,9 +530,6 @@ INSERT INTO processes (id, host, pid, role)
 VALUES (%(id)s, %(host)s, %(pid)s, %(role)s)
 ON CONFLICT (id) DO UPDATE SET last_seen_at = now();
 
--- name: touch_process
-UPDATE processes SET last_seen_at = now() WHERE id = %(id)s;
-
 -- name: deregister_process
 DELETE FROM processes WHERE id = %(id)s;
 

@@ -490,9 +490,6 @@ class Repository:
         params = {"id": process_id, "host": host, "pid": pid, "role": role}
         self._db.run(lambda cur: cur.execute(self._q["register_process"], params))
 
-    def touch_process(self, process_id: UUID) -> None:
-        self._db.run(lambda cur: cur.execute(self._q["touch_process"], {"id": process_id}))
-
     def deregister_process(self, process_id: UUID) -> None:
         self._db.run(lambda cur: cur.execute(self._q["deregister_process"], {"id": process_id}))
 

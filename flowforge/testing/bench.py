@@ -28,13 +28,13 @@ from typing import Any
 import pika
 import psycopg
 import yaml
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
+from flowforge.testing.resources import child_pids, create_database, drop_database
 from flowforge.testing.services import DEFAULT_BASE_DIR, PrivatePostgres, PrivateRabbitMQ
 
 HANDLER_MODULE = "flowforge.testing.bench_handlers"
@@ -141,7 +141,7 @@ class Tree:
         """RSS and PSS (kB) summed over the supervisor and its children."""
         if self.proc is None:
             return {}
-        pids = [self.proc.pid, *_children(self.proc.pid)]
+        pids = [self.proc.pid, *child_pids(self.proc.pid, recursive=True)]
         rss = pss = 0
         for pid in pids:
             try:
@@ -153,14 +153,6 @@ class Tree:
             except OSError:
                 continue
         return {"rss_kb": rss, "pss_kb": pss, "processes": len(pids)}
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        found = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-    return found + [g for c in found for g in _children(c)]
 
 
 # ---------------------------------------------------------------------------- workloads
@@ -226,19 +218,27 @@ def throughput(repo: Repository, conn: psycopg.Connection[Any], s: Settings) -> 
     return {"tasks_per_s": s.tasks / wall, "trigger_per_s": s.tasks / (triggered - started)}
 
 
-def fanout(
-    repo: Repository, conn: psycopg.Connection[Any], width: int, timeout_s: float
-) -> dict[str, float]:
-    run = repo.trigger(_fanout(width))
+def _run_to_success(
+    repo: Repository, conn: psycopg.Connection[Any], workflow: WorkflowDef, timeout_s: float
+) -> uuid.UUID:
+    """Trigger one run of ``workflow`` and wait until it SUCCEEDED; return its id."""
+    run_id = repo.trigger(workflow).run_id
     _wait_until(
         conn,
         "SELECT state = 'SUCCEEDED' FROM workflow_runs WHERE id = %(id)s",
-        {"id": run.run_id},
+        {"id": run_id},
         timeout_s,
     )
+    return run_id
+
+
+def fanout(
+    repo: Repository, conn: psycopg.Connection[Any], width: int, timeout_s: float
+) -> dict[str, float]:
+    run_id = _run_to_success(repo, conn, _fanout(width), timeout_s)
     row = conn.execute(
         "SELECT extract(epoch FROM finished_at - created_at) FROM workflow_runs WHERE id = %(id)s",
-        {"id": run.run_id},
+        {"id": run_id},
     ).fetchone()
     wall = float(row[0]) if row else 0.0
     tasks = width + 2
@@ -248,17 +248,11 @@ def fanout(
 def chain(
     repo: Repository, conn: psycopg.Connection[Any], length: int, timeout_s: float
 ) -> dict[str, float]:
-    run = repo.trigger(_chain(length))
-    _wait_until(
-        conn,
-        "SELECT state = 'SUCCEEDED' FROM workflow_runs WHERE id = %(id)s",
-        {"id": run.run_id},
-        timeout_s,
-    )
+    run_id = _run_to_success(repo, conn, _chain(length), timeout_s)
     rows = conn.execute(
         "SELECT extract(epoch FROM started_at - lag(finished_at) OVER (ORDER BY seq)) * 1000"
         " FROM task_runs WHERE run_id = %(id)s ORDER BY seq",
-        {"id": run.run_id},
+        {"id": run_id},
     ).fetchall()
     hops = sorted(float(r[0]) for r in rows if r[0] is not None)
     return {"p50_ms": _pct(hops, 50), "p99_ms": _pct(hops, 99), "mean_ms": statistics.fmean(hops)}
@@ -309,18 +303,12 @@ def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 @contextmanager
 def fresh_database(server_url: str) -> Iterator[str]:
-    name = f"flowforge_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')  # generated name, not input
-    params = conninfo_to_dict(server_url)
-    params["dbname"] = name
-    url = make_conninfo("", **params)
+    url = create_database(server_url, "flowforge_bench")
     try:
         migrate(url)
         yield url
     finally:
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(server_url, url)
 
 
 def measure(

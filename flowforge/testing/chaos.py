@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ from typing import Any
 
 import psycopg
 import yaml
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
@@ -38,6 +36,7 @@ from flowforge.errors import FlowForgeError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
+from flowforge.testing.resources import child_pids, create_database
 from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ
 
 HANDLER_MODULE = "flowforge.testing.chaos_handlers"
@@ -116,12 +115,7 @@ class Soak:
     def setup(self) -> None:
         self.pg.start()
         self.rabbit.start()
-        name = f"chaos_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(self.pg.admin_url, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')  # generated name, not input
-        params = conninfo_to_dict(self.pg.url)
-        params["dbname"] = name
-        self.db_url = make_conninfo("", **params)
+        self.db_url = create_database(self.pg.admin_url, "chaos")
         migrate(self.db_url)
         with psycopg.connect(self.db_url, autocommit=True) as conn:
             conn.execute(SIDE_TABLE)
@@ -195,7 +189,7 @@ class Soak:
         self.faults[fault] += 1
         self.log(f"fault: {fault}")
         if fault == "kill_child":
-            children = _children(self.tree.pid) if self.tree else []
+            children = child_pids(self.tree.pid) if self.tree else []
             if children:
                 os.kill(self.rng.choice(children), signal.SIGKILL)
         elif fault == "kill_broker":
@@ -298,13 +292,6 @@ def check(db_url: str, ids: list[str]) -> dict[str, int]:
             name: len(conn.execute(query.encode(), {"ids": ids}).fetchall())
             for name, query in INVARIANTS.items()
         }
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def main(argv: list[str] | None = None) -> int:

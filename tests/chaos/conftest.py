@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from flowforge.testing.resources import free_ports
 from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ, ServiceUnavailable
 from tests.chaos.support import (
     CONSUMER_TIMEOUT_MS,
@@ -26,7 +27,6 @@ from tests.chaos.support import (
     ChaosDb,
     ChaosServices,
     create_database,
-    free_ports,
     unavailable,
 )
 from tests.conftest import TABLES

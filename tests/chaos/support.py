@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,6 @@ from uuid import UUID
 import pika
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import WorkflowDef
@@ -35,6 +32,7 @@ from flowforge.errors import DatabaseUnavailableError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
+from flowforge.testing import resources
 from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ
 from tests.conftest import TEST_EXECUTIONS_DDL
 from tests.e2e import RoleProcess
@@ -57,26 +55,9 @@ def unavailable(message: str) -> None:
     pytest.skip(message)
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct currently free ports on 127.0.0.1 (held together, then released)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def create_database(server_url: str) -> str:
     """A fresh database on the private server, migrated, with the test_executions table."""
-    name = f"flowforge_chaos_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')  # name is generated above, not input
-    params = conninfo_to_dict(server_url)
-    params["dbname"] = name
-    url = make_conninfo(**params)
+    url = resources.create_database(server_url, "flowforge_chaos")
     migrate(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(TEST_EXECUTIONS_DDL)

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.support import ChaosDb, ChaosServices, free_ports
+from flowforge.testing.resources import free_ports
+from tests.chaos.support import ChaosDb, ChaosServices
 from tests.e2e import RoleProcess, Stack
 from tests.helpers import wait_for
 

@@ -756,6 +756,28 @@ def test_sigterm_lets_in_flight_tasks_finish_and_exits_0(
     assert not tree.supervisor_events("drain_timeout")
 
 
+def test_a_second_sigterm_kills_every_child_at_once(
+    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+) -> None:
+    tree = up(write_config(stack))
+    tree.wait_ready()
+    trigger(repo, SLEEP, 1, seconds=30.0)
+    wait_for(
+        lambda: in_flight(sql, tree.pids("worker")),
+        timeout=30,
+        what="a long handler to run",
+    )
+    children = tree.children()
+    started = time.monotonic()
+    tree.signal(signal.SIGTERM)  # graceful: the worker would wait for its 30 s handler
+    wait_for(lambda: tree.supervisor_events("draining"), timeout=10, what="the drain to start")
+    tree.signal(signal.SIGTERM)  # the second one forces the stop
+    assert tree.wait(STOP_S) == exitcodes.CLEAN, tree.text()
+    assert time.monotonic() - started < 10, "the fast stop waited for the handler"
+    assert tree.supervisor_events("fast_stop")
+    assert not [p for p in children if alive(p)]
+
+
 @pytest.mark.slow
 def test_sigkill_of_the_supervisor_leaves_no_orphan_and_the_next_up_finishes_the_work(
     stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql

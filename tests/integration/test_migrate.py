@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
-import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from flowforge.errors import MigrationError
 from flowforge.store.migrate import available_migrations, current_version, migrate
+from flowforge.testing.resources import create_database, drop_database
 
 pytestmark = pytest.mark.integration
 
@@ -19,14 +18,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def empty_database_url(pg_server_url: str) -> Iterator[str]:
     """A brand-new empty database, dropped after the test."""
-    name = f"flowforge_migrate_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    params = conninfo_to_dict(pg_server_url)
-    params["dbname"] = name
-    yield make_conninfo(**params)
-    with psycopg.connect(pg_server_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    url = create_database(pg_server_url, "flowforge_migrate")
+    yield url
+    drop_database(pg_server_url, url)
 
 
 def _tables(url: str) -> set[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pika
 import psycopg
 import pytest
 
+from flowforge.testing.resources import free_ports
 from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ, ServiceUnavailable
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -56,18 +56,6 @@ def _listening_ports() -> frozenset[int]:
     return frozenset(ports)
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct currently free ports on 127.0.0.1 (held open together, then freed)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _timed_start(service: PrivatePostgres | PrivateRabbitMQ, label: str) -> None:
     """Start ``service`` and fail if it took longer than its budget (seconds)."""
     started = time.monotonic()
@@ -95,7 +83,7 @@ def services() -> Iterator[Services]:
     shared_before = _listening_ports() & SHARED_PORTS
     base_dir = Path(tempfile.mkdtemp(prefix="ff-services-"))
     base_dir.chmod(0o755)  # the postgres / rabbitmq accounts must be able to traverse it
-    pg_port, amqp_port, dist_port, epmd_port = _free_ports(4)
+    pg_port, amqp_port, dist_port, epmd_port = free_ports(4)
     pg = PrivatePostgres(base_dir, pg_port)
     rabbit = PrivateRabbitMQ(
         base_dir, amqp_port, dist_port, f"fftest-{os.getpid()}", epmd_port=epmd_port
