@@ -60,7 +60,7 @@ class BrokerConfig:
     url: tuple[str, ...] = (DEFAULT_BROKER_URL,)
     queue: str = DEFAULT_QUEUE
     heartbeat_s: int = 30
-    prefetch: int = 1
+    prefetch: int = 16  # unacked deliveries per worker; also its largest batch of claims
     quorum_initial_group_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -126,9 +126,13 @@ class WorkerConfig:
     lease_s: float = 30.0
     heartbeat_s: float = 10.0
     key_wait_s: float = 1.0  # re-check delay when an idempotency key is held elsewhere
+    # Batches of claims (up to broker.prefetch) only while handlers end within this; a slower
+    # handler makes the worker hand back what waits behind it (milliseconds).
+    fast_handler_ms: float = 50.0
 
     def __post_init__(self) -> None:
         _positive(self.lease_s, "lease_s")
+        _positive(self.fast_handler_ms, "fast_handler_ms")
         _positive(self.heartbeat_s, "heartbeat_s")
         if self.heartbeat_s >= self.lease_s:
             raise ValueError("heartbeat_s must be shorter than lease_s")

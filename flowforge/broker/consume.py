@@ -1,11 +1,12 @@
 """Consuming dispatch messages with manual acknowledgement (pika ``BlockingConnection``).
 
-The worker owns the connection's thread: it calls :meth:`Consumer.next_delivery` to wait for a
-message, :meth:`Consumer.pause` and :meth:`Consumer.ack` once the claim has committed, and
+The worker owns the connection's thread: it calls :meth:`Consumer.take` to wait for a batch of
+up to ``limit`` deliveries (the consumer's prefetch is that limit, so the broker pushes nothing
+more until the batch is acked), :meth:`Consumer.ack_through` once the batch is done, and
 :meth:`Consumer.pump` while a handler runs in another thread, so heartbeats keep flowing however
-long the handler takes. Pausing cancels the consumer *before* the ack, so the broker never
-pushes a second message to a worker that is busy (prefetch 1 means no hoarding); after the
-task, the worker pulls the next message itself and resumes consuming only when none is left.
+long the handler takes. A worker held up by a slow handler calls :meth:`Consumer.hand_back`
+*before* acking: the consumer is cancelled and anything it holds unclaimed goes back to the
+queue, so a busy (or frozen) worker never sits on messages other workers could run.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Consumer:
         self._conn: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._consumer_tag: str | None = None
+        self._prefetch = config.prefetch
         self._buffer: collections.deque[Delivery] = collections.deque()
 
     def connect(self) -> None:
@@ -69,6 +71,7 @@ class Consumer:
     def close(self) -> None:
         """Close the connection; unacked deliveries go back to the queue."""
         conn, self._conn, self._channel, self._consumer_tag = self._conn, None, None, None
+        self._prefetch = self._config.prefetch
         self._buffer.clear()
         if conn is not None and conn.is_open:
             try:
@@ -89,24 +92,38 @@ class Consumer:
             tag, self._consumer_tag = self._consumer_tag, None
             self._call(lambda ch: ch.basic_cancel(tag))
 
-    def next_delivery(self, timeout_s: float) -> Delivery | None:
-        """The next delivery, waiting up to ``timeout_s`` (heartbeats are served meanwhile).
+    def take(self, limit: int, timeout_s: float) -> list[Delivery]:
+        """Up to ``limit`` deliveries, waiting up to ``timeout_s`` for the first one.
 
-        While paused (right after a task), the queue is first asked directly (``basic.get``):
-        under load the next message comes in one round trip and the consumer never needs to be
-        restarted. Only an empty queue restarts the consumer and waits for a push.
+        The consumer runs with a prefetch of ``limit`` (it is restarted when the limit
+        changes), so until they are acked no further message is pushed here. Heartbeats are
+        served while waiting.
         """
-        if self._buffer:
-            return self._buffer.popleft()
-        if self._consumer_tag is None:
-            method, _properties, body = self._call(
-                lambda ch: ch.basic_get(self._config.queue, auto_ack=False)
-            )
-            if method is not None:
-                return Delivery(method.delivery_tag, body, bool(method.redelivered))
+        if self._consumer_tag is None or self._prefetch != limit:
+            self.pause()
+            self._call(lambda ch: ch.basic_qos(prefetch_count=limit))
+            self._prefetch = limit
             self.resume()
-        self.pump(timeout_s)
-        return self._buffer.popleft() if self._buffer else None
+        if not self._buffer:
+            self.pump(timeout_s)
+        taken: list[Delivery] = []
+        while self._buffer and len(taken) < limit:
+            taken.append(self._buffer.popleft())
+        return taken
+
+    def hand_back(self) -> int:
+        """Stop consuming and requeue every delivery received but not taken; return how many.
+
+        Deliveries already taken stay ours to ack.
+        """
+        self.pause()
+        if not self._buffer:
+            return 0
+        tags = [d.tag for d in self._buffer]
+        self._buffer.clear()
+        for tag in tags:
+            self._call(lambda ch, tag=tag: ch.basic_nack(tag, multiple=False, requeue=True))
+        return len(tags)
 
     def pump(self, time_limit_s: float = 0.0) -> None:
         """Serve the connection (heartbeats, deliveries into the buffer) for ``time_limit_s``."""
@@ -117,9 +134,12 @@ class Consumer:
         except (pika.exceptions.AMQPError, OSError) as exc:
             raise BrokerUnavailableError(f"broker connection lost: {exc!r}") from exc
 
-    def ack(self, tag: int) -> None:
-        """Acknowledge a delivery. Failure raises: an ack that failed is never a success."""
-        self._call(lambda ch: ch.basic_ack(tag))
+    def ack_through(self, tag: int) -> None:
+        """Acknowledge every delivery taken up to ``tag`` (deliveries are taken in order).
+
+        Failure raises: an ack that failed is never a success.
+        """
+        self._call(lambda ch: ch.basic_ack(tag, multiple=True))
 
     def _call(self, action: Any) -> Any:
         if self._channel is None:

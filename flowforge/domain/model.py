@@ -120,6 +120,17 @@ class ClaimResult:
 
 
 @dataclass(frozen=True)
+class Finish:
+    """How a task run's attempt ended, as the worker reports it."""
+
+    state: TaskState
+    result: Any = None
+    reason: FailureReason | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True)
 class Renewal:
     """A lease renewal: ``held`` is False once the token is stale (stop, do not finish)."""
 

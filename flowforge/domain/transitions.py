@@ -17,8 +17,8 @@ TRANSITIONS: Mapping[S, frozenset[S]] = {
     S.PENDING: frozenset({S.READY, S.CANCELLED}),
     # claim / defer (idempotency key busy) / cancel / re-dispatch a message the broker lost
     S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED, S.READY}),
-    # finish / reap (retry or bury) / honoured cancellation
-    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.RETRYING, S.DEAD, S.CANCELLED}),
+    # finish / reap (retry or bury) / honoured cancellation / hand back an unstarted claim
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.RETRYING, S.DEAD, S.CANCELLED, S.READY}),
     # route by retry policy / cancel
     S.FAILED: frozenset({S.RETRYING, S.DEAD, S.CANCELLED}),
     # promote a due retry / cancel

@@ -1,20 +1,24 @@
-"""Running a handler off the worker's main thread, and turning what it did into a finish.
+"""Running handlers off the worker's main thread, and turning what they did into a finish.
 
-The main thread must keep serving the broker connection (heartbeats) and renewing the lease
-while a handler runs, so handlers run on one long-lived daemon thread. Python cannot stop a
-running thread: a handler that overruns its timeout is abandoned and the worker replaces itself.
+The main thread must keep serving the broker connection (heartbeats) and renewing leases
+while a handler runs, so handlers run on one long-lived daemon thread, one job after another.
+Jobs not started yet can be withdrawn (a worker held up by a slow handler hands them back).
+Python cannot stop a running thread: a handler that overruns its timeout is abandoned and the
+worker replaces itself.
 """
 
 from __future__ import annotations
 
+import collections
 import json
-import queue
 import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowforge.domain.model import Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import PermanentError
@@ -27,10 +31,11 @@ MAX_TRACEBACK_CHARS = 20_000
 
 @dataclass
 class Job:
-    """One handler call; ``done`` is set when it returned or raised."""
+    """One handler call; ``started`` is its monotonic start, ``done`` set when it ended."""
 
     fn: Callable[[TaskContext], Any]
     ctx: TaskContext
+    started: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -47,34 +52,36 @@ class Job:
 
 
 class HandlerThread:
-    """A daemon thread that runs submitted jobs one at a time."""
+    """A daemon thread that runs submitted jobs one at a time, in order."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def submit(self, fn: Callable[[TaskContext], Any], ctx: TaskContext) -> Job:
+    def submit(self, jobs: Sequence[Job]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name="handler", daemon=True)
             self._thread.start()
-        job = Job(fn, ctx)
-        self._jobs.put(job)
-        return job
+        with self._changed:
+            self._jobs.extend(jobs)
+            self._changed.notify()
+
+    def withdraw(self) -> list[Job]:
+        """Take back every job that has not started; they will never run here."""
+        with self._changed:
+            jobs = list(self._jobs)
+            self._jobs.clear()
+        return jobs
 
     def _serve(self) -> None:
         while True:
-            self._jobs.get().run()
-
-
-@dataclass(frozen=True)
-class Finish:
-    """How to finish a task run after its handler ended."""
-
-    state: TaskState
-    result: Any = None
-    reason: FailureReason | None = None
-    error: str | None = None
-    traceback: str | None = None
+            with self._changed:
+                while not self._jobs:
+                    self._changed.wait()
+                job = self._jobs.popleft()
+                job.started = time.monotonic()  # under the lock: withdraw never takes it
+            job.run()
 
 
 def classify(job: Job) -> Finish:

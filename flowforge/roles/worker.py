@@ -1,15 +1,25 @@
-"""The worker role: consume a dispatch, claim it, ack it, run the handler, finish it.
+"""The worker role: take dispatches, claim them, run their handlers, finish them.
 
-* The claim (READY → RUNNING, token bumped, lease set) commits before the ack: from then on
-  the lease, not the broker, owns the task, so a handler longer than RabbitMQ's
-  ``consumer_timeout`` is safe, and a worker that dies is reaped and re-dispatched.
-* A claim that fails because PostgreSQL is unreachable leaves the message unacked: the role
-  drops its connections (the broker requeues the message) and reconnects with backoff.
+* Deliveries come in batches of up to ``broker.prefetch`` while handlers are fast: the batch is
+  claimed in one statement (READY → RUNNING, tokens bumped, leases set), run one task after
+  another on the handler thread, acked with one ``basic.ack(multiple)`` and finished in one
+  statement, which also releases dependents. The batch (and the consumer's prefetch) grows
+  1, 2, 4, … while every handler ends within ``worker.fast_handler_ms``, and falls back to 1
+  after a slow one.
+* Claims commit before any ack: from then on the lease, not the broker, owns the task, so a
+  handler longer than RabbitMQ's ``consumer_timeout`` is safe, and a worker that dies is reaped
+  and re-dispatched. Until the batch is acked the prefetch window is full, so the broker
+  pushes nothing more to a worker that is busy.
+* A handler that outlasts ``fast_handler_ms`` holds the worker up, so the worker stops its
+  consumer, acks the batch, and hands back what waits behind the slow handler: claims not
+  started go back to READY (attempt un-counted, new outbox row) for other workers.
+* A claim that fails because PostgreSQL is unreachable leaves the messages unacked: the role
+  drops its connections (the broker requeues them) and reconnects with backoff.
 * A redelivered message for a task already claimed or finished is acked without executing.
-* While the handler runs on its own thread, the main thread serves the broker connection
-  (heartbeats) and renews the lease; the consumer is paused so no second message waits here,
-  and the next message is pulled only once the worker is free again.
-* A finish that cannot reach the database is retried until it commits or its token is stale.
+* While a slow handler runs, the main thread serves the broker connection (heartbeats) and
+  renews the leases it holds.
+* Finishing a batch that cannot reach the database is retried until it commits or the leases
+  have lapsed (the reaper then retries the tasks); it is never dropped silently.
 """
 
 from __future__ import annotations
@@ -21,20 +31,22 @@ import resource
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from flowforge.broker.consume import Consumer, Delivery
 from flowforge.broker.messages import MessageError, decode
 from flowforge.config import Config
-from flowforge.domain.model import Claim, ClaimOutcome
+from flowforge.domain.model import Claim, ClaimOutcome, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError
 from flowforge.handlers import collect
 from flowforge.roles.context import TaskContext
-from flowforge.roles.execution import Finish, HandlerThread, Job, classify
-from flowforge.roles.lease import LeaseKeeper
+from flowforge.roles.execution import HandlerThread, Job, classify
+from flowforge.roles.lease import Leases
 from flowforge.roles.presence import Presence
 from flowforge.roles.runner import RECONNECT_BACKOFF
 from flowforge.store.db import Database
@@ -49,6 +61,16 @@ IDLE_WAIT_S = 1.0
 PUMP_INTERVAL_S = 1.0
 #: Recycling jitter: up to this fraction is added to max_tasks_per_child.
 RECYCLE_JITTER = 0.1
+#: A failed finish is retried at least this many times before the lapsed leases give it up.
+FINISH_ATTEMPTS_BEFORE_GIVING_UP = 3
+
+
+@dataclass(frozen=True)
+class _Task:
+    """A claimed task on its way through this worker."""
+
+    claim: Claim
+    job: Job
 
 
 class Worker:
@@ -70,10 +92,14 @@ class Worker:
         self._consumer = Consumer(config.broker)
         self._presence = Presence(self._repo, "worker")
         self._executor = HandlerThread()
+        self._leases = Leases(self._repo, config.worker.lease_s, config.worker.heartbeat_s)
         self._handlers: Mapping[str, Callable[[TaskContext], Any]] | None = None
         self._broker_broken: BrokerUnavailableError | None = None
         self._id = ""
         self._task_limit = 0
+        self._window = 1
+        self._outcomes: list[tuple[Claim, Finish]] = []
+        self._pending_ack: Delivery | None = None
         self._beat: Callable[[], None] = lambda: None
         self.tasks_done = 0
         self.recycle = False
@@ -87,17 +113,16 @@ class Worker:
         self._broker_broken = None
         self._db.open()
         self._presence.announce()
-        self._consumer.connect()
-        self._consumer.resume()
+        self._consumer.connect()  # take() starts consuming, with the prefetch of the batch
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         self._beat = beat
         while not stop.is_set() and not self.recycle:
-            delivery = self._consumer.next_delivery(IDLE_WAIT_S)
+            deliveries = self._consumer.take(self._batch_limit(), IDLE_WAIT_S)
             self._presence.tick()
             beat()
-            if delivery is not None:
-                self._handle(delivery)
+            if deliveries:
+                self._handle(deliveries)
 
     def reset(self) -> None:
         self._consumer.close()
@@ -107,46 +132,57 @@ class Worker:
         self._presence.leave()
         self.reset()
 
-    # ------------------------------------------------------------------ one delivery
+    def _batch_limit(self) -> int:
+        limit = min(self._window, self._config.broker.prefetch)
+        if self._task_limit:
+            limit = min(limit, max(1, self._task_limit - self.tasks_done))
+        return limit
 
-    def _handle(self, delivery: Delivery) -> None:
-        try:
-            message = decode(delivery.body)
-        except MessageError as exc:
-            logger.error(
-                "dropping an undecodable message: %s", exc, extra={"action": "bad_message"}
-            )
-            self._consumer.ack(delivery.tag)
-            return
+    # ------------------------------------------------------------------ one batch
+
+    def _handle(self, deliveries: Sequence[Delivery]) -> None:
+        wanted: list[tuple[UUID, int]] = []
+        for delivery in deliveries:
+            try:
+                message = decode(delivery.body)
+            except MessageError as exc:
+                logger.error(
+                    "dropping an undecodable message: %s", exc, extra={"action": "bad_message"}
+                )
+                continue
+            wanted.append((message.task_run_id, message.token))
         worker = self._config.worker
-        result = self._repo.claim(
-            message.task_run_id, message.token, self._id, worker.lease_s, worker.key_wait_s
-        )
-        if result.outcome is not ClaimOutcome.EXECUTE or result.claim is None:
-            logger.debug(
-                "task run %s not executed here: %s",
-                message.task_run_id,
-                result.outcome,
-                extra={"action": f"claim_{result.outcome}"},
-            )
-            self._consumer.ack(delivery.tag)
-            return
-        self._telemetry.tasks_started.inc()
-        self._telemetry.dispatch_lag.observe(result.claim.dispatch_lag_s)
-        self._consumer.pause()
-        self._ack_claimed(delivery)
-        self._execute(result.claim)
-        self.tasks_done += 1
+        results = self._repo.claim_many(wanted, self._id, worker.lease_s, worker.key_wait_s)
+        claims: list[Claim] = []
+        for (task_run_id, _token), result in zip(wanted, results, strict=True):
+            if result.outcome is ClaimOutcome.EXECUTE and result.claim is not None:
+                claims.append(result.claim)
+                self._telemetry.tasks_started.inc()
+                self._telemetry.dispatch_lag.observe(result.claim.dispatch_lag_s)
+            else:
+                logger.debug(
+                    "task run %s not executed here: %s",
+                    task_run_id,
+                    result.outcome,
+                    extra={"action": f"claim_{result.outcome}"},
+                )
+        self._pending_ack = deliveries[-1]
+        slow = self._run(claims)
+        self._window = 1 if slow else min(self._window * 2, self._config.broker.prefetch)
         self._check_recycle()
         if self._broker_broken is not None:
             raise self._broker_broken
 
-    def _ack_claimed(self, delivery: Delivery) -> None:
+    def _ack_batch(self) -> None:
+        """Ack the batch being worked on (its claims committed), if not done yet."""
+        last, self._pending_ack = self._pending_ack, None
+        if last is None or self._broker_broken is not None:
+            return
         try:
-            self._consumer.ack(delivery.tag)
+            self._consumer.ack_through(last.tag)
         except BrokerUnavailableError as exc:
-            # The claim committed: the lease owns the task and the handler still runs. The
-            # broker will redeliver the message, and that delivery is acked without running.
+            # The claims committed: the leases own the tasks and the handlers still run. The
+            # broker will redeliver the messages, and those deliveries are acked without running.
             logger.warning("ack after claim failed: %s", exc, extra={"action": "ack_failed"})
             self._broker_broken = exc
 
@@ -160,89 +196,153 @@ class Worker:
             logger.warning("broker connection lost while a handler runs: %s", exc)
             self._broker_broken = exc
 
-    # ------------------------------------------------------------------ running the handler
+    # ------------------------------------------------------------------ running the handlers
 
-    def _execute(self, claim: Claim) -> None:
+    def _run(self, claims: Sequence[Claim]) -> bool:
+        """Run the claimed tasks in order and finish them; True if one of them was slow."""
+        tasks: list[_Task] = []
+        for claim in claims:
+            job = self._prepare(claim)
+            if job is None:
+                error = f"no handler is registered as {claim.handler!r} in this worker"
+                unknown = Finish(
+                    TaskState.FAILED, reason=FailureReason.UNKNOWN_HANDLER, error=error
+                )
+                self._outcomes.append((claim, unknown))
+            else:
+                tasks.append(_Task(claim, job))
+        self._leases.hold([(t.claim, t.job.ctx) for t in tasks])
+        self._executor.submit([t.job for t in tasks])
+        slow = False
+        for index, task in enumerate(tasks):
+            if not self._wait(task, tasks[index + 1 :]):
+                slow = True  # everything behind it was handed back
+                break
+        self._ack_batch()
+        self._flush()
+        return slow
+
+    def _prepare(self, claim: Claim) -> Job | None:
+        """The handler call for a claim; None when no handler is registered under its name."""
         handler = (self._handlers or {}).get(claim.handler)
         if handler is None:
-            error = f"no handler is registered as {claim.handler!r} in this worker"
-            self._finish(
-                claim,
-                Finish(TaskState.FAILED, reason=FailureReason.UNKNOWN_HANDLER, error=error),
-                None,
-            )
-            return
+            return None
         ctx = TaskContext(
             claim.input, claim.upstream, claim.attempt, claim.task_run_id, claim.run_id, claim.name
         )
-        lease = LeaseKeeper(
-            self._repo, claim, ctx, self._config.worker.lease_s, self._config.worker.heartbeat_s
+        return Job(handler, ctx)
+
+    def _wait(self, task: _Task, behind: Sequence[_Task]) -> bool:
+        """Wait for one job and record its outcome; False if it outlasted fast_handler_ms.
+
+        A slow (or timed-out) handler makes the worker hand back everything behind it.
+        """
+        job = task.job
+        fast_s = self._config.worker.fast_handler_ms / 1000
+        timeout_s = task.claim.timeout_s
+        fast = True
+        while not job.done.is_set():
+            started = job.started
+            if started is None:  # not picked up yet: it cannot have been slow so far
+                job.done.wait(fast_s)
+                continue
+            elapsed = time.monotonic() - started
+            timed_out = timeout_s is not None and elapsed >= timeout_s
+            if fast and (elapsed > fast_s or timed_out):
+                fast = False
+                self._hand_back(behind)
+            if timed_out:
+                self._overran(task)
+                return False
+            budget = fast_s - elapsed if fast else self._slow_budget()
+            if timeout_s is not None:
+                budget = min(budget, timeout_s - elapsed)
+            if job.done.wait(max(budget, 0.0)):
+                break
+            if not fast:
+                self._serve_broker()
+                self._beat()
+                self._leases.maybe_renew()
+        assert job.started is not None
+        self._telemetry.task_duration.labels(handler=task.claim.handler).observe(
+            time.monotonic() - job.started
         )
-        started = time.monotonic()
-        job = self._executor.submit(handler, ctx)
-        finished_in_time = self._wait(job, lease, claim.timeout_s)
-        self._telemetry.task_duration.labels(handler=claim.handler).observe(
-            time.monotonic() - started
+        self._outcomes.append((task.claim, classify(job)))
+        return fast
+
+    def _slow_budget(self) -> float:
+        return min(PUMP_INTERVAL_S, self._leases.due_in())
+
+    def _hand_back(self, behind: Sequence[_Task]) -> None:
+        """A slow handler holds this worker: stop consuming, ack, give back what waits."""
+        withdrawn = {id(job) for job in self._executor.withdraw()}
+        unstarted = [t.claim for t in behind if id(t.job) in withdrawn]
+        if self._broker_broken is None:
+            try:
+                requeued = self._consumer.hand_back()
+                if requeued:
+                    logger.debug("requeued %d unclaimed deliveries", requeued)
+            except BrokerUnavailableError as exc:
+                logger.warning("broker connection lost while handing back: %s", exc)
+                self._broker_broken = exc
+        self._ack_batch()
+        self._flush()
+        if unstarted:
+            pairs = [(c.task_run_id, c.fencing_token) for c in unstarted]
+            try:
+                released = self._repo.release_claims(pairs)
+            except DatabaseUnavailableError as exc:
+                # Still ours, leases held: the reaper retries them if this worker cannot.
+                logger.warning(
+                    "could not hand back %d claim(s): %s",
+                    len(pairs),
+                    exc,
+                    extra={"action": "release_failed"},
+                )
+                released = 0
+            self._leases.drop([task_run_id for task_run_id, _ in pairs])
+            logger.info(
+                "a slow handler holds this worker: handed back %d claimed task(s)",
+                released,
+                extra={"action": "claims_released"},
+            )
+
+    def _overran(self, task: _Task) -> None:
+        timeout = Finish(
+            TaskState.FAILED,
+            reason=FailureReason.TIMEOUT,
+            error=f"the handler ran longer than its timeout of {task.claim.timeout_s}s",
         )
-        if not finished_in_time:
-            self._finish(
-                claim,
-                Finish(
-                    TaskState.FAILED,
-                    reason=FailureReason.TIMEOUT,
-                    error=f"the handler ran longer than its timeout of {claim.timeout_s}s",
-                ),
-                lease,
-            )
-            logger.error(
-                "task run %s overran its timeout; this worker will be replaced",
-                claim.task_run_id,
-                extra={"action": "task_timeout"},
-            )
-            self.recycle = True
+        self._outcomes.append((task.claim, timeout))
+        logger.error(
+            "task run %s overran its timeout; this worker will be replaced",
+            task.claim.task_run_id,
+            extra={"action": "task_timeout"},
+        )
+        self.recycle = True
+
+    def _flush(self) -> None:
+        """Commit the recorded outcomes in one statement; retry while the database is away."""
+        outcomes, self._outcomes = self._outcomes, []
+        if not outcomes:
             return
-        self._finish(claim, classify(job), lease)
-
-    def _wait(self, job: Job, lease: LeaseKeeper, timeout_s: float | None) -> bool:
-        """Wait for the job while serving the broker and the lease; False if it timed out."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            budget = min(PUMP_INTERVAL_S, lease.due_in())
-            if deadline is not None:
-                budget = min(budget, max(0.0, deadline - time.monotonic()))
-            if job.done.wait(budget):
-                return True
-            self._serve_broker()
-            self._beat()
-            lease.maybe_renew()
-            if deadline is not None and time.monotonic() >= deadline:
-                return job.done.is_set()
-
-    def _finish(self, claim: Claim, finish: Finish, lease: LeaseKeeper | None) -> None:
-        """Commit the outcome; retry while the database is unreachable, never drop it silently."""
+        batch = [(c.task_run_id, c.fencing_token, f) for c, f in outcomes]
         failures = 0
         while True:
             try:
-                committed = self._repo.finish(
-                    claim.task_run_id,
-                    claim.fencing_token,
-                    finish.state,
-                    result=finish.result,
-                    reason=finish.reason,
-                    error=finish.error,
-                    traceback=finish.traceback,
-                )
+                committed = self._repo.finish_many(batch)
                 break
             except DatabaseUnavailableError as exc:
                 failures += 1
-                if lease is not None and lease.expired_locally() and failures > 3:
+                if self._leases.expired_locally() and failures > FINISH_ATTEMPTS_BEFORE_GIVING_UP:
                     logger.error(
-                        "could not record the outcome of task run %s before its lease lapsed "
-                        "(%s); the reaper will retry it",
-                        claim.task_run_id,
+                        "could not record the outcome of %d task run(s) before their leases "
+                        "lapsed (%s); the reaper will retry them",
+                        len(batch),
                         exc,
                         extra={"action": "finish_abandoned"},
                     )
+                    self._leases.drop([c.task_run_id for c, _ in outcomes])
                     return
                 delay = RECONNECT_BACKOFF.delay(failures, self._rand)
                 logger.warning(
@@ -254,19 +354,21 @@ class Worker:
                 self._db.reset()
                 self._beat()
                 self._serve_broker(delay)
-        self._count(finish, committed)
+        self._leases.drop([c.task_run_id for c, _ in outcomes])
+        self.tasks_done += len(outcomes)
+        for claim, finish in outcomes:
+            self._count(claim, finish, claim.task_run_id in committed)
+
+    def _count(self, claim: Claim, finish: Finish, committed: bool) -> None:
+        t = self._telemetry
         if not committed:
+            t.stale_completions.inc()
             logger.warning(
                 "stale completion of task run %s rejected (token %d is no longer current)",
                 claim.task_run_id,
                 claim.fencing_token,
                 extra={"action": "stale_completion"},
             )
-
-    def _count(self, finish: Finish, committed: bool) -> None:
-        t = self._telemetry
-        if not committed:
-            t.stale_completions.inc()
         elif finish.state is TaskState.SUCCEEDED:
             t.tasks_succeeded.inc()
         elif finish.state is TaskState.CANCELLED:

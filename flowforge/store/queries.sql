@@ -177,15 +177,6 @@ SELECT t.id, t.run_id, t.state, r.fail_fast
  LIMIT %(limit)s
    FOR UPDATE OF t SKIP LOCKED;
 
--- name: release_dependents
-UPDATE task_runs t
-   SET pending_deps = t.pending_deps - x.n, updated_at = now()
-  FROM (SELECT downstream_id AS id, count(*) AS n
-          FROM task_edges
-         WHERE upstream_id = ANY(%(ids)s::uuid[])
-         GROUP BY downstream_id) AS x
- WHERE t.id = x.id AND t.state = 'PENDING';
-
 -- name: cancel_dependents
 -- A task that can never run because an upstream task died or was cancelled.
 UPDATE task_runs t
@@ -271,29 +262,31 @@ DELETE FROM idempotency_keys k USING doomed WHERE k.key = doomed.key;
 -- ------------------------------------------------------------------ worker
 
 -- name: claim
--- READY → RUNNING for the dispatch generation the message names; the token is bumped and
--- the lease set in the same statement, the attempt recorded, and the run marked started.
--- With keyless_only, a task with an idempotency key is left alone (the caller then claims it
--- in a transaction that also claims the key).
-WITH claimed AS (
-    UPDATE task_runs
-       SET state = 'RUNNING', attempt = attempt + 1, fencing_token = fencing_token + 1,
+-- READY → RUNNING for the dispatch generations the messages name (one row per id/token pair):
+-- each token is bumped and its lease set in the same statement, the attempt recorded, and the
+-- run marked started. With keyless_only, tasks with an idempotency key are left alone (the
+-- caller then claims each in a transaction that also claims its key).
+WITH wanted AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS w(id, token)
+), claimed AS (
+    UPDATE task_runs t
+       SET state = 'RUNNING', attempt = t.attempt + 1, fencing_token = t.fencing_token + 1,
            lease_owner = %(worker)s,
            lease_expires_at = now() + make_interval(secs => %(lease_s)s),
-           cancel_requested = false, started_at = coalesce(started_at, now()),
+           cancel_requested = false, started_at = coalesce(t.started_at, now()),
            updated_at = now()
-     WHERE id = %(id)s AND state = 'READY' AND fencing_token = %(token)s
-       AND (NOT %(keyless_only)s::bool OR idempotency_key IS NULL)
-    RETURNING id, run_id, name, handler, attempt, fencing_token, timeout_s, idempotency_key,
-              extract(epoch FROM now() - ready_at)::float8 AS dispatch_lag_s
-), attempt_row AS (
+      FROM wanted w
+     WHERE t.id = w.id AND t.state = 'READY' AND t.fencing_token = w.token
+       AND (NOT %(keyless_only)s::bool OR t.idempotency_key IS NULL)
+    RETURNING t.id, t.run_id, t.name, t.handler, t.attempt, t.fencing_token, t.timeout_s,
+              t.idempotency_key, extract(epoch FROM now() - t.ready_at)::float8 AS dispatch_lag_s
+), attempt_rows AS (
     INSERT INTO task_attempts (task_run_id, attempt, fencing_token, worker)
     SELECT id, attempt, fencing_token, %(worker)s FROM claimed
-), run_started AS (
+), runs_started AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = now(), updated_at = now()
-      FROM claimed c
-     WHERE r.id = c.run_id AND r.state = 'PENDING'
+     WHERE r.id IN (SELECT run_id FROM claimed) AND r.state = 'PENDING'
 )
 SELECT c.*, r.input,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
@@ -326,65 +319,136 @@ UPDATE task_runs
  WHERE id = %(id)s AND state = 'READY' AND fencing_token = %(token)s
 RETURNING id;
 
--- name: renew_lease
-WITH renewed AS (
-    UPDATE task_runs
+-- name: renew_leases
+-- Extends every lease the worker still holds (id/token pairs); returns the ones it holds.
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS h(id, token)
+), renewed AS (
+    UPDATE task_runs t
        SET lease_expires_at = now() + make_interval(secs => %(lease_s)s)
-     WHERE id = %(id)s AND state = 'RUNNING' AND fencing_token = %(token)s
-    RETURNING id, cancel_requested, idempotency_key
-), key_renewed AS (
+      FROM held h
+     WHERE t.id = h.id AND t.state = 'RUNNING' AND t.fencing_token = h.token
+    RETURNING t.id, t.fencing_token, t.cancel_requested, t.idempotency_key
+), keys_renewed AS (
     UPDATE idempotency_keys k
        SET lease_expires_at = now() + make_interval(secs => %(lease_s)s)
       FROM renewed r
      WHERE k.key = r.idempotency_key AND k.task_run_id = r.id
-       AND k.fencing_token = %(token)s AND k.state = 'RUNNING'
+       AND k.fencing_token = r.fencing_token AND k.state = 'RUNNING'
 )
-SELECT cancel_requested FROM renewed;
+SELECT id, cancel_requested FROM renewed;
+
+-- name: release_claims
+-- RUNNING → READY for claims whose handler never started: a worker held up by a slow handler
+-- hands the tasks it claimed behind it back. The attempt is un-counted (its row deleted), the
+-- token bumped and a fresh outbox row written, so another worker takes them.
+WITH unstarted AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS u(id, token)
+), released AS (
+    UPDATE task_runs t
+       SET state = 'READY', attempt = t.attempt - 1, fencing_token = t.fencing_token + 1,
+           lease_owner = NULL, lease_expires_at = NULL, ready_at = now(),
+           started_at = CASE WHEN t.attempt = 1 THEN NULL ELSE t.started_at END,
+           updated_at = now()
+      FROM unstarted u
+     WHERE t.id = u.id AND t.state = 'RUNNING' AND t.fencing_token = u.token
+    RETURNING t.id, t.attempt, t.fencing_token, t.idempotency_key
+), forgotten AS (
+    DELETE FROM task_attempts a
+     USING released r
+     WHERE a.task_run_id = r.id AND a.attempt = r.attempt + 1
+), keys_released AS (
+    DELETE FROM idempotency_keys k
+     USING released r
+     WHERE k.key = r.idempotency_key AND k.task_run_id = r.id
+       AND k.fencing_token = r.fencing_token - 1 AND k.state = 'RUNNING'
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM released
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+)
+SELECT id, pg_notify('flowforge_outbox', '')::text AS notified FROM released;
 
 -- name: finish
--- RUNNING → SUCCEEDED / FAILED / CANCELLED with the claim's token; a stale token matches
--- nothing (and is counted). The attempt is closed, the idempotency key settled and the
--- scheduler notified in the same statement: one round trip.
-WITH done AS (
-    UPDATE task_runs
-       SET state = %(state)s::text,
-           result = %(result)s,
-           failure_reason = %(reason)s::text,
-           last_error = coalesce(%(error)s::text, last_error),
+-- RUNNING → SUCCEEDED / FAILED / CANCELLED for each outcome whose token is current; a stale
+-- token matches nothing (and is counted). Attempts are closed, idempotency keys settled,
+-- dependents released (PENDING → READY with an outbox row when nothing else holds them) and
+-- the scheduler and publisher notified in the same statement: one round trip for a batch.
+WITH outcome AS (
+    SELECT *
+      FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(states)s::text[],
+                  %(results)s::jsonb[], %(reasons)s::text[], %(errors)s::text[],
+                  %(tracebacks)s::text[], %(outcomes)s::text[])
+           AS o(id, token, state, result, reason, error, traceback, outcome)
+), done AS (
+    UPDATE task_runs t
+       SET state = o.state,
+           result = o.result,
+           failure_reason = o.reason,
+           last_error = coalesce(o.error, t.last_error),
            lease_owner = NULL,
            lease_expires_at = NULL,
            crash_streak = 0,
-           cancel_cause = CASE WHEN %(state)s::text = 'CANCELLED'
-                               THEN coalesce(cancel_cause, 'operator') END,
-           finished_at = CASE WHEN %(state)s::text = 'FAILED' THEN NULL ELSE now() END,
-           propagated = (%(state)s::text = 'FAILED'),
+           cancel_cause = CASE WHEN o.state = 'CANCELLED'
+                               THEN coalesce(t.cancel_cause, 'operator') END,
+           finished_at = CASE WHEN o.state = 'FAILED' THEN NULL ELSE now() END,
+           propagated = (o.state = 'FAILED'),
            updated_at = now()
-     WHERE id = %(id)s AND state = 'RUNNING' AND fencing_token = %(token)s
-    RETURNING id, attempt, idempotency_key
+      FROM outcome o
+     WHERE t.id = o.id AND t.state = 'RUNNING' AND t.fencing_token = o.token
+    RETURNING t.id, t.attempt, t.idempotency_key, o.token, o.state, o.result, o.reason,
+              o.error, o.traceback, o.outcome
 ), closed AS (
     UPDATE task_attempts a
-       SET finished_at = now(), outcome = %(outcome)s::text, failure_reason = %(reason)s::text,
-           error = %(error)s::text, traceback = %(traceback)s::text
+       SET finished_at = now(), outcome = d.outcome, failure_reason = d.reason,
+           error = d.error, traceback = d.traceback
       FROM done d
      WHERE a.task_run_id = d.id AND a.attempt = d.attempt
-), key_kept AS (
+), keys_kept AS (
     UPDATE idempotency_keys k
-       SET state = 'SUCCEEDED', result = %(result)s, lease_expires_at = NULL, updated_at = now()
+       SET state = 'SUCCEEDED', result = d.result, lease_expires_at = NULL, updated_at = now()
       FROM done d
-     WHERE %(state)s::text = 'SUCCEEDED' AND k.key = d.idempotency_key
-       AND k.task_run_id = d.id AND k.fencing_token = %(token)s AND k.state = 'RUNNING'
-), key_released AS (
+     WHERE d.state = 'SUCCEEDED' AND k.key = d.idempotency_key
+       AND k.task_run_id = d.id AND k.fencing_token = d.token AND k.state = 'RUNNING'
+), keys_released AS (
     DELETE FROM idempotency_keys k
      USING done d
-     WHERE %(state)s::text <> 'SUCCEEDED' AND k.key = d.idempotency_key
-       AND k.task_run_id = d.id AND k.fencing_token = %(token)s AND k.state = 'RUNNING'
+     WHERE d.state <> 'SUCCEEDED' AND k.key = d.idempotency_key
+       AND k.task_run_id = d.id AND k.fencing_token = d.token AND k.state = 'RUNNING'
 ), stale AS (
-    -- a finish that matched nothing was stale: count it
+    -- outcomes that matched nothing were stale: count them
     INSERT INTO counters (name, value)
-    SELECT 'stale_completions', 1 WHERE NOT EXISTS (SELECT 1 FROM done)
-    ON CONFLICT (name) DO UPDATE SET value = counters.value + 1
+    SELECT 'stale_completions', n
+      FROM (SELECT cardinality(%(ids)s::uuid[]) - (SELECT count(*) FROM done) AS n) s
+     WHERE n > 0
+    ON CONFLICT (name) DO UPDATE SET value = counters.value + EXCLUDED.value
+), released AS (
+    -- Success releases the dependents here rather than in a scheduler pass (one hop fewer
+    -- per DAG level): a dependent whose last dependency this was, and that has no ordering
+    -- key to wait on, becomes READY with its outbox row in this same statement.
+    UPDATE task_runs t
+       SET pending_deps = t.pending_deps - x.n,
+           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                        THEN 'READY' ELSE t.state END,
+           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                           THEN now() ELSE t.ready_at END,
+           updated_at = now()
+      FROM (SELECT e.downstream_id AS id, count(*) AS n
+              FROM task_edges e
+              JOIN done d ON d.id = e.upstream_id
+             WHERE d.state = 'SUCCEEDED'
+             GROUP BY e.downstream_id) AS x
+     WHERE t.id = x.id AND t.state = 'PENDING'
+    RETURNING t.id, t.state, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
 )
-SELECT id, pg_notify('flowforge_scheduler', '')::text AS notified FROM done;
+SELECT id, pg_notify('flowforge_scheduler', '')::text AS notified,
+       (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
+  FROM done;
 
 -- ------------------------------------------------------------------ operator actions
 

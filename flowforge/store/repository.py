@@ -25,6 +25,7 @@ from flowforge.domain.model import (
     ClaimOutcome,
     ClaimResult,
     Dispatch,
+    Finish,
     ProcessInfo,
     Renewal,
     Run,
@@ -308,9 +309,10 @@ class Repository:
     def propagate(self, limit: int) -> int:
         """Apply the consequences of tasks that finished (SUCCEEDED / DEAD / CANCELLED).
 
-        Success releases dependents; death or cancellation cancels the dependents that can
-        no longer run (and, for a fail-fast run, every task not yet started while running
-        siblings are asked to stop). The runs involved have their state derived anew.
+        (Success released the dependents already, in the finishing statement.) Death or
+        cancellation cancels the dependents that can no longer run (and, for a fail-fast run,
+        every task not yet started while running siblings are asked to stop). The runs
+        involved have their state derived anew.
         """
         transitions.check(TaskState.PENDING, TaskState.CANCELLED)
 
@@ -319,13 +321,10 @@ class Repository:
             finished = cur.execute(q["lock_unpropagated"], {"limit": limit}).fetchall()
             if not finished:
                 return 0
-            succeeded = [r["id"] for r in finished if r["state"] == TaskState.SUCCEEDED]
             ended = [r["id"] for r in finished if r["state"] != TaskState.SUCCEEDED]
             fail_fast = sorted(
                 {r["run_id"] for r in finished if r["state"] == TaskState.DEAD and r["fail_fast"]}
             )
-            if succeeded:
-                cur.execute(q["release_dependents"], {"ids": succeeded})
             if ended:
                 cur.execute(q["cancel_dependents"], {"ids": ended})
             if fail_fast:
@@ -377,20 +376,55 @@ class Repository:
     def claim(
         self, task_run_id: UUID, token: int, worker: str, lease_s: float, key_wait_s: float = 1.0
     ) -> ClaimResult:
-        """READY → RUNNING for the generation ``token`` names, holding a lease of ``lease_s``.
+        """READY → RUNNING for the generation ``token`` names (see :meth:`claim_many`)."""
+        return self.claim_many([(task_run_id, token)], worker, lease_s, key_wait_s)[0]
 
-        With an idempotency key: a key that already succeeded finishes the task with the
-        stored result (REUSED); a key held by a live execution undoes the claim and defers
-        the task by ``key_wait_s`` without using an attempt (DEFERRED).
+    def claim_many(
+        self,
+        wanted: Sequence[tuple[UUID, int]],
+        worker: str,
+        lease_s: float,
+        key_wait_s: float = 1.0,
+    ) -> list[ClaimResult]:
+        """READY → RUNNING for each (task run, token) pair, holding a lease of ``lease_s``.
+
+        Returns one result per pair, in order. Tasks without an idempotency key are claimed
+        together in one statement. With a key: a key that already succeeded finishes the task
+        with the stored result (REUSED); a key held by a live execution undoes the claim and
+        defers the task by ``key_wait_s`` without using an attempt (DEFERRED).
         """
         transitions.check(TaskState.READY, TaskState.RUNNING)
-        params = {"id": task_run_id, "token": token, "worker": worker, "lease_s": lease_s}
-        # most tasks have no idempotency key: then the claim is one statement, one round trip
+        if not wanted:
+            return []
+        params = {
+            "ids": [task_run_id for task_run_id, _ in wanted],
+            "tokens": [token for _, token in wanted],
+            "worker": worker,
+            "lease_s": lease_s,
+        }
+        # most tasks have no idempotency key: their claims are one statement, one round trip
         found = self._db.execute(self._q["claim"], {**params, "keyless_only": True})
-        if found:
-            return ClaimResult(ClaimOutcome.EXECUTE, _claim_from_row(found[0]))
+        claimed = {row["id"]: _claim_from_row(row) for row in found}
+        results = []
+        for task_run_id, token in wanted:
+            if task_run_id in claimed:
+                results.append(ClaimResult(ClaimOutcome.EXECUTE, claimed[task_run_id]))
+            else:  # keyed, or not READY with that token any more
+                results.append(self._claim_keyed(task_run_id, token, worker, lease_s, key_wait_s))
+        return results
+
+    def _claim_keyed(
+        self, task_run_id: UUID, token: int, worker: str, lease_s: float, key_wait_s: float
+    ) -> ClaimResult:
+        params = {
+            "ids": [task_run_id],
+            "tokens": [token],
+            "worker": worker,
+            "lease_s": lease_s,
+            "keyless_only": False,
+        }
         try:
-            return self._db.run(self._claim, {**params, "keyless_only": False})
+            return self._db.run(self._claim_with_key, params)
         except _KeyBusyError:
             transitions.check(TaskState.READY, TaskState.RETRYING)
             deferred = self._db.run(
@@ -400,7 +434,7 @@ class Repository:
             )
             return ClaimResult(ClaimOutcome.DEFERRED if deferred else ClaimOutcome.LOST)
 
-    def _claim(self, cur: Cursor, params: dict[str, Any]) -> ClaimResult:
+    def _claim_with_key(self, cur: Cursor, params: dict[str, Any]) -> ClaimResult:
         row = cur.execute(self._q["claim"], params).fetchone()
         if row is None:
             return ClaimResult(ClaimOutcome.LOST)
@@ -418,20 +452,45 @@ class Repository:
         held = cur.execute(self._q["read_key"], key_params).fetchone()
         if held is None or held["state"] != TaskState.SUCCEEDED:
             raise _KeyBusyError
-        params = _finish_params(
-            claim.task_run_id, claim.fencing_token, TaskState.SUCCEEDED, held["result"]
+        reused = Finish(TaskState.SUCCEEDED, result=held["result"])
+        cur.execute(
+            self._q["finish"],
+            _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused"),
         )
-        cur.execute(self._q["finish"], {**params, "outcome": "reused"})
         return ClaimResult(ClaimOutcome.REUSED, claim)
+
+    def release_claims(self, claims: Sequence[tuple[UUID, int]]) -> int:
+        """RUNNING → READY for claims whose handler never started; returns how many.
+
+        The attempt is un-counted and a new outbox row written, so the tasks are dispatched
+        again (to any worker). A pair whose token is no longer current is left alone.
+        """
+        transitions.check(TaskState.RUNNING, TaskState.READY)
+        if not claims:
+            return 0
+        params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
+        return len(self._db.execute(self._q["release_claims"], params))
 
     def renew_lease(self, task_run_id: UUID, token: int, lease_s: float) -> Renewal:
         """Extend a held lease by ``lease_s`` from the database's now; report cancellation."""
-        row = self._db.run(
-            lambda cur: cur.execute(
-                self._q["renew_lease"], {"id": task_run_id, "token": token, "lease_s": lease_s}
-            ).fetchone()
-        )
-        return Renewal(held=row is not None, cancel_requested=bool(row and row["cancel_requested"]))
+        held = self.renew_leases([(task_run_id, token)], lease_s)
+        return Renewal(held=task_run_id in held, cancel_requested=held.get(task_run_id, False))
+
+    def renew_leases(self, claims: Sequence[tuple[UUID, int]], lease_s: float) -> dict[UUID, bool]:
+        """Extend every lease still held among ``claims`` by ``lease_s`` (database clock).
+
+        Returns ``{task run id: cancel requested}`` for the leases still held; a pair missing
+        from it lost its lease (reaped, or finished elsewhere).
+        """
+        if not claims:
+            return {}
+        params = {
+            "ids": [c[0] for c in claims],
+            "tokens": [c[1] for c in claims],
+            "lease_s": lease_s,
+        }
+        rows_ = self._db.execute(self._q["renew_leases"], params)
+        return {row["id"]: bool(row["cancel_requested"]) for row in rows_}
 
     def finish(
         self,
@@ -448,17 +507,19 @@ class Repository:
 
         Returns False for a stale token (the task was reaped or finished by someone else).
         """
-        transitions.check(TaskState.RUNNING, state)
-        if state not in _OUTCOMES:
-            raise IllegalTransitionError(
-                f"finish writes SUCCEEDED, FAILED or CANCELLED, not {state} (the reaper's)"
-            )
-        if state is TaskState.FAILED and reason is None:
-            raise ValueError("a failure needs a reason")
-        if state is TaskState.CANCELLED:
-            reason = FailureReason.CANCELLED
-        params = _finish_params(task_run_id, token, state, result, reason, error, traceback)
-        return bool(self._db.execute(self._q["finish"], params))
+        outcome = Finish(state, result, reason, error, traceback)
+        return bool(self.finish_many([(task_run_id, token, outcome)]))
+
+    def finish_many(self, outcomes: Sequence[tuple[UUID, int, Finish]]) -> set[UUID]:
+        """Finish each (task run, token, outcome) whose token is current, in one statement.
+
+        Returns the ids that committed; the others were stale (reaped, or finished elsewhere)
+        and are counted as stale completions.
+        """
+        if not outcomes:
+            return set()
+        transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
+        return {row["id"] for row in self._db.execute(self._q["finish"], _finish_columns(outcomes))}
 
     # ------------------------------------------------------------------ publisher
 
@@ -700,22 +761,41 @@ def _claim_from_row(row: Mapping[str, Any]) -> Claim:
     )
 
 
-def _finish_params(
-    task_run_id: UUID,
-    token: int,
-    state: TaskState,
-    result: Any = None,
-    reason: FailureReason | None = None,
-    error: str | None = None,
-    traceback: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": task_run_id,
-        "token": token,
-        "state": str(state),
-        "result": None if result is None else Jsonb(result),
-        "reason": None if reason is None else str(reason),
-        "error": error,
-        "traceback": traceback,
-        "outcome": _OUTCOMES[state],
+def _finish_columns(
+    outcomes: Sequence[tuple[UUID, int, Finish]], label: str | None = None
+) -> dict[str, list[Any]]:
+    """The ``finish`` query's parameter arrays; each transition is checked first.
+
+    ``label`` overrides the attempt outcome written (``reused`` for a stored result).
+    """
+    columns: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "ids",
+            "tokens",
+            "states",
+            "results",
+            "reasons",
+            "errors",
+            "tracebacks",
+            "outcomes",
+        )
     }
+    for task_run_id, token, finish in outcomes:
+        transitions.check(TaskState.RUNNING, finish.state)
+        if finish.state not in _OUTCOMES:
+            raise IllegalTransitionError(
+                f"finish writes SUCCEEDED, FAILED or CANCELLED, not {finish.state} (the reaper's)"
+            )
+        if finish.state is TaskState.FAILED and finish.reason is None:
+            raise ValueError("a failure needs a reason")
+        reason = FailureReason.CANCELLED if finish.state is TaskState.CANCELLED else finish.reason
+        columns["ids"].append(task_run_id)
+        columns["tokens"].append(token)
+        columns["states"].append(str(finish.state))
+        columns["results"].append(None if finish.result is None else Jsonb(finish.result))
+        columns["reasons"].append(None if reason is None else str(reason))
+        columns["errors"].append(finish.error)
+        columns["tracebacks"].append(finish.traceback)
+        columns["outcomes"].append(label or _OUTCOMES[finish.state])
+    return columns

@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 from flowforge.config import DatabaseConfig
+from flowforge.domain import transitions
 from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.policy import Jitter, RetryPolicy
@@ -728,7 +729,9 @@ def test_an_illegal_transition_raises_before_any_sql(database_url: str) -> None:
     task_id = uuid.uuid4()
     with pytest.raises(IllegalTransitionError, match="RUNNING -> PENDING"):
         never_opened.finish(task_id, 1, TaskState.PENDING)
-    with pytest.raises(IllegalTransitionError, match="RUNNING -> READY"):
+    with pytest.raises(IllegalTransitionError, match="SUCCEEDED -> READY"):
+        transitions.check(TaskState.SUCCEEDED, TaskState.READY)
+    with pytest.raises(IllegalTransitionError, match="not READY"):  # legal, but not finish's
         never_opened.finish(task_id, 1, TaskState.READY)
     with pytest.raises(StoreError, match="not open"):  # control: a legal one does reach SQL
         never_opened.finish(task_id, 1, TaskState.SUCCEEDED)
