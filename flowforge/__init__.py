@@ -3,7 +3,8 @@
 The public API is what this module exports; everything else may change between releases.
 """
 
-from flowforge.client import Client
+from typing import TYPE_CHECKING, Any
+
 from flowforge.config import Config, load_config
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
@@ -13,6 +14,9 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import FlowForgeError, PermanentError
 from flowforge.handlers import task
+
+if TYPE_CHECKING:
+    from flowforge.client import Client
 
 __all__ = [
     "Client",
@@ -34,3 +38,13 @@ __all__ = [
     "workflow_from_mapping",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The client pulls in psycopg (~20 MB per process): only processes that use it pay for it,
+    # not the supervisor, which forks every role.
+    if name == "Client":
+        from flowforge.client import Client
+
+        return Client
+    raise AttributeError(f"module 'flowforge' has no attribute {name!r}")

@@ -10,14 +10,16 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flowforge.cli import exitcodes, output
-from flowforge.client import Client
 from flowforge.config import Config, load_config
 from flowforge.definitions import load_paths
 from flowforge.domain.states import RunState
 from flowforge.errors import InputError
-from flowforge.store.migrate import migrate as apply_migrations
+
+if TYPE_CHECKING:  # imported where used: `flowforge up` (the supervisor) never loads psycopg
+    from flowforge.client import Client
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -26,6 +28,8 @@ def _config(args: argparse.Namespace) -> Config:
 
 @contextmanager
 def _client(args: argparse.Namespace) -> Iterator[Client]:
+    from flowforge.client import Client
+
     with Client(_config(args)) as client:
         yield client
 
@@ -36,6 +40,8 @@ def no_action(args: argparse.Namespace) -> int:  # argparse requires an action f
 
 def migrate(args: argparse.Namespace) -> int:
     config = _config(args)
+    from flowforge.store.migrate import migrate as apply_migrations
+
     applied = apply_migrations(config.database.url)
     print(
         f"applied migrations: {', '.join(map(str, applied))}" if applied else "schema is up to date"
@@ -188,6 +194,8 @@ def dead_requeue(args: argparse.Namespace) -> int:
 
 
 def workflows_list(args: argparse.Namespace) -> int:
+    from flowforge.client import Client
+
     workflows = Client(_config(args)).workflows
     if args.json:
         output.emit_json([wf.to_dict() for wf in workflows.values()])

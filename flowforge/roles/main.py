@@ -11,25 +11,48 @@ import logging
 import threading
 from collections.abc import Callable
 
-from flowforge.api.server import ApiServer
 from flowforge.config import Config
 from flowforge.errors import BootError, ConfigError, DefinitionError, QueueTypeMismatchError
-from flowforge.roles.publisher import Publisher
 from flowforge.roles.runner import Role, run_role
-from flowforge.roles.scheduler import Scheduler
 from flowforge.roles.signals import stop_on_signals
-from flowforge.roles.worker import Worker
 from flowforge.telemetry import Telemetry
 from supervisor import exitcodes
 
 logger = logging.getLogger(__name__)
 
 Tree = Callable[[], dict[str, tuple[int, int]]]
+
+
+# Each child imports only its own role's modules (the api's web stack stays out of workers).
+def _scheduler(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
+    from flowforge.roles.scheduler import Scheduler
+
+    return Scheduler(config, telemetry)
+
+
+def _publisher(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
+    from flowforge.roles.publisher import Publisher
+
+    return Publisher(config, telemetry)
+
+
+def _worker(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
+    from flowforge.roles.worker import Worker
+
+    return Worker(config, telemetry)
+
+
+def _api(config: Config, telemetry: Telemetry, tree: Tree | None) -> Role:
+    from flowforge.api.server import ApiServer
+
+    return ApiServer(config, telemetry, tree)
+
+
 ROLES: dict[str, Callable[[Config, Telemetry, Tree | None], Role]] = {
-    "scheduler": lambda config, telemetry, _tree: Scheduler(config, telemetry),
-    "publisher": lambda config, telemetry, _tree: Publisher(config, telemetry),
-    "worker": lambda config, telemetry, _tree: Worker(config, telemetry),
-    "api": lambda config, telemetry, tree: ApiServer(config, telemetry, tree),
+    "scheduler": _scheduler,
+    "publisher": _publisher,
+    "worker": _worker,
+    "api": _api,
 }
 BOOT_ERRORS = (ConfigError, DefinitionError, QueueTypeMismatchError, BootError)
 
