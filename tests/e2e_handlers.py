@@ -57,6 +57,17 @@ def gate(ctx: TaskContext) -> dict[str, Any]:
     return {"gated": True}
 
 
+@task("e2e.gate_first")
+def gate_first(ctx: TaskContext) -> dict[str, Any]:
+    """With ``input.gate``, waits like e2e.gate; without, returns at once (batch tests)."""
+    record(ctx, "e2e.gate_first")
+    gate_file = ctx.input.get("gate")
+    if gate_file is None:
+        return {"gated": False}
+    _wait(ctx, lambda: Path(gate_file).exists() or ctx.cancelled.is_set())
+    return {"gated": True}
+
+
 @task("e2e.flaky")
 def flaky(ctx: TaskContext) -> dict[str, Any]:
     """Fails until attempt ``input.succeed_on`` (default 2)."""

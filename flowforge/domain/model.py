@@ -131,6 +131,15 @@ class Finish:
 
 
 @dataclass(frozen=True)
+class Finished:
+    """What a batch of finishes did: the task runs that committed (the rest were stale) and
+    the dependents made READY, as (task run, token) pairs a worker may claim itself."""
+
+    committed: frozenset[UUID]
+    ready: tuple[tuple[UUID, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Renewal:
     """A lease renewal: ``held`` is False once the token is stale (stop, do not finish)."""
 

@@ -6,6 +6,10 @@
   statement, which also releases dependents. The batch (and the consumer's prefetch) grows
   1, 2, 4, … while every handler ends within ``worker.fast_handler_ms``, and falls back to 1
   after a slow one.
+* Dependents that a finish made READY are claimed next by the same worker (up to a window),
+  straight from the finish's result: their outbox rows are marked dispatched in the claim, so
+  the next step of a DAG costs no broker round trip. If a publisher got to a row first, its
+  message finds the task claimed and is acked without running.
 * Claims commit before any ack: from then on the lease, not the broker, owns the task, so a
   handler longer than RabbitMQ's ``consumer_timeout`` is safe, and a worker that dies is reaped
   and re-dispatched. Until the batch is acked the prefetch window is full, so the broker
@@ -100,6 +104,7 @@ class Worker:
         self._window = 1
         self._outcomes: list[tuple[Claim, Finish]] = []
         self._pending_ack: Delivery | None = None
+        self._continuations: list[tuple[UUID, int]] = []
         self._beat: Callable[[], None] = lambda: None
         self.tasks_done = 0
         self.recycle = False
@@ -118,13 +123,19 @@ class Worker:
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         self._beat = beat
         while not stop.is_set() and not self.recycle:
-            deliveries = self._consumer.take(self._batch_limit(), IDLE_WAIT_S)
+            # the next tasks of a DAG this worker just released come first, without the broker
+            local, self._continuations = self._continuations[: self._batch_limit()], []
+            deliveries = [] if local else self._consumer.take(self._batch_limit(), IDLE_WAIT_S)
             self._presence.tick()
             beat()
-            if deliveries:
+            if local:
+                self._claim_and_run(local, last=None)
+            elif deliveries:
                 self._handle(deliveries)
 
     def reset(self) -> None:
+        self._pending_ack = None
+        self._continuations = []
         self._consumer.close()
         self._db.close()
 
@@ -151,8 +162,18 @@ class Worker:
                 )
                 continue
             wanted.append((message.task_run_id, message.token))
+        self._claim_and_run(wanted, last=deliveries[-1])
+
+    def _claim_and_run(self, wanted: Sequence[tuple[UUID, int]], last: Delivery | None) -> None:
+        """Claim ``wanted`` in one statement, run what was claimed, finish it.
+
+        ``last`` is the batch's last delivery (acked once the claims committed); None for
+        dependents this worker's own finish made READY (claimed without a message).
+        """
         worker = self._config.worker
-        results = self._repo.claim_many(wanted, self._id, worker.lease_s, worker.key_wait_s)
+        results = self._repo.claim_many(
+            wanted, self._id, worker.lease_s, worker.key_wait_s, local=last is None
+        )
         claims: list[Claim] = []
         for (task_run_id, _token), result in zip(wanted, results, strict=True):
             if result.outcome is ClaimOutcome.EXECUTE and result.claim is not None:
@@ -166,7 +187,7 @@ class Worker:
                     result.outcome,
                     extra={"action": f"claim_{result.outcome}"},
                 )
-        self._pending_ack = deliveries[-1]
+        self._pending_ack = last
         slow = self._run(claims)
         self._window = 1 if slow else min(self._window * 2, self._config.broker.prefetch)
         self._check_recycle()
@@ -330,7 +351,7 @@ class Worker:
         failures = 0
         while True:
             try:
-                committed = self._repo.finish_many(batch)
+                finished = self._repo.finish_many(batch)
                 break
             except DatabaseUnavailableError as exc:
                 failures += 1
@@ -355,9 +376,10 @@ class Worker:
                 self._beat()
                 self._serve_broker(delay)
         self._leases.drop([c.task_run_id for c, _ in outcomes])
+        self._continuations.extend(finished.ready)
         self.tasks_done += len(outcomes)
         for claim, finish in outcomes:
-            self._count(claim, finish, claim.task_run_id in committed)
+            self._count(claim, finish, claim.task_run_id in finished.committed)
 
     def _count(self, claim: Claim, finish: Finish, committed: bool) -> None:
         t = self._telemetry

@@ -287,6 +287,18 @@ WITH wanted AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = now(), updated_at = now()
      WHERE r.id IN (SELECT run_id FROM claimed) AND r.state = 'PENDING'
+), taken_locally AS (
+    -- With local: the worker claims dependents its own finish made READY, without the broker.
+    -- Their outbox rows are marked dispatched unless a publisher holds them right now (then
+    -- the message goes out anyway, and its claim finds nothing to do).
+    UPDATE outbox o
+       SET published_at = now()
+     WHERE %(local)s::bool AND o.id IN (
+           SELECT q.id
+             FROM outbox q
+             JOIN claimed c ON q.task_run_id = c.id AND q.fencing_token = c.fencing_token - 1
+            WHERE q.published_at IS NULL
+              FOR UPDATE OF q SKIP LOCKED)
 )
 SELECT c.*, r.input,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
@@ -339,20 +351,27 @@ WITH held AS (
 SELECT id, cancel_requested FROM renewed;
 
 -- name: release_claims
--- RUNNING → READY for claims whose handler never started: a worker held up by a slow handler
--- hands the tasks it claimed behind it back. The attempt is un-counted (its row deleted), the
--- token bumped and a fresh outbox row written, so another worker takes them.
+-- Claims whose handler never started: a worker held up by a slow handler hands the tasks it
+-- claimed behind it back. The attempt is un-counted (its row deleted) and the token bumped.
+-- RUNNING → READY with a fresh outbox row, so another worker takes the task; or, when its run
+-- asked it to stop meanwhile, RUNNING → CANCELLED (cancellation skipped it while it was
+-- RUNNING, so nothing else would).
 WITH unstarted AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS u(id, token)
 ), released AS (
     UPDATE task_runs t
-       SET state = 'READY', attempt = t.attempt - 1, fencing_token = t.fencing_token + 1,
-           lease_owner = NULL, lease_expires_at = NULL, ready_at = now(),
+       SET state = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'READY' END,
+           failure_reason = CASE WHEN t.cancel_requested THEN 'cancelled' END,
+           finished_at = CASE WHEN t.cancel_requested THEN now() END,
+           propagated = CASE WHEN t.cancel_requested THEN false ELSE t.propagated END,
+           attempt = t.attempt - 1, fencing_token = t.fencing_token + 1,
+           lease_owner = NULL, lease_expires_at = NULL,
+           ready_at = CASE WHEN t.cancel_requested THEN t.ready_at ELSE now() END,
            started_at = CASE WHEN t.attempt = 1 THEN NULL ELSE t.started_at END,
            updated_at = now()
       FROM unstarted u
      WHERE t.id = u.id AND t.state = 'RUNNING' AND t.fencing_token = u.token
-    RETURNING t.id, t.attempt, t.fencing_token, t.idempotency_key
+    RETURNING t.id, t.state, t.attempt, t.fencing_token, t.idempotency_key
 ), forgotten AS (
     DELETE FROM task_attempts a
      USING released r
@@ -364,10 +383,13 @@ WITH unstarted AS (
        AND k.fencing_token = r.fencing_token - 1 AND k.state = 'RUNNING'
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released
+    SELECT id, fencing_token FROM released WHERE state = 'READY'
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
 )
-SELECT id, pg_notify('flowforge_outbox', '')::text AS notified FROM released;
+SELECT id, state,
+       CASE WHEN state = 'READY' THEN pg_notify('flowforge_outbox', '')::text
+            ELSE pg_notify('flowforge_scheduler', '')::text END AS notified
+  FROM released;
 
 -- name: finish
 -- RUNNING → SUCCEEDED / FAILED / CANCELLED for each outcome whose token is current; a stale
@@ -446,9 +468,12 @@ WITH outcome AS (
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
     RETURNING id
 )
-SELECT id, pg_notify('flowforge_scheduler', '')::text AS notified,
+-- one row per finished task (ready_token NULL), then one per dependent made READY
+SELECT id, NULL::bigint AS ready_token, pg_notify('flowforge_scheduler', '')::text AS notified,
        (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
-  FROM done;
+  FROM done
+UNION ALL
+SELECT id, fencing_token, NULL, NULL FROM released WHERE state = 'READY';
 
 -- ------------------------------------------------------------------ operator actions
 

@@ -26,6 +26,7 @@ from flowforge.domain.model import (
     ClaimResult,
     Dispatch,
     Finish,
+    Finished,
     ProcessInfo,
     Renewal,
     Run,
@@ -385,13 +386,18 @@ class Repository:
         worker: str,
         lease_s: float,
         key_wait_s: float = 1.0,
+        *,
+        local: bool = False,
     ) -> list[ClaimResult]:
         """READY → RUNNING for each (task run, token) pair, holding a lease of ``lease_s``.
 
-        Returns one result per pair, in order. Tasks without an idempotency key are claimed
-        together in one statement. With a key: a key that already succeeded finishes the task
-        with the stored result (REUSED); a key held by a live execution undoes the claim and
-        defers the task by ``key_wait_s`` without using an attempt (DEFERRED).
+        Returns one result per pair, in order; a pair named twice executes once (the second
+        is LOST). Tasks without an idempotency key are claimed together in one statement. With
+        a key: a key that already succeeded finishes the task with the stored result
+        (REUSED); a key held by a live execution undoes the claim and defers the task by
+        ``key_wait_s`` without using an attempt (DEFERRED). ``local`` marks the claimed
+        tasks' pending outbox rows dispatched: the worker took them straight from its own
+        finish, so no message needs to go out.
         """
         transitions.check(TaskState.READY, TaskState.RUNNING)
         if not wanted:
@@ -401,15 +407,18 @@ class Repository:
             "tokens": [token for _, token in wanted],
             "worker": worker,
             "lease_s": lease_s,
+            "local": local,
         }
         # most tasks have no idempotency key: their claims are one statement, one round trip
         found = self._db.execute(self._q["claim"], {**params, "keyless_only": True})
-        claimed = {row["id"]: _claim_from_row(row) for row in found}
+        # a claim bumps the token: it answers the pair that named the token before the bump
+        claimed = {(row["id"], row["fencing_token"] - 1): _claim_from_row(row) for row in found}
         results = []
         for task_run_id, token in wanted:
-            if task_run_id in claimed:
-                results.append(ClaimResult(ClaimOutcome.EXECUTE, claimed[task_run_id]))
-            else:  # keyed, or not READY with that token any more
+            claim = claimed.pop((task_run_id, token), None)
+            if claim is not None:
+                results.append(ClaimResult(ClaimOutcome.EXECUTE, claim))
+            else:  # keyed, a duplicate, or not READY with that token any more
                 results.append(self._claim_keyed(task_run_id, token, worker, lease_s, key_wait_s))
         return results
 
@@ -422,6 +431,7 @@ class Repository:
             "worker": worker,
             "lease_s": lease_s,
             "keyless_only": False,
+            "local": False,
         }
         try:
             return self._db.run(self._claim_with_key, params)
@@ -460,12 +470,14 @@ class Repository:
         return ClaimResult(ClaimOutcome.REUSED, claim)
 
     def release_claims(self, claims: Sequence[tuple[UUID, int]]) -> int:
-        """RUNNING → READY for claims whose handler never started; returns how many.
+        """Hand back claims whose handler never started; returns how many.
 
-        The attempt is un-counted and a new outbox row written, so the tasks are dispatched
-        again (to any worker). A pair whose token is no longer current is left alone.
+        The attempt is un-counted. RUNNING → READY with a new outbox row, so the task is
+        dispatched again (to any worker); RUNNING → CANCELLED instead when its run asked it to
+        stop meanwhile. A pair whose token is no longer current is left alone.
         """
         transitions.check(TaskState.RUNNING, TaskState.READY)
+        transitions.check(TaskState.RUNNING, TaskState.CANCELLED)
         if not claims:
             return 0
         params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
@@ -508,18 +520,24 @@ class Repository:
         Returns False for a stale token (the task was reaped or finished by someone else).
         """
         outcome = Finish(state, result, reason, error, traceback)
-        return bool(self.finish_many([(task_run_id, token, outcome)]))
+        return bool(self.finish_many([(task_run_id, token, outcome)]).committed)
 
-    def finish_many(self, outcomes: Sequence[tuple[UUID, int, Finish]]) -> set[UUID]:
+    def finish_many(self, outcomes: Sequence[tuple[UUID, int, Finish]]) -> Finished:
         """Finish each (task run, token, outcome) whose token is current, in one statement.
 
-        Returns the ids that committed; the others were stale (reaped, or finished elsewhere)
-        and are counted as stale completions.
+        Reports the ids that committed (the others were stale: reaped, or finished elsewhere,
+        and are counted as stale completions) and the dependents the successes made READY.
         """
         if not outcomes:
-            return set()
+            return Finished(frozenset(), ())
         transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
-        return {row["id"] for row in self._db.execute(self._q["finish"], _finish_columns(outcomes))}
+        found = self._db.execute(self._q["finish"], _finish_columns(outcomes))
+        return Finished(
+            committed=frozenset(row["id"] for row in found if row["ready_token"] is None),
+            ready=tuple(
+                (row["id"], row["ready_token"]) for row in found if row["ready_token"] is not None
+            ),
+        )
 
     # ------------------------------------------------------------------ publisher
 

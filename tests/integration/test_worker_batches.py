@@ -1,0 +1,379 @@
+"""The worker's batches through real role processes, real RabbitMQ and real signals.
+
+A worker takes up to ``window`` deliveries at once (1, then doubling after every batch of fast
+handlers, up to ``broker.prefetch``), claims them in one statement and finishes them in one
+statement. A handler slower than ``worker.fast_handler_ms`` makes it hand back the claims queued
+behind it, so other workers run them. Executions are counted in ``test_executions``
+(tests/e2e_handlers.py); waits poll with a deadline, and the only fixed-length wait proves an
+absence (a queue that stays empty once its consumer has gone).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pika
+import pika.exceptions
+import psycopg
+import pytest
+from pika.adapters.blocking_connection import BlockingChannel
+
+from flowforge.broker import messages
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.model import Dispatch
+from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
+from flowforge.store.repository import Repository
+from supervisor import exitcodes
+from tests.e2e import RoleProcess, Stack
+from tests.helpers import FAST_RETRY, single, wait_for
+
+pytestmark = pytest.mark.integration
+
+Sql = psycopg.Connection[tuple[Any, ...]]
+
+BROKER_POLL_S = 0.1
+STAYS_EMPTY_S = 1.0
+NOT_FOUND = 404
+#: The workers' default broker.prefetch: the largest batch a worker claims.
+DEFAULT_PREFETCH = 16
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def trigger(
+    repo: Repository, handler: str, inputs: Sequence[dict[str, Any]], name: str = "batches"
+) -> list[UUID]:
+    """One one-task run per input, in one ``trigger_many`` call; task run ids in input order."""
+    workflow = single(name, handler, retry=FAST_RETRY)
+    return [repo.get_run(r.run_id).tasks[0].id for r in repo.trigger_many(workflow, inputs)]
+
+
+def states(sql: Sql, tasks: Sequence[UUID]) -> dict[UUID, str]:
+    found = sql.execute(
+        "SELECT id, state FROM task_runs WHERE id = ANY(%s)", (list(tasks),)
+    ).fetchall()
+    return {r[0]: r[1] for r in found}
+
+
+def wait_all(sql: Sql, tasks: Sequence[UUID], state: TaskState, timeout: float = 30.0) -> None:
+    """Poll until every task is in ``state``; fail at once if one finished otherwise."""
+
+    def probe() -> bool:
+        now = states(sql, tasks)
+        wrong = {t: s for t, s in now.items() if s in FINISHED_TASK_STATES and s != state}
+        assert not wrong, f"tasks finished in another state than {state}: {wrong}"
+        return len(now) == len(tasks) and all(s == state for s in now.values())
+
+    wait_for(probe, timeout=timeout, interval=0.05, what=f"{len(tasks)} task(s) to be {state}")
+
+
+def executions(sql: Sql, task_id: UUID) -> list[tuple[int, int]]:
+    """Recorded handler executions of one task as (attempt, pid), oldest first."""
+    found = sql.execute(
+        "SELECT attempt, pid FROM test_executions WHERE task_run_id = %s ORDER BY id", (task_id,)
+    ).fetchall()
+    return [(int(a), int(p)) for a, p in found]
+
+
+def executions_per_task(sql: Sql) -> dict[UUID, int]:
+    found = sql.execute("SELECT task_run_id, count(*) FROM test_executions GROUP BY 1")
+    return {r[0]: int(r[1]) for r in found.fetchall()}
+
+
+def outbox_rows(sql: Sql, task_id: UUID) -> list[tuple[int, int, bool]]:
+    """(outbox id, token, published) of one task run, oldest first."""
+    found = sql.execute(
+        "SELECT id, fencing_token, published_at IS NOT NULL FROM outbox"
+        " WHERE task_run_id = %s ORDER BY id",
+        (task_id,),
+    ).fetchall()
+    return [(int(i), int(t), bool(p)) for i, t, p in found]
+
+
+def worker_pid(attempt_worker: str | None) -> int:
+    """The pid in a worker id (``host/pid``)."""
+    assert attempt_worker is not None
+    return int(attempt_worker.rsplit("/", 1)[1])
+
+
+def stale_completions(repo: Repository) -> int:
+    return repo.counters().get("stale_completions", 0)
+
+
+@contextmanager
+def broker_channel(stack: Stack) -> Iterator[BlockingChannel]:
+    conn = pika.BlockingConnection(pika.URLParameters(stack.broker_url))
+    try:
+        yield conn.channel()
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def queue_depth(stack: Stack) -> int:
+    """Messages ready in the stack's queue (unacked ones are not counted); -1 if no queue."""
+    with broker_channel(stack) as channel:
+        try:
+            declared = channel.queue_declare(stack.queue, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == NOT_FOUND:
+                return -1
+            raise
+        return int(declared.method.message_count)
+
+
+def stays_empty(stack: Stack, seconds: float = STAYS_EMPTY_S) -> bool:
+    """True if the queue holds no message for ``seconds`` (an unacked one would come back)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if queue_depth(stack):
+            return False
+        time.sleep(BROKER_POLL_S)
+    return True
+
+
+def publish_raw(stack: Stack, dispatch: Dispatch) -> None:
+    """Put one dispatch message on the stack's queue, as the publisher would (confirmed)."""
+    with broker_channel(stack) as channel:
+        channel.confirm_delivery()
+        channel.basic_publish(
+            exchange="",
+            routing_key=stack.queue,
+            body=messages.encode(dispatch),
+            properties=pika.BasicProperties(
+                delivery_mode=2,
+                content_type=messages.CONTENT_TYPE,
+                message_id=str(dispatch.outbox_id),
+            ),
+            mandatory=True,
+        )
+
+
+def stop_cleanly(process: RoleProcess) -> None:
+    process.signal(signal.SIGTERM)
+    code = process.wait()
+    assert code == exitcodes.CLEAN, f"{process.role} exited {code}:\n{process.log()}"
+
+
+# ------------------------------------------------------------------ batching
+
+
+def test_a_worker_claims_in_growing_batches_and_runs_every_task_once(
+    stack: Stack, repo: Repository, sql: Sql
+) -> None:
+    stack.start("scheduler")
+    stack.start("publisher")
+    tasks = trigger(repo, "e2e.record", [{"n": n} for n in range(60)])
+    # every dispatch waits on the queue before the worker starts, so batches can fill up
+    wait_for(
+        lambda: queue_depth(stack) == len(tasks),
+        timeout=20,
+        interval=BROKER_POLL_S,
+        what="every dispatch on the queue",
+    )
+    worker = stack.start("worker")
+
+    wait_all(sql, tasks, TaskState.SUCCEEDED, timeout=60)
+
+    assert executions_per_task(sql) == dict.fromkeys(tasks, 1)
+    assert {pid for t in tasks for _, pid in executions(sql, t)} == {worker.pid}
+    attempts = {t: [(a.attempt, a.outcome) for a in repo.attempts(t)] for t in tasks}
+    assert attempts == {t: [(1, "succeeded")] for t in tasks}
+    assert all(len(outbox_rows(sql, t)) == 1 for t in tasks)  # nothing was handed back
+
+    # started_at is the claim statement's now(): tasks claimed together share it
+    groups = [
+        int(r[0])
+        for r in sql.execute(
+            "SELECT count(*) FROM task_runs WHERE id = ANY(%s) GROUP BY started_at"
+            " ORDER BY started_at",
+            (tasks,),
+        ).fetchall()
+    ]
+    assert sum(groups) == len(tasks)
+    assert groups[0] == 1, f"the first batch of a fresh worker is one task: {groups}"
+    assert max(groups) >= 2, f"no two tasks were claimed in one statement: {groups}"
+    assert max(groups) <= DEFAULT_PREFETCH, f"a batch outgrew the prefetch: {groups}"
+
+    stop_cleanly(worker)
+    assert stays_empty(stack), "a batch was not acked: its messages came back to the queue"
+    assert stale_completions(repo) == 0
+
+
+# ------------------------------------------------------------------ slow handlers
+
+
+def test_a_slow_handler_hands_back_the_tasks_batched_behind_it_to_another_worker(
+    stack: Stack, repo: Repository, sql: Sql, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    stack.start("scheduler")
+    stack.start("publisher")
+    # A generous fast_handler_ms keeps the warm-up's window at its cap even on a loaded
+    # machine (one slow e2e.record would drop it to 1); the gated handler is slow regardless.
+    first = stack.start("worker", broker={"prefetch": 8}, worker={"fast_handler_ms": 500})
+    warm_up = trigger(repo, "e2e.record", [{"n": n} for n in range(40)], name="warm-up")
+    wait_all(sql, warm_up, TaskState.SUCCEEDED, timeout=60)  # the window grew to 8
+
+    first.signal(signal.SIGSTOP)
+    try:
+        tasks = trigger(
+            repo,
+            "e2e.gate_first",
+            [{"gate": str(gate)}] + [{"n": n} for n in range(7)],
+            name="gated",
+        )
+        gated, behind = tasks[0], tasks[1:]
+
+        def all_with_the_frozen_worker() -> bool:
+            rows = [outbox_rows(sql, t) for t in tasks]
+            published = all(len(r) == 1 and r[0][2] for r in rows)
+            return published and queue_depth(stack) == 0
+
+        # all 8 published and none ready: they sit unacked in the frozen worker's socket
+        wait_for(
+            all_with_the_frozen_worker,
+            timeout=20,
+            interval=BROKER_POLL_S,
+            what="the 8 dispatches to be pushed to the frozen worker",
+        )
+        first_outbox_id = outbox_rows(sql, gated)[0][0]
+        assert all(outbox_rows(sql, t)[0][0] > first_outbox_id for t in behind), (
+            "the gated task must be dispatched first"
+        )
+
+        first.signal(signal.SIGCONT)
+        second = stack.start("worker")
+        wait_all(sql, behind, TaskState.SUCCEEDED, timeout=30)
+        assert not gate.exists()
+        first.wait_for_log("handed back 7 claimed task(s)", timeout=5)
+
+        for task_id in behind:
+            assert executions(sql, task_id) == [(1, second.pid)]
+            task = repo.get_task(task_id)
+            assert task.attempt == 1
+            [attempt] = repo.attempts(task_id)
+            assert (attempt.attempt, attempt.outcome) == (1, "succeeded")
+            assert worker_pid(attempt.worker) == second.pid
+            tokens = [token for _, token, _ in outbox_rows(sql, task_id)]
+            assert len(tokens) == 2 and tokens[0] < tokens[1], (
+                f"task run {task_id} was not handed back once: outbox tokens {tokens}"
+            )
+
+        held = repo.get_task(gated)
+        assert (held.state, held.attempt) == (TaskState.RUNNING, 1)
+        assert worker_pid(held.lease_owner) == first.pid
+        assert executions(sql, gated) == [(1, first.pid)]
+
+        gate.touch()
+        wait_all(sql, [gated], TaskState.SUCCEEDED, timeout=20)
+        finished = repo.get_task(gated)
+        assert (finished.attempt, finished.result) == (1, {"gated": True})
+        assert [(a.attempt, a.outcome) for a in repo.attempts(gated)] == [(1, "succeeded")]
+        assert executions(sql, gated) == [(1, first.pid)]
+        assert len(outbox_rows(sql, gated)) == 1
+        assert stale_completions(repo) == 0
+    finally:
+        first.signal(signal.SIGCONT)  # a stopped process cannot be stopped by the teardown
+        gate.touch()
+
+
+def test_a_slow_handler_alone_in_its_batch_finishes_and_the_worker_goes_on(
+    stack: Stack, repo: Repository, sql: Sql
+) -> None:
+    stack.start("scheduler")
+    stack.start("publisher")
+    worker = stack.start("worker")  # a fresh worker: its first batch is one task
+    [slow] = trigger(repo, "e2e.sleep", [{"seconds": 0.3}], name="slow")
+
+    wait_all(sql, [slow], TaskState.SUCCEEDED, timeout=20)
+
+    task = repo.get_task(slow)
+    assert (task.attempt, task.result) == (1, {"slept": 0.3})
+    assert [(a.attempt, a.outcome) for a in repo.attempts(slow)] == [(1, "succeeded")]
+    assert executions(sql, slow) == [(1, worker.pid)]
+    assert len(outbox_rows(sql, slow)) == 1, "the running task itself was handed back"
+
+    # the slow handler stopped the consumer; the worker must start it again for more work
+    [after] = trigger(repo, "e2e.record", [{}], name="after")
+    wait_all(sql, [after], TaskState.SUCCEEDED, timeout=20)
+    assert executions(sql, after) == [(1, worker.pid)]
+    assert stale_completions(repo) == 0
+
+
+# ------------------------------------------------------------------ duplicates
+
+
+def test_a_duplicate_delivery_within_one_batch_runs_the_handler_once(
+    stack: Stack, repo: Repository, sql: Sql
+) -> None:
+    stack.start("scheduler")
+    publisher = stack.start("publisher")
+    worker = stack.start("worker", worker={"fast_handler_ms": 500})
+    warm_up = trigger(repo, "e2e.record", [{"n": n} for n in range(40)], name="warm-up")
+    wait_all(sql, warm_up, TaskState.SUCCEEDED, timeout=60)  # the window grew past 2
+    stop_cleanly(publisher)  # this test publishes by hand
+
+    worker.signal(signal.SIGSTOP)
+    try:
+        [task_id] = trigger(repo, "e2e.record", [{}], name="twice")
+        wait_for(lambda: outbox_rows(sql, task_id), what="the scheduler's outbox row")
+        [(outbox_id, token, _)] = outbox_rows(sql, task_id)
+        for _ in range(2):  # e.g. a publisher that re-published after a lost confirm
+            publish_raw(stack, Dispatch(outbox_id, task_id, token))
+        wait_for(
+            lambda: queue_depth(stack) == 0,
+            timeout=20,
+            interval=BROKER_POLL_S,
+            what="both copies to be pushed to the frozen worker",
+        )
+        worker.signal(signal.SIGCONT)
+        wait_all(sql, [task_id], TaskState.SUCCEEDED, timeout=20)
+        stop_cleanly(worker)  # whatever it was going to run has run
+
+        assert executions(sql, task_id) == [(1, worker.pid)]
+        assert stale_completions(repo) == 0
+    finally:
+        worker.signal(signal.SIGCONT)
+
+
+# ------------------------------------------------------------------ continuations
+
+
+def test_a_chain_continues_on_the_worker_that_released_each_step(
+    stack: Stack, repo: Repository, sql: Sql
+) -> None:
+    """The next step of a DAG is claimed by the worker whose finish made it READY, without a
+    broker round trip; with two workers consuming, a hop through the queue would land on
+    either of them."""
+    stack.start("scheduler")
+    stack.start("publisher")
+    workers = [stack.start("worker"), stack.start("worker")]
+    length = 12
+    steps = tuple(
+        TaskDef(f"s{i}", "e2e.record", depends_on=(f"s{i - 1}",) if i else ())
+        for i in range(length)
+    )
+    run_id = repo.trigger(WorkflowDef("continued", steps)).run_id
+    wait_for(
+        lambda: repo.get_run(run_id).state is RunState.SUCCEEDED,
+        timeout=30,
+        what="the chain to succeed",
+    )
+    rows = sql.execute(
+        "SELECT e.pid, t.attempt FROM test_executions e JOIN task_runs t ON t.id = e.task_run_id"
+        " WHERE e.run_id = %s ORDER BY t.seq",
+        (run_id,),
+    ).fetchall()
+    assert len(rows) == length  # every step ran exactly once
+    assert {attempt for _, attempt in rows} == {1}
+    assert len({pid for pid, _ in rows}) == 1
+    assert rows[0][0] in {w.pid for w in workers}
+    assert stale_completions(repo) == 0
