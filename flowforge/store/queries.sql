@@ -32,16 +32,31 @@ SELECT id, idempotency_key, request_digest
  WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: insert_tasks
-INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
-                       max_delay_s, jitter, timeout_s, idempotency_key, ordering_key, on_dead)
-SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
-       t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead
-  FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
-              %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
-              %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
-              %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[])
-       AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
-            jitter, timeout_s, idempotency_key, ordering_key, on_dead);
+-- A task with nothing to wait for (no dependency, no ordering key) is created READY with its
+-- outbox row in the same statement: the first step of a run needs no scheduler pass.
+WITH inserted AS (
+    INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
+                           max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
+                           on_dead, state, ready_at)
+    SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
+           t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
+           CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL THEN 'READY'
+                ELSE 'PENDING' END,
+           CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL THEN now() END
+      FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
+                  %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
+                  %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
+                  %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[])
+           AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
+                jitter, timeout_s, idempotency_key, ordering_key, on_dead)
+    RETURNING id, state, fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM inserted WHERE state = 'READY'
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM inserted) - (SELECT count(*) FROM queued) AS waiting,
+       (SELECT count(*) FROM queued) AS queued;
 
 -- name: insert_edges
 INSERT INTO task_edges (upstream_id, downstream_id)

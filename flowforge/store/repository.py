@@ -153,11 +153,15 @@ class Repository:
             results = self._replayed(cur, plan, inserted, results)
         tasks = plan.tasks_of(inserted)
         if tasks["ids"]:
-            cur.execute(q["insert_tasks"], tasks)
+            transitions.check(TaskState.PENDING, TaskState.READY)  # created READY when free
+            counts = cur.execute(q["insert_tasks"], tasks).fetchone()
             upstream, downstream = plan.edges_of(set(tasks["ids"]))
             if upstream:
                 cur.execute(q["insert_edges"], {"upstream": upstream, "downstream": downstream})
-            cur.execute(q["notify_scheduler"])
+            if counts and counts["queued"]:
+                cur.execute(q["notify_outbox"])
+            if counts and counts["waiting"]:
+                cur.execute(q["notify_scheduler"])
         return results
 
     def _replayed(

@@ -499,8 +499,10 @@ def test_repeated_advance_passes_never_duplicate_an_outbox_row(
     racers: Racers, repo: Repository, sql: Sql
 ) -> None:
     runs = 30
-    for _ in range(runs):
-        repo.trigger(single(retry=FAST_RETRY))
+    # each task waits on a stream of its own, so the scheduler's promote pass makes it READY
+    streamed = single(retry=FAST_RETRY, ordering_key="stream-{n}")
+    for n in range(runs):
+        repo.trigger(streamed, {"n": n})
     promoted = race(racers, [("promote", (7,))] * racers.n)
 
     assert sum(promoted) == runs
