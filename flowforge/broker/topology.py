@@ -8,6 +8,7 @@ carrying the operator's steps, and is never retried.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pika
@@ -28,10 +29,18 @@ def queue_arguments(config: BrokerConfig) -> dict[str, Any]:
     return arguments
 
 
-def connection_parameters(config: BrokerConfig) -> list[pika.URLParameters]:
-    """One parameter set per configured node, tried in order (cluster failover)."""
+def connection_parameters(
+    config: BrokerConfig, start: int | None = None
+) -> list[pika.URLParameters]:
+    """One parameter set per configured node, tried in turn (cluster failover).
+
+    Each process starts at a different node (``start``, by default its pid modulo the number
+    of nodes) so the connections of many trees spread over the cluster.
+    """
+    urls = list(config.url)
+    first = (os.getpid() if start is None else start) % len(urls)
     params = []
-    for url in config.url:
+    for url in urls[first:] + urls[:first]:
         p = pika.URLParameters(url)
         p.heartbeat = config.heartbeat_s
         p.connection_attempts = 1

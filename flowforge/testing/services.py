@@ -529,11 +529,23 @@ class PrivatePostgres:
     ``postgres`` and the database ``flowforge`` is created on start. Not thread-safe.
     """
 
-    def __init__(self, base_dir: Path, port: int, *, bin_dir: Path = PG_BIN_DIR) -> None:
-        """Describe the instance; nothing is created or started until ``start()``."""
+    def __init__(
+        self,
+        base_dir: Path,
+        port: int,
+        *,
+        bin_dir: Path = PG_BIN_DIR,
+        extra_settings: Sequence[str] = (),
+    ) -> None:
+        """Describe the instance; nothing is created or started until ``start()``.
+
+        ``extra_settings`` are ``name = value`` lines appended to flowforge.conf (after the
+        defaults, so they win), written at every start; e.g. replication settings.
+        """
         self.base_dir = Path(base_dir).absolute()
         self.port = port
         self.bin_dir = bin_dir
+        self.extra_settings = tuple(extra_settings)
         self.root = self.base_dir / f"pg-{port}"
         self.data_dir = self.root / "data"
         self.socket_dir = self.root / "run"
@@ -599,18 +611,23 @@ class PrivatePostgres:
         self._clear_crash_leftovers(account)
         logger.info("postgres on port %s stopped", self.port)
 
-    def kill(self) -> None:
+    def kill(self, *, clean: bool = False) -> None:
         """SIGKILL the postmaster (crash simulation) and wait for it to die.
 
         Its backends are left to notice on their own; the next ``start()`` cleans up.
-        No-op if not running.
+        With ``clean`` the cleanup happens now instead: wait (up to ORPHAN_GRACE_S) for the
+        orphaned backends to exit, then remove the SysV shm segment, the socket lock and
+        postmaster.pid (for an instance that will not be started again, e.g. a failed-over
+        primary). No-op if not running.
         """
         pid = self.pid
         if pid is None:
             logger.info("postgres on port %s not running; nothing to kill", self.port)
-            return
-        logger.info("SIGKILL postgres postmaster %s", pid)
-        _kill_and_wait(pid)
+        else:
+            logger.info("SIGKILL postgres postmaster %s", pid)
+            _kill_and_wait(pid)
+        if clean:
+            self._clear_crash_leftovers(_service_account(PG_USER, PG_PACKAGE))
 
     def restart(self) -> None:
         """``stop()`` then ``start()``."""
@@ -674,6 +691,7 @@ class PrivatePostgres:
             f"shared_buffers = '{PG_SHARED_BUFFERS}'",
             "fsync = on",
             "logging_collector = off",
+            *self.extra_settings,
         ]
         _write_file(self.data_dir / "flowforge.conf", "\n".join(settings) + "\n", account, 0o600)
 
@@ -809,6 +827,84 @@ def _owner(pid: int) -> int | None:
 # =========================================================================================
 
 
+class PrivateEpmd:
+    """A foreground epmd on 127.0.0.1:``port`` (never the shared 4369).
+
+    Erlang nodes register with, and look each other up in, the epmd on the port they are
+    told (``ERL_EPMD_PORT``): a lone ``PrivateRabbitMQ`` runs one of its own, the nodes of
+    a cluster share one. Addressed only by the pid it recorded in ``pid_file`` (checked to
+    still be an epmd on ``port``); its output is appended to ``log_file``.
+    """
+
+    def __init__(self, port: int, pid_file: Path, log_file: Path) -> None:
+        """Describe the daemon; nothing is started until ``start()``."""
+        self.port = port
+        self.pid_file = pid_file
+        self.log_file = log_file
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"PrivateEpmd(port={self.port})"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of this epmd (recorded in ``pid_file``) if it is alive, else None."""
+        pid = _read_pid_file(self.pid_file)
+        if pid is None or not _pid_alive(pid):
+            return None
+        argv = _proc_cmdline(pid)
+        if not argv or Path(argv[0]).name != EPMD_NAME or str(self.port) not in argv:
+            return None
+        return pid
+
+    def start(self, env: Mapping[str, str] | None = None) -> None:
+        """Run epmd as the rabbitmq account unless it already runs; wait for its port.
+
+        ``env``: the daemon's environment (default: a minimal one). Raises ServiceError if
+        the port is taken or epmd exits, after at most EPMD_START_TIMEOUT_S seconds.
+        """
+        if self.pid is not None:
+            return
+        account = _service_account(RABBIT_USER, RABBIT_PACKAGE)
+        _ensure_ports_free({"epmd": self.port})
+        argv: list[str | Path] = [
+            _which(EPMD_NAME, RABBIT_PACKAGE),
+            "-port",
+            str(self.port),
+            "-address",
+            LOOPBACK,
+        ]
+        proc = _spawn_detached(
+            argv,
+            account,
+            env=env if env is not None else _process_env({}),
+            cwd=self.pid_file.parent,
+            log_path=self.log_file,
+        )
+        self._proc = proc
+        self.pid_file.write_text(f"{proc.pid}\n")
+        _wait_until(
+            lambda: _port_in_use(self.port) or proc.poll() is not None,
+            EPMD_START_TIMEOUT_S,
+            f"epmd on port {self.port}",
+        )
+        if proc.poll() is not None:
+            raise ServiceError(f"epmd exited with {proc.returncode}: {_tail(self.log_file)}")
+
+    def stop(self) -> None:
+        """SIGTERM epmd by its recorded pid and wait; reap it if it is our child. Idempotent."""
+        pid = self.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            if self._proc is not None and self._proc.pid == pid:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=KILL_WAIT_S)
+            _wait_until(lambda: not _pid_alive(pid), KILL_WAIT_S, f"epmd {pid} to exit")
+        self._proc = None
+        self.pid_file.unlink(missing_ok=True)
+
+
 class PrivateRabbitMQ:
     """A RabbitMQ node ``<node_name>@localhost`` under ``base_dir/rabbit-<node_name>/``.
 
@@ -816,6 +912,9 @@ class PrivateRabbitMQ:
     private epmd on ``epmd_port`` (default ``dist_port + 1``); the node has its own
     cookie (in its own HOME) and never reads /etc/rabbitmq. No plugins are enabled.
     Config changes (``set_consumer_timeout``) take effect on the next start.
+
+    For a cluster (``flowforge.testing.cluster``) the nodes get one ``cookie`` and, with
+    ``shared_epmd``, use an epmd on ``epmd_port`` that the caller runs.
     """
 
     def __init__(
@@ -830,13 +929,21 @@ class PrivateRabbitMQ:
         heartbeat_s: int = DEFAULT_HEARTBEAT_S,
         extra_config: Sequence[str] = (),
         bin_dir: Path = RABBIT_BIN_DIR,
+        cookie: str | None = None,
+        shared_epmd: bool = False,
     ) -> None:
         """Describe the node; nothing is created or started until ``start()``.
 
         ``consumer_timeout_ms``: rabbitmq.conf ``consumer_timeout`` (None = broker default).
         ``heartbeat_s``: server-suggested AMQP heartbeat in seconds.
         ``extra_config``: additional raw rabbitmq.conf lines, appended last.
+        ``cookie``: the Erlang cookie (letters and digits; e.g. one shared by the nodes of a
+        private cluster); None = a random one, made on the first start and kept.
+        ``shared_epmd``: the epmd on ``epmd_port`` is run by the caller; this node neither
+        starts nor stops one, and ``start()`` fails unless something listens there.
         """
+        if cookie is not None and not (cookie.isascii() and cookie.isalnum()):
+            raise ValueError("cookie must be a non-empty string of ASCII letters and digits")
         self.base_dir = Path(base_dir).absolute()
         self.amqp_port = amqp_port
         self.dist_port = dist_port
@@ -854,7 +961,9 @@ class PrivateRabbitMQ:
         self.config_file = self.root / "rabbitmq.conf"
         self.log_dir = self.root / "log"
         self.ports_file = self.root / "ports.json"
-        self._epmd_proc: subprocess.Popen[bytes] | None = None
+        self.cookie = cookie
+        self.shared_epmd = shared_epmd
+        self._epmd = PrivateEpmd(self.epmd_port, self.epmd_pid_file, self.log_dir / "epmd.log")
 
     def __repr__(self) -> str:
         return f"PrivateRabbitMQ(node={self.node!r}, amqp_port={self.amqp_port})"
@@ -920,7 +1029,8 @@ class PrivateRabbitMQ:
                 logger.warning("graceful stop of %s failed (%s); SIGKILL", self.node, exc)
                 self._kill_tree(pid)
         self.pid_file.unlink(missing_ok=True)
-        self._stop_epmd()
+        if not self.shared_epmd:
+            self._epmd.stop()
         logger.info("rabbitmq node %s stopped", self.node)
 
     def kill(self) -> None:
@@ -991,12 +1101,20 @@ class PrivateRabbitMQ:
             _write_file(self.root / name, content, account)
 
     def _write_cookie(self, account: _Account) -> None:
-        """Create HOME/.erlang.cookie (mode 0400) once; reused across restarts."""
-        cookie = self.home / ".erlang.cookie"
-        if cookie.exists():
-            return
-        value = "".join(secrets.choice(string.ascii_uppercase) for _ in range(COOKIE_LENGTH))
-        _write_file(cookie, value, account, 0o400)
+        """Create HOME/.erlang.cookie (mode 0400): ``cookie`` if given, else a random one
+        made once and reused across restarts."""
+        path = self.home / ".erlang.cookie"
+        if self.cookie is None:
+            if path.exists():
+                return
+            value = "".join(secrets.choice(string.ascii_uppercase) for _ in range(COOKIE_LENGTH))
+        else:
+            with contextlib.suppress(OSError):
+                if path.read_text() == self.cookie:
+                    return
+            path.unlink(missing_ok=True)  # read-only (0400): replace rather than rewrite
+            value = self.cookie
+        _write_file(path, value, account, 0o400)
 
     def _write_config(self, account: _Account) -> None:
         """(Re)write the private rabbitmq.conf from the current settings."""
@@ -1066,7 +1184,11 @@ class PrivateRabbitMQ:
     def _boot(self, account: _Account) -> None:
         """Start epmd if needed, run ``rabbitmq-server -detached`` and ``rabbitmqctl wait``."""
         self.pid_file.unlink(missing_ok=True)  # a stale pid would confuse `rabbitmqctl wait`
-        self._ensure_epmd(account)
+        if self.shared_epmd:
+            if not _port_in_use(self.epmd_port):
+                raise ServiceError(f"no epmd listens on shared epmd port {self.epmd_port}")
+        else:
+            self._epmd.start(self._env())
         _write_file(self.ports_file, json.dumps(self._ports()) + "\n", account)
         started = time.monotonic()
         server: list[str | Path] = [self.bin_dir / "rabbitmq-server", "-detached"]
@@ -1101,58 +1223,6 @@ class PrivateRabbitMQ:
                 log = _tail(self.log_dir / f"{self.node}.log")
                 raise ServiceError(f"{exc}; log: {log}") from None
         logger.info("rabbitmq node %s booted in %.1f s", self.node, time.monotonic() - started)
-
-    # -- private epmd -----------------------------------------------------------------
-
-    def _epmd_pid(self) -> int | None:
-        """Pid of this node's private epmd (recorded in epmd.pid) if it is alive."""
-        pid = _read_pid_file(self.epmd_pid_file)
-        if pid is None or not _pid_alive(pid):
-            return None
-        argv = _proc_cmdline(pid)
-        if not argv or Path(argv[0]).name != EPMD_NAME or str(self.epmd_port) not in argv:
-            return None
-        return pid
-
-    def _ensure_epmd(self, account: _Account) -> None:
-        """Run a foreground epmd on 127.0.0.1:epmd_port (not the shared 4369) if not up."""
-        if self._epmd_pid() is not None:
-            return
-        _ensure_ports_free({"epmd": self.epmd_port})
-        argv: list[str | Path] = [
-            _which(EPMD_NAME, RABBIT_PACKAGE),
-            "-port",
-            str(self.epmd_port),
-            "-address",
-            LOOPBACK,
-        ]
-        proc = _spawn_detached(
-            argv, account, env=self._env(), cwd=self.root, log_path=self.log_dir / "epmd.log"
-        )
-        self._epmd_proc = proc
-        self.epmd_pid_file.write_text(f"{proc.pid}\n")
-        _wait_until(
-            lambda: _port_in_use(self.epmd_port) or proc.poll() is not None,
-            EPMD_START_TIMEOUT_S,
-            f"epmd on port {self.epmd_port}",
-        )
-        if proc.poll() is not None:
-            raise ServiceError(
-                f"epmd exited with {proc.returncode}: {_tail(self.log_dir / 'epmd.log')}"
-            )
-
-    def _stop_epmd(self) -> None:
-        """SIGTERM the private epmd by its recorded pid and wait; reap it if it is our child."""
-        pid = self._epmd_pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            if self._epmd_proc is not None and self._epmd_proc.pid == pid:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._epmd_proc.wait(timeout=KILL_WAIT_S)
-            _wait_until(lambda: not _pid_alive(pid), KILL_WAIT_S, f"epmd {pid} to exit")
-        self._epmd_proc = None
-        self.epmd_pid_file.unlink(missing_ok=True)
 
 
 # =========================================================================================
