@@ -105,6 +105,7 @@ class Worker:
         self._outcomes: list[tuple[Claim, Finish]] = []
         self._pending_ack: Delivery | None = None
         self._continuations: list[tuple[UUID, int]] = []
+        self._took_at = 0.0
         self._beat: Callable[[], None] = lambda: None
         self.tasks_done = 0
         self.recycle = False
@@ -123,9 +124,16 @@ class Worker:
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         self._beat = beat
         while not stop.is_set() and not self.recycle:
-            # the next tasks of a DAG this worker just released come first, without the broker
+            # the next tasks of a DAG this worker just released come first, without the broker,
+            # but at least every PUMP_INTERVAL_S the broker gets its turn (heartbeats, and
+            # deliveries waiting here); dropped continuations go out through the outbox
             local, self._continuations = self._continuations[: self._batch_limit()], []
-            deliveries = [] if local else self._consumer.take(self._batch_limit(), IDLE_WAIT_S)
+            if local and time.monotonic() - self._took_at > PUMP_INTERVAL_S:
+                local = []
+            deliveries: Sequence[Delivery] = []
+            if not local:
+                deliveries = self._consumer.take(self._batch_limit(), IDLE_WAIT_S)
+                self._took_at = time.monotonic()
             self._presence.tick()
             beat()
             if local:
