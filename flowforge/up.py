@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from flowforge.config import Config
+from flowforge.config import Config, redact_url
 from supervisor import logs
 from supervisor.child import ChildContext
 from supervisor.restart import IntensityLimit
@@ -92,12 +92,20 @@ def run(config: Config, config_label: str) -> int:
         return _supervise(config)
 
 
+def banner(config: Config) -> str:
+    """What ``flowforge up`` runs and where it connects; passwords are never shown."""
+    api = f"api on http://{config.api.listen}" if config.api else "no api"
+    nodes = ", ".join(redact_url(u) for u in config.broker.url)
+    return (
+        f"flowforge up: 1 scheduler, 1 publisher, {config.processes.workers} worker(s); {api}\n"
+        f"  database {redact_url(config.database.url)}\n"
+        f"  broker   {nodes} (queue {config.broker.queue})\n"
+    )
+
+
 def _supervise(config: Config) -> int:
     specs = build_specs(config)
-    api = f"api on http://{config.api.listen}" if config.api else "no api"
-    sys.stdout.write(
-        f"flowforge up: 1 scheduler, 1 publisher, {config.processes.workers} worker(s); {api}\n"
-    )
+    sys.stdout.write(banner(config))
     sys.stdout.flush()
     supervisor = Supervisor(
         specs,

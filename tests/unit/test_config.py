@@ -12,11 +12,14 @@ from flowforge.config import (
     DEFAULT_DATABASE_URL,
     DEFAULT_QUEUE,
     ApiConfig,
+    BrokerConfig,
     Config,
+    DatabaseConfig,
     load_config,
     redact_url,
 )
 from flowforge.errors import ConfigError
+from flowforge.up import banner
 
 SPEC_EXAMPLE = """\
 database:
@@ -267,3 +270,16 @@ def test_redact_url_hides_password_given_as_query_parameter() -> None:
     # BUG: libpq URIs accept `?password=...`; redact_url only looks at the userinfo part,
     # so this password is returned verbatim.
     assert "s3cret" not in redact_url("postgresql://ff@db/flowforge?password=s3cret")
+
+
+def test_the_up_banner_names_every_node_and_no_password() -> None:
+    config = Config(
+        database=DatabaseConfig(
+            url="postgresql://ff:s3cret@db1:5432,db2:5432/flowforge?target_session_attrs=read-write"
+        ),
+        broker=BrokerConfig(url=("amqp://ff:s3cret@mq1/%2F", "amqp://ff:s3cret@mq2/%2F")),
+    )
+    text = banner(config)
+    assert "s3cret" not in text
+    assert "db1:5432,db2:5432" in text and "mq1" in text and "mq2" in text
+    assert "4 worker(s)" in text
