@@ -83,6 +83,15 @@ def fail(ctx: TaskContext) -> None:
     raise RuntimeError("this handler always fails")
 
 
+@task("e2e.fail_until")
+def fail_until(ctx: TaskContext) -> dict[str, Any]:
+    """Fails until the file ``input.file`` exists (tests bury the task, fix it, requeue it)."""
+    record(ctx, "e2e.fail_until")
+    if not Path(ctx.input["file"]).exists():
+        raise RuntimeError(f"{ctx.input['file']} does not exist yet")
+    return {"attempt": ctx.attempt}
+
+
 @task("e2e.permanent")
 def permanent(ctx: TaskContext) -> None:
     record(ctx, "e2e.permanent")

@@ -1,4 +1,4 @@
-"""The falcon application: routes, authentication, body limits, JSON errors."""
+"""The falcon application: routes, authentication, CSRF checks, body limits, JSON errors."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ from collections.abc import Callable
 
 import falcon
 
-from flowforge.api import errors, health, runs
+from flowforge.api import dead, errors, health, overview, runs, tasks
+from flowforge.api.graph import RunGraph
 from flowforge.api.metrics import Metrics
-from flowforge.api.security import TokenAuth
+from flowforge.api.security import CsrfGuard, SecurityHeaders, TokenAuth
 from flowforge.client import Client
+from flowforge.dashboard import pages
+from flowforge.dashboard.graph import LayoutCache
 from flowforge.errors import FlowForgeError
 
 
@@ -19,8 +22,18 @@ def create_app(
     max_body: int,
     tree: Callable[[], dict[str, tuple[int, int]]] | None = None,
 ) -> falcon.App[falcon.Request, falcon.Response]:
-    """The WSGI app. Reads are open; every mutation needs the bearer ``token``."""
-    app = falcon.App(middleware=[TokenAuth(token)])
+    """The WSGI app: the JSON api, health, metrics and the dashboard pages.
+
+    Reads are open; every mutation must come from this origin (no cross-site request, no form
+    body) and carry the bearer ``token``.
+    """
+    # the CSRF checks run before authentication: a forged request is refused, token or not
+    middleware: list[SecurityHeaders | CsrfGuard | TokenAuth] = [
+        SecurityHeaders(),
+        CsrfGuard(),
+        TokenAuth(token),
+    ]
+    app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.set_error_serializer(errors.serialize_error)
     app.add_error_handler(Exception, errors.handle_unexpected)
@@ -29,9 +42,15 @@ def create_app(
     app.add_route("/api/v1/runs", runs.Runs(client, max_body))
     app.add_route("/api/v1/runs/{run_id}", runs.OneRun(client))
     app.add_route("/api/v1/runs/{run_id}/cancel", runs.CancelRun(client))
-    app.add_route("/api/v1/dead", runs.DeadTasks(client))
-    app.add_route("/api/v1/task-runs/{task_run_id}/requeue", runs.Requeue(client, max_body))
+    app.add_route("/api/v1/runs/{run_id}/graph", RunGraph(client, LayoutCache()))
+    app.add_route("/api/v1/task-runs/{task_run_id}", tasks.TaskRunDetail(client))
+    app.add_route("/api/v1/task-runs/{task_run_id}/requeue", dead.Requeue(client, max_body))
+    app.add_route("/api/v1/dead", dead.DeadTasks(client))
+    app.add_route("/api/v1/dead/requeue", dead.BulkRequeue(client, max_body))
+    app.add_route("/api/v1/overview", overview.Overview(client))
+    app.add_route("/api/v1/processes", overview.Processes(client))
     app.add_route("/health/live", health.Live())
     app.add_route("/health/ready", health.Ready(repo, client.config.broker, tree))
     app.add_route("/metrics", Metrics(repo))
+    pages.add_routes(app)
     return app

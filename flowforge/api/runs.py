@@ -1,52 +1,21 @@
-"""``/api/v1``: create, read, list and cancel runs; list and requeue dead tasks."""
+"""``/api/v1/runs``: create, read, list and cancel runs."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 import falcon
 
+from flowforge.api import params
 from flowforge.api.errors import json_error
 from flowforge.api.security import read_json
 from flowforge.client import Client
 from flowforge.domain.states import RunState
-from flowforge.views import dumps, run_dict, task_dict
+from flowforge.views import run_dict
 
 MAX_KEY_LENGTH = 255
-MAX_PAGE = 500
 DEFAULT_PAGE = 50
-
-
-def _send(resp: falcon.Response, data: Any, status: str = falcon.HTTP_200) -> None:
-    resp.status = status
-    resp.content_type = falcon.MEDIA_JSON
-    resp.text = dumps(data)
-
-
-def _limit(req: falcon.Request, default: int) -> int:
-    raw = req.get_param("limit")
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
-        raise json_error(falcon.HTTP_400, f"limit must be an integer from 1 to {MAX_PAGE}")
-    return int(raw)
-
-
-def encode_cursor(created_at: datetime, run_id: UUID) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{run_id}".encode()).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        stamp, _, rid = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        return datetime.fromisoformat(stamp), UUID(rid)
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise json_error(falcon.HTTP_400, "malformed cursor") from exc
 
 
 class Runs:
@@ -65,27 +34,29 @@ class Runs:
         result = self._client.trigger(workflow, run_input, key)
         run = self._client.status(result.run_id)
         resp.set_header("Location", f"/api/v1/runs/{run.id}")
-        _send(resp, run_dict(run), falcon.HTTP_201 if result.created else falcon.HTTP_200)
+        params.send(resp, run_dict(run), falcon.HTTP_201 if result.created else falcon.HTTP_200)
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        state = req.get_param("state")
-        if state is not None and state.upper() not in RunState.__members__:
-            raise json_error(falcon.HTTP_400, f"state must be one of {', '.join(RunState)}")
-        limit = _limit(req, DEFAULT_PAGE)
-        cursor = req.get_param("cursor")
+        """``?state=&workflow=&since=&until=&limit=&cursor=``: ``{"runs", "next_cursor"}``,
+        newest first; ``since``/``until`` bound the creation time to [since, until)."""
+        limit = params.limit(req, DEFAULT_PAGE)
         runs = self._client.repository.list_runs(
-            state=state.upper() if state else None,
-            workflow=req.get_param("workflow"),
+            state=params.choice(req, "state", list(RunState)),
+            workflow=params.text(req, "workflow"),
+            since=params.time(req, "since"),
+            until=params.time(req, "until"),
             limit=limit + 1,
-            before=decode_cursor(cursor) if cursor else None,
+            before=params.cursor(req),
         )
         page = runs[:limit]
         more = len(runs) > limit
-        _send(
+        params.send(
             resp,
             {
                 "runs": [run_dict(r, with_tasks=False) for r in page],
-                "next_cursor": encode_cursor(page[-1].created_at, page[-1].id) if more else None,
+                "next_cursor": (
+                    params.encode_cursor(page[-1].created_at, page[-1].id) if more else None
+                ),
             },
         )
 
@@ -112,7 +83,7 @@ class OneRun:
         self._client = client
 
     def on_get(self, _req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
-        _send(resp, run_dict(self._client.status(run_id)))
+        params.send(resp, run_dict(self._client.status(run_id)))
 
 
 class CancelRun:
@@ -122,32 +93,4 @@ class CancelRun:
         self._client = client
 
     def on_post(self, _req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
-        _send(resp, run_dict(self._client.cancel(run_id)))
-
-
-class DeadTasks:
-    """``GET /api/v1/dead``."""
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
-
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        dead = self._client.repository.list_dead(limit=_limit(req, 100))
-        _send(resp, {"tasks": [task_dict(t) for t in dead]})
-
-
-class Requeue:
-    """``POST /api/v1/task-runs/{task_run_id}/requeue`` with an optional ``{"reason"}``."""
-
-    def __init__(self, client: Client, max_body: int) -> None:
-        self._client = client
-        self._max_body = max_body
-
-    def on_post(self, req: falcon.Request, resp: falcon.Response, task_run_id: str) -> None:
-        body = read_json(req, self._max_body, required=False) or {}
-        if not isinstance(body, dict) or set(body) - {"reason", "requested_by"}:
-            raise json_error(falcon.HTTP_400, "the body may only hold 'reason' and 'requested_by'")
-        reason, by = body.get("reason"), body.get("requested_by", "api")
-        if not (reason is None or isinstance(reason, str)) or not isinstance(by, str):
-            raise json_error(falcon.HTTP_400, "'reason' and 'requested_by' must be strings")
-        _send(resp, task_dict(self._client.requeue(task_run_id, by, reason)))
+        params.send(resp, run_dict(self._client.cancel(run_id)))

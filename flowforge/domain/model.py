@@ -191,3 +191,60 @@ class ProcessInfo:
     started_at: datetime
     last_seen_at: datetime
     silent_s: float
+
+
+@dataclass(frozen=True)
+class DeadTask(TaskRun):
+    """A DEAD task run with the workflow of its run (what the dead-task lists show)."""
+
+    workflow: str = ""
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    """Which dead tasks an operator means; a None field matches everything."""
+
+    reason: FailureReason | None = None
+    workflow: str | None = None
+    handler: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One requeue of a dead task, as recorded in the audit table."""
+
+    requested_by: str
+    reason: str | None
+    previous_reason: str | None
+    attempt: int
+    requested_at: datetime
+
+
+@dataclass(frozen=True)
+class TaskDetail:
+    """One task run with everything an operator inspects: its attempts, the run input it was
+    given, the results of its upstream tasks and its requeue history."""
+
+    task: TaskRun
+    workflow: str
+    run_state: RunState
+    input: Mapping[str, Any]
+    upstream: Mapping[str, Any]
+    attempts: tuple[Attempt, ...]
+    audit: tuple[AuditEntry, ...]
+
+
+@dataclass(frozen=True)
+class BulkRequeue:
+    """The outcome of requeueing every dead task matching a filter.
+
+    ``matched`` counts all matches; at most ``limit`` of them were taken this time, and those
+    in ``requeued`` were requeued (with an audit row each). ``skipped`` were no longer DEAD
+    when their turn came (requeued or deleted meanwhile). A dry run changes nothing.
+    """
+
+    matched: int
+    limit: int
+    dry_run: bool
+    requeued: tuple[UUID, ...] = ()
+    skipped: tuple[UUID, ...] = ()

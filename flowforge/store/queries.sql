@@ -589,18 +589,24 @@ SELECT task_run_id, attempt, fencing_token, worker, started_at, finished_at, out
  ORDER BY attempt;
 
 -- name: list_runs
--- Keyset pagination, newest first: (created_at, id) below the cursor.
+-- Keyset pagination, newest first: (created_at, id) below the cursor, created within
+-- [since, until). Run unprepared (a custom plan): the NULL tests then fold away and each filter
+-- combination gets its index (state / workflow / workflow+state / created_at).
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
        started_at, finished_at
   FROM workflow_runs
  WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
    AND (%(before_created)s::timestamptz IS NULL
         OR (created_at, id) < (%(before_created)s::timestamptz, %(before_id)s::uuid))
  ORDER BY created_at DESC, id DESC
  LIMIT %(limit)s;
 
 -- name: list_dead
+-- Dead tasks newest first, filtered by reason / workflow / handler, keyset-paginated on
+-- (finished_at, id) (a DEAD task always has finished_at). Run unprepared, like list_runs.
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
@@ -608,8 +614,51 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
   FROM task_runs t
   JOIN workflow_runs r ON r.id = t.run_id
  WHERE t.state = 'DEAD'
- ORDER BY t.finished_at DESC
+   AND (%(reason)s::text IS NULL OR t.failure_reason = %(reason)s::text)
+   AND (%(handler)s::text IS NULL OR t.handler = %(handler)s::text)
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text)
+   AND (%(before_finished)s::timestamptz IS NULL
+        OR (t.finished_at, t.id) < (%(before_finished)s::timestamptz, %(before_id)s::uuid))
+ ORDER BY t.finished_at DESC, t.id DESC
  LIMIT %(limit)s;
+
+-- name: count_dead
+-- How many dead tasks the filters of list_dead match (the dry run of a bulk requeue).
+SELECT count(*) AS n
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.state = 'DEAD'
+   AND (%(reason)s::text IS NULL OR t.failure_reason = %(reason)s::text)
+   AND (%(handler)s::text IS NULL OR t.handler = %(handler)s::text)
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text);
+
+-- name: dead_ids_matching
+-- The ids a bulk requeue takes (a bounded batch), newest first like the list.
+SELECT t.id
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.state = 'DEAD'
+   AND (%(reason)s::text IS NULL OR t.failure_reason = %(reason)s::text)
+   AND (%(handler)s::text IS NULL OR t.handler = %(handler)s::text)
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text)
+ ORDER BY t.finished_at DESC, t.id DESC
+ LIMIT %(limit)s;
+
+-- name: task_context
+-- What a task was given: its run's input and the results of its upstream tasks.
+SELECT r.workflow, r.state AS run_state, r.input,
+       (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
+          FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+         WHERE e.downstream_id = t.id) AS upstream
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.id = %(id)s;
+
+-- name: get_audit
+SELECT requested_by, reason, previous_reason, attempt, requested_at
+  FROM requeue_audit
+ WHERE task_run_id = %(id)s
+ ORDER BY id;
 
 -- ------------------------------------------------------------------ publisher
 
@@ -659,6 +708,45 @@ SELECT 1 AS ok;
 
 -- name: task_state_counts
 SELECT state, count(*) AS n FROM task_runs GROUP BY state;
+
+-- name: run_state_counts
+SELECT state, count(*) AS n FROM workflow_runs GROUP BY state;
+
+-- name: finished_per_minute
+-- Task runs that reached a final state, per minute of the last hour (oldest first, every
+-- minute present). Reads the finished_at index: only the last hour's rows are visited.
+WITH minutes AS (
+    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                           date_trunc('minute', now()), interval '1 minute') AS minute
+), finished AS (
+    SELECT date_trunc('minute', finished_at) AS minute,
+           count(*) FILTER (WHERE state = 'SUCCEEDED') AS succeeded,
+           count(*) FILTER (WHERE state = 'DEAD') AS dead,
+           count(*) FILTER (WHERE state = 'CANCELLED') AS cancelled
+      FROM task_runs
+     WHERE finished_at IS NOT NULL
+       AND finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+     GROUP BY 1
+)
+SELECT m.minute, coalesce(f.succeeded, 0) AS succeeded, coalesce(f.dead, 0) AS dead,
+       coalesce(f.cancelled, 0) AS cancelled
+  FROM minutes m
+  LEFT JOIN finished f ON f.minute = m.minute
+ ORDER BY m.minute;
+
+-- name: dead_by_reason
+SELECT coalesce(failure_reason, 'unknown') AS reason, count(*) AS n
+  FROM task_runs
+ WHERE state = 'DEAD'
+ GROUP BY 1
+ ORDER BY n DESC, reason;
+
+-- name: live_processes_by_host
+SELECT host, role, count(*) AS n
+  FROM processes
+ WHERE last_seen_at > now() - make_interval(secs => %(fresh_s)s)
+ GROUP BY host, role
+ ORDER BY host, role;
 
 -- name: outbox_backlog
 SELECT count(*) AS pending,

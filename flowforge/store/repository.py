@@ -21,15 +21,19 @@ from flowforge.domain import transitions
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import (
     Attempt,
+    BulkRequeue,
     Claim,
     ClaimOutcome,
     ClaimResult,
+    DeadFilter,
+    DeadTask,
     Dispatch,
     Finish,
     Finished,
     ProcessInfo,
     Renewal,
     Run,
+    TaskDetail,
     TaskRun,
     TriggerResult,
     parse_id,
@@ -48,7 +52,7 @@ from flowforge.domain.policy import (
 )
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.runstate import RunFacts, derive
-from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, TaskState
+from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, RunState, TaskState
 from flowforge.errors import (
     IllegalTransitionError,
     InputError,
@@ -659,8 +663,58 @@ class Repository:
         Tasks of the same run that were cancelled only because this one died come back too.
         """
         tid = parse_id(task_run_id, "task run id")
-        if "\x00" in requested_by or (reason is not None and "\x00" in reason):
-            raise InputError("the requeue reason and requester cannot contain a NUL character")
+        _check_requeue_text(requested_by, reason)
+        self._requeue(tid, requested_by, reason)
+        return self.get_task(tid)
+
+    def requeue_dead_matching(
+        self,
+        match: DeadFilter,
+        requested_by: str,
+        reason: str | None,
+        limit: int,
+        dry_run: bool = False,
+    ) -> BulkRequeue:
+        """Requeue up to ``limit`` dead tasks matching ``match``, newest first.
+
+        Each one goes through the single requeue (:meth:`requeue_dead`'s transaction and audit
+        row with ``reason``), so a failure part-way leaves every task either requeued and
+        audited or untouched. A task no longer DEAD when its turn comes is skipped. A dry run
+        only counts the matches.
+        """
+        _check_requeue_text(requested_by, reason)
+        params = _dead_params(match)
+        with self._db.transaction() as cur:
+            row = cur.execute(self._q["count_dead"], params, prepare=False).fetchone()
+            matched = int(row["n"]) if row else 0
+            ids: list[UUID] = []
+            if not dry_run and matched:
+                found = cur.execute(
+                    self._q["dead_ids_matching"], {**params, "limit": limit}, prepare=False
+                ).fetchall()
+                ids = [r["id"] for r in found]
+        if dry_run:
+            return BulkRequeue(matched, limit, dry_run=True)
+        requeued: list[UUID] = []
+        skipped: list[UUID] = []
+        for tid in ids:
+            try:
+                self._requeue(tid, requested_by, reason)
+            except (NotDeadError, NotFoundError):
+                skipped.append(tid)  # requeued or purged by someone else meanwhile
+            else:
+                requeued.append(tid)
+        logger.info(
+            "bulk requeue: %d of %d matching dead task(s) requeued, %d skipped",
+            len(requeued),
+            matched,
+            len(skipped),
+            extra={"action": "tasks_requeued"},
+        )
+        return BulkRequeue(matched, limit, False, tuple(requeued), tuple(skipped))
+
+    def _requeue(self, tid: UUID, requested_by: str, reason: str | None) -> None:
+        """One dead task → PENDING with its audit row, in one transaction."""
         transitions.check(TaskState.DEAD, TaskState.PENDING)
         transitions.check(TaskState.CANCELLED, TaskState.PENDING)
 
@@ -692,7 +746,6 @@ class Repository:
 
         self._db.run(work)
         logger.info("requeued dead task run %s", tid, extra={"action": "task_requeued"})
-        return self.get_task(tid)
 
     # ------------------------------------------------------------------ reads
 
@@ -729,24 +782,115 @@ class Repository:
         workflow: str | None = None,
         limit: int = 50,
         before: tuple[datetime, UUID] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[Run]:
-        """Runs newest first (without their tasks), keyset-paginated by ``before``."""
+        """Runs newest first (without their tasks), keyset-paginated by ``before``.
+
+        ``since`` / ``until`` bound ``created_at`` to [since, until).
+        """
         params = {
             "state": state,
             "workflow": workflow,
+            "since": since,
+            "until": until,
             "limit": limit,
             "before_created": before[0] if before else None,
             "before_id": before[1] if before else None,
         }
         with self._db.transaction() as cur:
-            return [rows.run(r) for r in cur.execute(self._q["list_runs"], params).fetchall()]
+            # never prepared: a generic plan could not use the index of each filter combination
+            found = cur.execute(self._q["list_runs"], params, prepare=False).fetchall()
+        return [rows.run(r) for r in found]
 
-    def list_dead(self, limit: int = 100) -> list[TaskRun]:
+    def list_dead(
+        self,
+        limit: int = 100,
+        *,
+        match: DeadFilter | None = None,
+        before: tuple[datetime, UUID] | None = None,
+    ) -> list[DeadTask]:
+        """Dead tasks newest first (by finished_at, id), filtered by ``match``, keyset-paginated
+        by ``before`` (the (finished_at, id) of the last task of the previous page)."""
+        params = {
+            **_dead_params(match or DeadFilter()),
+            "limit": limit,
+            "before_finished": before[0] if before else None,
+            "before_id": before[1] if before else None,
+        }
         with self._db.transaction() as cur:
-            return [
-                rows.task_run(r)
-                for r in cur.execute(self._q["list_dead"], {"limit": limit}).fetchall()
-            ]
+            found = cur.execute(self._q["list_dead"], params, prepare=False).fetchall()
+        return [rows.dead_task(r) for r in found]
+
+    def task_detail(self, task_run_id: UUID | str) -> TaskDetail:
+        """A task run with its attempts, its run's input, its upstream results and its requeue
+        history, read in one transaction; :class:`NotFoundError` if there is none."""
+        tid = parse_id(task_run_id, "task run id")
+        q = self._q
+        with self._db.transaction() as cur:
+            row = cur.execute(q["get_task"], {"id": tid}).fetchone()
+            context = cur.execute(q["task_context"], {"id": tid}).fetchone()
+            if row is None or context is None:
+                raise NotFoundError(f"no task run with id {tid}")
+            attempts = cur.execute(q["get_attempts"], {"id": tid}).fetchall()
+            audit = cur.execute(q["get_audit"], {"id": tid}).fetchall()
+        return TaskDetail(
+            task=rows.task_run(row),
+            workflow=context["workflow"],
+            run_state=RunState(context["run_state"]),
+            input=context["input"],
+            upstream=context["upstream"],
+            attempts=tuple(rows.attempt(a) for a in attempts),
+            audit=tuple(rows.audit_entry(a) for a in audit),
+        )
+
+    def overview(self, poison_threshold: int, fresh_s: float, limit: int = 20) -> dict[str, Any]:
+        """The dashboard's overview, read in one transaction.
+
+        Keys: ``runs`` and ``tasks`` (count by state, every state present), ``finished_per_minute``
+        (60 rows, oldest first: ``minute``, ``succeeded``, ``dead``, ``cancelled``),
+        ``retry_backlog`` (``n``, ``next_at``, ``latest_at``), ``poison_candidates`` (at most
+        ``limit`` unfinished tasks with ``poison_threshold`` attempts or more),
+        ``dead_by_reason`` ({reason: n}), ``outbox`` (``pending``, ``oldest_s``) and
+        ``processes`` (``host``, ``role``, ``n`` of processes seen within ``fresh_s``).
+        """
+        q = self._q
+        with self._db.transaction() as cur:
+            runs = cur.execute(q["run_state_counts"]).fetchall()
+            tasks = cur.execute(q["task_state_counts"]).fetchall()
+            minutes = cur.execute(q["finished_per_minute"]).fetchall()
+            backlog = cur.execute(q["stats_retry_backlog"]).fetchone()
+            poison = cur.execute(
+                q["stats_poison_candidates"], {"threshold": poison_threshold, "limit": limit}
+            ).fetchall()
+            dead = cur.execute(q["dead_by_reason"]).fetchall()
+            outbox = cur.execute(q["outbox_backlog"]).fetchone()
+            processes = cur.execute(q["live_processes_by_host"], {"fresh_s": fresh_s}).fetchall()
+        return {
+            "runs": {**{str(s): 0 for s in RunState}, **{r["state"]: r["n"] for r in runs}},
+            "tasks": {**{str(s): 0 for s in TaskState}, **{r["state"]: r["n"] for r in tasks}},
+            "finished_per_minute": [dict(r) for r in minutes],
+            "retry_backlog": dict(backlog or {"n": 0, "next_at": None, "latest_at": None}),
+            "poison_candidates": [dict(r) for r in poison],
+            "dead_by_reason": {r["reason"]: r["n"] for r in dead},
+            "outbox": dict(outbox or {"pending": 0, "oldest_s": 0.0}),
+            "processes": [dict(r) for r in processes],
+        }
+
+
+def _dead_params(match: DeadFilter) -> dict[str, Any]:
+    """The filter parameters shared by ``list_dead``, ``count_dead`` and ``dead_ids_matching``."""
+    return {
+        "reason": str(match.reason) if match.reason else None,
+        "workflow": match.workflow,
+        "handler": match.handler,
+    }
+
+
+def _check_requeue_text(requested_by: str, reason: str | None) -> None:
+    """PostgreSQL text cannot hold NUL: refuse it as the caller's mistake, before any change."""
+    if "\x00" in requested_by or (reason is not None and "\x00" in reason):
+        raise InputError("the requeue reason and requester cannot contain a NUL character")
 
 
 def _policy(row: Mapping[str, Any]) -> RetryPolicy:

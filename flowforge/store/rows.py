@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
-from flowforge.domain.model import Attempt, Run, TaskRun
+from flowforge.domain.model import Attempt, AuditEntry, DeadTask, Run, TaskRun
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 
@@ -42,6 +43,14 @@ def task_run(row: Row) -> TaskRun:
     )
 
 
+def dead_task(row: Row) -> DeadTask:
+    """A ``list_dead`` row: a task run plus the workflow of its run."""
+    task = task_run(row)
+    return DeadTask(
+        **{f.name: getattr(task, f.name) for f in fields(task)}, workflow=row["workflow"]
+    )
+
+
 def run(row: Row, tasks: tuple[TaskRun, ...] = ()) -> Run:
     return Run(
         id=row["id"],
@@ -69,4 +78,14 @@ def attempt(row: Row) -> Attempt:
         failure_reason=_reason(row["failure_reason"]),
         error=row["error"],
         traceback=row["traceback"],
+    )
+
+
+def audit_entry(row: Row) -> AuditEntry:
+    return AuditEntry(
+        requested_by=row["requested_by"],
+        reason=row["reason"],
+        previous_reason=row["previous_reason"],
+        attempt=row["attempt"],
+        requested_at=row["requested_at"],
     )

@@ -1,0 +1,82 @@
+"""``GET /api/v1/runs/{run_id}/graph``: the run's DAG laid out for drawing, with task states.
+
+The layout (flowforge/dashboard/graph.py) depends only on the DAG's shape, so it is cached by
+shape; the states are read fresh on every request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+
+from flowforge.api import params
+from flowforge.api.errors import json_error
+from flowforge.client import Client
+from flowforge.dashboard.graph import EdgePath, LayoutCache, TooLargeError
+from flowforge.domain.model import TaskRun
+from flowforge.views import run_dict
+
+
+class RunGraph:
+    """``{"run", "width", "height", "nodes", "edges"}``.
+
+    A node is ``{"name", "label", "x", "y", "width", "height", "task_id", "state", "handler",
+    "attempt", "max_attempts", "failure_reason"}`` (x, y: the top-left corner); an edge is
+    ``{"from", "to", "points": [[x, y], ...], "path"}`` (``path``: the SVG path data).
+    """
+
+    def __init__(self, client: Client, cache: LayoutCache) -> None:
+        self._client = client
+        self._cache = cache
+
+    def on_get(self, _req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
+        run = self._client.status(run_id)
+        try:
+            drawn = self._cache.get([(t.name, t.depends_on) for t in run.tasks])
+        except TooLargeError as exc:
+            raise json_error(falcon.HTTP_422, str(exc)) from exc
+        tasks = {t.name: t for t in run.tasks}
+        params.send(
+            resp,
+            {
+                "run": run_dict(run, with_tasks=False),
+                "width": drawn.width,
+                "height": drawn.height,
+                "nodes": [
+                    {
+                        "name": box.name,
+                        "label": box.label,
+                        "x": box.x,
+                        "y": box.y,
+                        "width": box.width,
+                        "height": box.height,
+                        **_task_facts(tasks[box.name]),
+                    }
+                    for box in drawn.nodes
+                ],
+                "edges": [_edge_dict(e) for e in drawn.edges],
+            },
+        )
+
+
+def _task_facts(task: TaskRun) -> dict[str, Any]:
+    return {
+        "task_id": task.id,
+        "state": task.state,
+        "handler": task.handler,
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+        "failure_reason": task.failure_reason,
+    }
+
+
+def _edge_dict(edge: EdgePath) -> dict[str, Any]:
+    first, *rest = edge.points
+    path = f"M{first[0]},{first[1]}" + "".join(f" L{x},{y}" for x, y in rest)
+    return {
+        "from": edge.source,
+        "to": edge.target,
+        "points": [list(p) for p in edge.points],
+        "path": path,
+    }

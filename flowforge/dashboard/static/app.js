@@ -1,0 +1,210 @@
+// Shared by every dashboard page: building DOM nodes (text only: data never becomes HTML),
+// the JSON api (the bearer token from sessionStorage on mutations), the token field, the
+// status line and polling.
+
+const TOKEN_KEY = "flowforge.api-token";
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+function build(node, attrs, children) {
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    // append() turns a string into a text node: never parsed as markup
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+/** An HTML element: attributes by name, children as nodes or plain text. */
+export function el(tag, attrs, ...children) {
+  return build(document.createElement(tag), attrs, children);
+}
+
+/** An SVG element, like el(). */
+export function svg(tag, attrs, ...children) {
+  return build(document.createElementNS(SVG_NS, tag), attrs, children);
+}
+
+export function $(selector, root = document) {
+  return root.querySelector(selector);
+}
+
+/** Show a message on the status line; kind is "info", "ok" or "error". */
+export function flash(message, kind = "info") {
+  const line = $("[data-testid=flash]");
+  line.textContent = message;
+  line.dataset.kind = kind;
+}
+
+export function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+async function call(method, path, body) {
+  const headers = { Accept: "application/json" };
+  const init = { method, headers, credentials: "same-origin", cache: "no-store" };
+  if (method !== "GET") {
+    const saved = token();
+    if (saved) headers.Authorization = `Bearer ${saved}`;
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (err) {
+    throw new ApiError(0, `the api did not answer (${err.message})`);
+  }
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    const message = data && typeof data.error === "string" ? data.error : response.statusText;
+    throw new ApiError(response.status, message || "request failed");
+  }
+  return data;
+}
+
+export function getJSON(path) {
+  return call("GET", path);
+}
+
+/** POST with the saved token; without one the api answers 401 and the error says so. */
+export function postJSON(path, body) {
+  return call("POST", path, body);
+}
+
+/** An error as one line for the status line. */
+export function describe(err) {
+  if (err instanceof ApiError) {
+    return err.status ? `Error ${err.status}: ${err.message}` : `Error: ${err.message}`;
+  }
+  return `Error: ${err && err.message ? err.message : err}`;
+}
+
+/** A query string of the non-empty values of params (without the "?"). */
+export function query(params) {
+  const search = new URLSearchParams();
+  for (const [name, value] of Object.entries(params)) {
+    if (value !== null && value !== undefined && value !== "") search.set(name, value);
+  }
+  return search.toString();
+}
+
+function pad(n) {
+  return String(n).padStart(2, "0");
+}
+
+/** An ISO time as local "YYYY-MM-DD HH:MM:SS" ("—" for none). */
+export function when(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return String(iso);
+  return (
+    `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`
+  );
+}
+
+/** A table cell showing a time, the exact ISO value as its tooltip. */
+export function timeCell(iso) {
+  return el("td", { title: iso || null, class: "time" }, when(iso));
+}
+
+/** A state badge: text = the state, coloured by class. */
+export function stateBadge(state, attrs = {}) {
+  return el("span", { ...attrs, class: `state s-${state}` }, state);
+}
+
+/** JSON for a <pre>, "(none)" for null. */
+export function pretty(value) {
+  if (value === null || value === undefined) return "(none)";
+  return JSON.stringify(value, null, 2);
+}
+
+/** Replace tbody's rows unless every row's key is unchanged (no flicker, stable nodes). */
+export function renderRows(tbody, items, keyOf, rowOf) {
+  const keys = items.map(keyOf);
+  const current = Array.from(tbody.rows, (row) => row.dataset.key);
+  if (keys.length === current.length && keys.every((k, i) => k === current[i])) return;
+  tbody.replaceChildren(
+    ...items.map((item, i) => {
+      const row = rowOf(item);
+      row.dataset.key = keys[i];
+      return row;
+    }),
+  );
+}
+
+/**
+ * Run work() now and then every intervalMs after it ended. now() runs it at once (a run in
+ * flight is followed by another). An error goes to the status line until the next success
+ * (only that error is cleared: an action's result stays visible).
+ */
+export function poller(intervalMs, work) {
+  let timer = null;
+  let busy = false;
+  let again = false;
+  let shown = null; // the error this poller put on the status line
+  async function run() {
+    clearTimeout(timer);
+    if (busy) {
+      again = true;
+      return;
+    }
+    busy = true;
+    try {
+      await work();
+      if (shown !== null && $("[data-testid=flash]").textContent === shown) flash("");
+      shown = null;
+    } catch (err) {
+      shown = describe(err);
+      flash(shown, "error");
+    } finally {
+      busy = false;
+    }
+    if (again) {
+      again = false;
+      run();
+      return;
+    }
+    timer = setTimeout(run, intervalMs);
+  }
+  return { start: run, now: run };
+}
+
+/** The header's token field: saved in sessionStorage only (this tab), never in a cookie. */
+export function initChrome() {
+  const input = $("input[data-testid=token]");
+  input.value = token();
+  const save = () => {
+    const value = input.value.trim();
+    if (value) {
+      sessionStorage.setItem(TOKEN_KEY, value);
+      flash("Token saved for this browser tab.", "ok");
+    } else {
+      sessionStorage.removeItem(TOKEN_KEY);
+      flash("Token cleared.", "ok");
+    }
+  };
+  $("[data-testid=save-token]").addEventListener("click", save);
+  input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") save();
+  });
+}

@@ -1,0 +1,213 @@
+// Run detail: the DAG from GET /api/v1/runs/{id}/graph (laid out on the server by grandalf)
+// drawn as SVG, task states refreshed every 2 s; a click on a task shows its attempts, input
+// and result (GET /api/v1/task-runs/{id}); the cancel button posts to /cancel.
+
+import {
+  $,
+  describe,
+  el,
+  flash,
+  getJSON,
+  initChrome,
+  poller,
+  postJSON,
+  pretty,
+  stateBadge,
+  svg,
+  timeCell,
+  when,
+} from "./app.js";
+
+const REFRESH_MS = 2000;
+const STATES = ["PENDING", "READY", "RUNNING", "RETRYING", "FAILED", "SUCCEEDED", "DEAD", "CANCELLED"];
+
+const runId = decodeURIComponent(location.pathname.replace(/\/+$/, "").split("/").pop());
+const view = { shape: null, nodes: new Map(), selected: null, attempt: null };
+
+function setState(element, state) {
+  element.textContent = state;
+  element.className = `state s-${state}`;
+}
+
+function drawDag(graph) {
+  const dag = $("[data-testid=dag]");
+  const width = Math.max(graph.width, 1);
+  const height = Math.max(graph.height, 1);
+  dag.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  dag.setAttribute("width", String(width));
+  dag.setAttribute("height", String(height));
+  const arrow = svg(
+    "marker",
+    { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 8, markerHeight: 8, orient: "auto" },
+    svg("path", { d: "M0,0 L10,5 L0,10 z", class: "arrowhead" }),
+  );
+  const edges = graph.edges.map((edge) =>
+    svg("path", { d: edge.path, "data-edge": `${edge.from}->${edge.to}`, class: "edge", "marker-end": "url(#arrow)" }),
+  );
+  view.nodes = new Map();
+  const nodes = graph.nodes.map((node) => {
+    const title = svg("title", {}, `${node.name} (${node.handler}): ${node.state}`);
+    const group = svg(
+      "g",
+      {
+        class: "node",
+        "data-task": node.name,
+        "data-state": node.state,
+        "data-task-id": node.task_id,
+        transform: `translate(${node.x},${node.y})`,
+        tabindex: 0,
+        role: "button",
+        "aria-label": `task ${node.name}`,
+      },
+      title,
+      svg("rect", { width: node.width, height: node.height, rx: 6, ry: 6 }),
+      svg("text", { x: node.width / 2, y: node.height / 2, "text-anchor": "middle", "dominant-baseline": "central" }, node.label),
+    );
+    group.addEventListener("click", () => select(node.name));
+    group.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" || event.key === " ") {
+        event.preventDefault();
+        select(node.name);
+      }
+    });
+    view.nodes.set(node.name, { group, title, node });
+    return group;
+  });
+  dag.replaceChildren(svg("defs", {}, arrow), ...edges, ...nodes);
+}
+
+function updateNodes(graph) {
+  for (const node of graph.nodes) {
+    const drawn = view.nodes.get(node.name);
+    if (!drawn) continue;
+    drawn.node = node;
+    if (drawn.group.getAttribute("data-state") !== node.state) {
+      drawn.group.setAttribute("data-state", node.state);
+    }
+    drawn.title.textContent = `${node.name} (${node.handler}): ${node.state}`;
+    drawn.group.classList.toggle("selected", node.name === view.selected);
+  }
+}
+
+function drawRun(run) {
+  document.title = `Run ${run.id} · FlowForge`;
+  $("#run-id").textContent = run.id;
+  $("#run-workflow").textContent = run.workflow;
+  setState($("[data-testid=run-state]"), run.state);
+  $("#run-created").textContent = when(run.created_at);
+  $("#run-started").textContent = when(run.started_at);
+  $("#run-finished").textContent = when(run.finished_at);
+  // a finished run has nothing left to cancel
+  $("[data-testid=cancel-run]").hidden = Boolean(run.finished_at);
+}
+
+function shapeOf(graph) {
+  return JSON.stringify([graph.nodes.map((n) => [n.name, n.x, n.y]), graph.edges.map((e) => e.path)]);
+}
+
+/** The attempt whose error is shown: the one picked, else the latest with an error. */
+function shownAttempt(attempts) {
+  const picked = attempts.find((a) => a.attempt === view.attempt);
+  if (picked) return picked;
+  return [...attempts].reverse().find((a) => a.error || a.traceback) || null;
+}
+
+function drawTask(detail) {
+  const task = detail.task;
+  const panel = $("[data-testid=task-panel]");
+  panel.hidden = false;
+  panel.dataset.task = task.name;
+  $("#task-name").textContent = task.name;
+  setState($("[data-testid=task-state]"), task.state);
+  $("#task-handler").textContent = task.handler;
+  $("#task-attempts").textContent = `${task.attempt} of ${task.max_attempts}`;
+  $("#task-reason").textContent = task.failure_reason || "—";
+  const shown = shownAttempt(detail.attempts);
+  $("#attempt-rows").replaceChildren(
+    ...detail.attempts.map((a) => {
+      const row = el(
+        "tr",
+        { "data-testid": "attempt", "data-attempt": a.attempt, class: shown === a ? "shown" : null },
+        el("td", { class: "num" }, String(a.attempt)),
+        el("td", {}, a.worker || "—"),
+        timeCell(a.started_at),
+        timeCell(a.finished_at),
+        el("td", {}, a.outcome),
+        el("td", {}, a.failure_reason || "—"),
+      );
+      row.addEventListener("click", () => {
+        view.attempt = a.attempt;
+        drawTask(detail);
+      });
+      return row;
+    }),
+  );
+  $("#error-of").textContent = shown ? `(attempt ${shown.attempt})` : "";
+  $("[data-testid=error]").textContent = (shown && shown.error) || task.last_error || "(none)";
+  $("[data-testid=traceback]").textContent = (shown && shown.traceback) || "(none)";
+  const given = Object.keys(detail.upstream || {}).length
+    ? { input: detail.input, upstream: detail.upstream }
+    : detail.input;
+  $("[data-testid=task-input]").textContent = pretty(given);
+  $("[data-testid=task-result]").textContent = pretty(detail.result);
+  $("#task-audit").replaceChildren(
+    ...(detail.audit.length
+      ? detail.audit.map((entry) =>
+          el(
+            "li",
+            {},
+            `${when(entry.requested_at)} by ${entry.requested_by}: ${entry.reason || "(no reason)"}` +
+              ` — was ${entry.previous_reason || "?"} after attempt ${entry.attempt}`,
+          ),
+        )
+      : [el("li", { class: "empty" }, "never requeued")]),
+  );
+}
+
+async function loadTask() {
+  const drawn = view.nodes.get(view.selected);
+  if (!drawn) return;
+  drawTask(await getJSON(`/api/v1/task-runs/${encodeURIComponent(drawn.node.task_id)}`));
+}
+
+async function refresh() {
+  const graph = await getJSON(`/api/v1/runs/${encodeURIComponent(runId)}/graph`);
+  drawRun(graph.run);
+  const shape = shapeOf(graph);
+  if (shape !== view.shape) {
+    drawDag(graph);
+    view.shape = shape;
+  }
+  updateNodes(graph);
+  if (view.selected) await loadTask();
+}
+
+const poll = poller(REFRESH_MS, refresh);
+
+function select(name) {
+  if (view.selected !== name) view.attempt = null;
+  view.selected = name;
+  poll.now();
+}
+
+async function cancelRun() {
+  if (!window.confirm(`Cancel run ${runId}? Tasks not started are cancelled, running ones are asked to stop.`)) {
+    return;
+  }
+  try {
+    const run = await postJSON(`/api/v1/runs/${encodeURIComponent(runId)}/cancel`);
+    flash(`Cancel requested: the run is ${run.state}.`, "ok");
+  } catch (err) {
+    flash(describe(err), "error");
+  }
+  poll.now();
+}
+
+function legend() {
+  $("#dag-legend").replaceChildren(...STATES.map((s) => stateBadge(s)));
+}
+
+initChrome();
+legend();
+$("[data-testid=cancel-run]").addEventListener("click", cancelRun);
+poll.start();

@@ -1,0 +1,613 @@
+"""The dashboard in a real browser (headless Chromium) against a live stack.
+
+Each test starts scheduler, publisher, two workers and the api (``dashboard`` fixture), drives the
+pages only through the selectors of docs/dashboard-contract.md, and checks what the page shows
+against the database. Proven here:
+
+- ``/`` leads to the overview, whose run and task counts are the database's;
+- the runs list filters by workflow (and state), shows new runs live, a run opens from it, and
+  its DAG shows each task's state and edges, and follows the run live;
+- a dead task's panel shows its traceback, as text (markup in an error is never rendered);
+- a running run is cancelled from its page with the token (kept in ``sessionStorage`` only);
+- a dead task is requeued from the dead page with a reason (audited) and runs again;
+- requeue-all's dry run counts exactly the filtered dead tasks and changes nothing until
+  confirmed; the confirmed requeue touches those and no others;
+- without the token an action shows an error and changes nothing;
+- forged requests from another origin, same-site and cross-site (url-encoded and text/plain
+  forms, a no-cors fetch), are refused by the CSRF guard (403/415) and cancel nothing;
+- the processes page lists the stack's processes (pid, role, host), as registered.
+
+Every wait is a poll with a deadline (Playwright's ``expect`` or ``tests.helpers.wait_for``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from playwright.sync_api import Dialog, Locator, Page, Request, expect
+
+from flowforge.domain.states import RunState, TaskState
+from tests.browser.conftest import UI_TIMEOUT_MS, Dashboard
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+Sql = psycopg.Connection[tuple[Any, ...]]
+Shot = Callable[[str], Path]
+
+RUN_TIMEOUT_S = 60.0
+UI_TIMEOUT_S = UI_TIMEOUT_MS / 1000
+#: The CSRF refusals of the contract (403 another origin/site, 415 a form body): not a 401,
+#: so the forged requests are stopped by the CSRF guard itself, not only by the missing token.
+CSRF_REFUSED = (403, 415)
+
+
+# ------------------------------------------------------------------ database probes
+
+
+def run_state(sql: Sql, run_id: str) -> str:
+    row = sql.execute("SELECT state FROM workflow_runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None, f"no run {run_id}"
+    return str(row[0])
+
+
+def task_states(sql: Sql, run_id: str) -> dict[str, str]:
+    rows = sql.execute("SELECT name, state FROM task_runs WHERE run_id = %s", (run_id,))
+    return {str(name): str(state) for name, state in rows.fetchall()}
+
+
+def task_id(sql: Sql, run_id: str, name: str = "only") -> str:
+    row = sql.execute(
+        "SELECT id::text FROM task_runs WHERE run_id = %s AND name = %s", (run_id, name)
+    ).fetchone()
+    assert row is not None, f"run {run_id} has no task {name}"
+    return str(row[0])
+
+
+def task_state(sql: Sql, task_run_id: str) -> str:
+    row = sql.execute("SELECT state FROM task_runs WHERE id = %s", (task_run_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def executions(sql: Sql, task_run_id: str) -> int:
+    row = sql.execute(
+        "SELECT count(*) FROM test_executions WHERE task_run_id = %s", (task_run_id,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def audit_rows(sql: Sql) -> list[tuple[str, str | None]]:
+    rows = sql.execute("SELECT task_run_id::text, reason FROM requeue_audit ORDER BY id")
+    return [(str(tid), reason) for tid, reason in rows.fetchall()]
+
+
+def counts(sql: Sql, table: str) -> dict[str, int]:
+    rows = sql.execute(f"SELECT state, count(*) FROM {table} GROUP BY state").fetchall()
+    return {str(state): int(n) for state, n in rows}
+
+
+def wait_run(sql: Sql, run_id: str, state: str) -> None:
+    wait_for(
+        lambda: run_state(sql, run_id) == state,
+        timeout=RUN_TIMEOUT_S,
+        interval=0.05,
+        what=f"run {run_id} to be {state} (it is {run_state(sql, run_id)})",
+    )
+
+
+def wait_task(sql: Sql, run_id: str, name: str, state: str) -> str:
+    tid = task_id(sql, run_id, name)
+    wait_for(
+        lambda: task_state(sql, tid) == state,
+        timeout=RUN_TIMEOUT_S,
+        interval=0.05,
+        what=f"task {name} of run {run_id} to be {state}",
+    )
+    return tid
+
+
+def cancel_requested(sql: Sql, run_id: str) -> bool:
+    row = sql.execute(
+        "SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+# ------------------------------------------------------------------ page helpers
+
+
+def save_token(page: Page, token: str) -> None:
+    page.locator("input[data-testid=token]").fill(token)
+    page.locator("[data-testid=save-token]").click()
+
+
+def accept_dialogs(page: Page) -> list[str]:
+    """Accept every dialog (the confirm() of an action); returns the types seen, live."""
+    seen: list[str] = []
+
+    def accept(dialog: Dialog) -> None:
+        seen.append(dialog.type)
+        dialog.accept()
+
+    page.on("dialog", accept)
+    return seen
+
+
+def posts_to(page: Page, pattern: str) -> list[Request]:
+    """The POST requests the page sends whose URL matches ``pattern``, recorded live."""
+    sent: list[Request] = []
+
+    def note(request: Request) -> None:
+        if request.method == "POST" and re.search(pattern, request.url):
+            sent.append(request)
+
+    page.on("request", note)
+    return sent
+
+
+def attribute_values(locator: Locator, name: str) -> set[str]:
+    values = locator.evaluate_all(f"els => els.map(e => e.getAttribute({json.dumps(name)}))")
+    return {str(v) for v in values}
+
+
+def expect_ids(locator: Locator, name: str, expected: set[str]) -> None:
+    """Poll until the elements of ``locator`` carry exactly ``expected`` in attribute ``name``."""
+    wait_for(
+        lambda: attribute_values(locator, name) == expected,
+        timeout=UI_TIMEOUT_S,
+        interval=0.1,
+        what=f"{name} values {sorted(expected)} (shown: {sorted(attribute_values(locator, name))})",
+    )
+
+
+def expect_count(page: Page, testid: str, expected: int) -> None:
+    """``[data-testid=<testid>]`` shows ``expected``; a zero may also be left out."""
+    found = page.locator(f"[data-testid={testid}]")
+    if expected:
+        expect(found).to_have_text(str(expected))
+    elif found.count():
+        expect(found).to_have_text("0")
+
+
+def most_first(found: dict[str, int], states: Iterable[str]) -> list[str]:
+    """``states`` ordered by their count in ``found``, largest first."""
+    return sorted(states, key=lambda state: -found.get(state, 0))
+
+
+def dag_node(page: Page, name: str) -> Locator:
+    return page.locator(f'svg[data-testid=dag] g[data-task="{name}"]')
+
+
+def expect_dag_matches(page: Page, sql: Sql, run_id: str) -> dict[str, str]:
+    states = task_states(sql, run_id)
+    expect(page.locator("svg[data-testid=dag] g[data-task]")).to_have_count(len(states))
+    for name, state in states.items():
+        expect(dag_node(page, name)).to_have_attribute("data-state", state)
+    return states
+
+
+# ------------------------------------------------------------------ overview and runs
+
+
+def test_overview_counts_match_the_database(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    pairs = [dashboard.trigger("ui-pair") for _ in range(3)]
+    failed = dashboard.trigger("ui-fail")
+    gated = dashboard.trigger("ui-gate", {"gate": str(dashboard.gate)})
+    for run_id in pairs:
+        wait_run(sql, run_id, "SUCCEEDED")
+    wait_run(sql, failed, "FAILED")
+    wait_task(sql, gated, "only", "RUNNING")
+    runs, tasks = counts(sql, "workflow_runs"), counts(sql, "task_runs")
+    assert runs == {"SUCCEEDED": 3, "FAILED": 1, "RUNNING": 1}, runs
+    assert tasks == {"SUCCEEDED": 6, "DEAD": 1, "RUNNING": 1}, tasks
+
+    page.goto(dashboard.url("/"))  # the root redirects to the overview
+    expect(page).to_have_url(dashboard.url("/ui/"))
+    expect(page.locator("[data-testid=overview]")).to_be_visible()
+    # the numbers first (they wait for the page to load), then the zeros
+    for kind, found, states in (("run", runs, list(RunState)), ("task", tasks, list(TaskState))):
+        for state in most_first(found, map(str, states)):
+            expect_count(page, f"{kind}-count-{state}", found.get(state, 0))
+    for panel in (
+        "retry-backlog",
+        "poison-candidates",
+        "dead-by-reason",
+        "outbox-lag",
+        "processes-summary",
+    ):
+        expect(page.locator(f"[data-testid={panel}]")).to_be_attached()
+    chart = page.locator("[data-testid=throughput-chart]")
+    expect(chart).to_be_visible()
+    assert chart.evaluate("e => e.tagName.toLowerCase() === 'svg' || !!e.querySelector('svg')")
+    reason = sql.execute("SELECT failure_reason FROM task_runs WHERE state = 'DEAD'").fetchone()
+    assert reason is not None and reason[0]
+    expect(page.locator("[data-testid=dead-by-reason]")).to_contain_text(str(reason[0]))
+    for link in ("nav-overview", "nav-runs", "nav-dead", "nav-processes"):
+        expect(page.locator(f"[data-testid={link}]")).to_be_visible()
+    screenshot("overview")
+
+
+def test_runs_list_filters_by_workflow_and_a_run_shows_its_dag(
+    page: Page, dashboard: Dashboard, sql: Sql, tmp_path: Path, screenshot: Shot
+) -> None:
+    gate, opened = dashboard.gate, tmp_path / "open"
+    opened.touch()
+    others = [dashboard.trigger("ui-pair") for _ in range(2)]
+    for run_id in others:
+        wait_run(sql, run_id, "SUCCEEDED")
+    done = dashboard.trigger("ui-mixed", {"gate": str(opened)})
+    wait_run(sql, done, "SUCCEEDED")
+    chosen = dashboard.trigger("ui-mixed", {"gate": str(gate)})
+    wait_task(sql, chosen, "gated", "RUNNING")
+    mixed = [done, chosen]
+
+    page.goto(dashboard.url("/ui/"))
+    page.locator("[data-testid=nav-runs]").click()
+    expect(page).to_have_url(re.compile(r"/ui/runs(?:[?#].*)?$"))
+    rows = page.locator("[data-testid=runs-table] tr[data-run-id]")
+    expect_ids(rows, "data-run-id", {*others, *mixed})
+
+    page.locator("input[name=workflow]").fill("ui-mixed")
+    page.locator("[data-testid=apply-filters]").click()
+    expect_ids(rows, "data-run-id", set(mixed))
+    # the list is live: a new run of the workflow shows up without a reload
+    late = dashboard.trigger("ui-mixed", {"gate": str(opened)})
+    expect_ids(rows, "data-run-id", {*mixed, late})
+    wait_run(sql, late, "SUCCEEDED")
+    # and the filters combine: finished runs of the workflow, then every state again
+    page.locator("select[name=state]").select_option("SUCCEEDED")
+    page.locator("[data-testid=apply-filters]").click()
+    expect_ids(rows, "data-run-id", {done, late})
+    page.locator("select[name=state]").select_option("")
+    page.locator("[data-testid=apply-filters]").click()
+    expect_ids(rows, "data-run-id", {*mixed, late})
+    row = page.locator(f'tr[data-run-id="{chosen}"]')
+    expect(row.locator("[data-testid=run-state]")).to_have_text(run_state(sql, chosen))
+    screenshot("runs-filtered")
+
+    row.locator("a[data-testid=run-link]").click()
+    expect(page).to_have_url(re.compile(rf"/ui/runs/{chosen}(?:[/?#].*)?$"))
+    expect(page.locator("[data-testid=run-state]")).to_have_text("RUNNING")
+    states = expect_dag_matches(page, sql, chosen)
+    assert states == {"first": "SUCCEEDED", "gated": "RUNNING", "last": "PENDING"}, states
+    for edge in ("first->gated", "gated->last"):
+        expect(page.locator(f'svg[data-testid=dag] path[data-edge="{edge}"]')).to_have_count(1)
+    screenshot("dag-running")
+
+    # the page follows the run live: open the gate, and the DAG turns green by itself
+    gate.touch()
+    wait_run(sql, chosen, "SUCCEEDED")
+    expect(page.locator("[data-testid=run-state]")).to_have_text("SUCCEEDED")
+    assert expect_dag_matches(page, sql, chosen) == dict.fromkeys(states, "SUCCEEDED")
+
+
+def test_a_dead_tasks_panel_shows_its_traceback_as_text(
+    page: Page, dashboard: Dashboard, sql: Sql, tmp_path: Path, screenshot: Shot
+) -> None:
+    # the error names this file: markup in it must be shown, never rendered or run
+    payload = "<img src=x onerror=\"alert('xss')\"><b data-testid=injected>bold</b>"
+    missing = tmp_path / payload
+    run_id = dashboard.trigger("ui-fixable", {"file": str(missing)})
+    wait_run(sql, run_id, "FAILED")
+    tid = wait_task(sql, run_id, "only", "DEAD")
+    attempt = sql.execute(
+        "SELECT error, traceback FROM task_attempts WHERE task_run_id = %s", (tid,)
+    ).fetchall()
+    assert len(attempt) == 1 and attempt[0][1], attempt
+    error, traceback = str(attempt[0][0]), str(attempt[0][1])
+    assert "does not exist yet" in traceback and payload in traceback
+
+    dialogs = accept_dialogs(page)
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    expect(page.locator("[data-testid=run-state]")).to_have_text("FAILED")
+    expect(dag_node(page, "only")).to_have_attribute("data-state", "DEAD")
+    dag_node(page, "only").click()
+    panel = page.locator("[data-testid=task-panel]")
+    expect(panel).to_be_visible()
+    expect(panel.locator("[data-testid=task-state]")).to_have_text("DEAD")
+    expect(panel.locator("[data-testid=attempt]")).to_have_count(1)
+    shown = panel.locator("pre[data-testid=traceback]")
+    expect(shown).to_contain_text(f"RuntimeError: {missing} does not exist yet")
+    expect(shown).to_contain_text("raise RuntimeError(f\"{ctx.input['file']} does not exist")
+    expect(panel.locator("pre[data-testid=error]")).to_contain_text(payload)
+    assert error.strip() and payload in error
+    task_input = panel.locator("pre[data-testid=task-input]")
+    expect(task_input).to_contain_text("<b data-testid=injected>bold</b>")
+    assert json.loads(task_input.inner_text()) == {"file": str(missing)}
+    shown.scroll_into_view_if_needed()
+    screenshot("traceback")
+    expect(page.locator("[data-testid=injected]")).to_have_count(0)
+    assert dialogs == [], f"markup from an error ran in the page: {dialogs}"
+
+
+# ------------------------------------------------------------------ actions with the token
+
+
+def test_cancel_a_running_run_from_its_page(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    run_id = dashboard.trigger("ui-gate", {"gate": str(dashboard.gate)})
+    wait_task(sql, run_id, "only", "RUNNING")
+
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    expect(page.locator("[data-testid=run-state]")).to_have_text("RUNNING")
+    save_token(page, dashboard.token)
+    wait_for(
+        lambda: dashboard.token in page.evaluate("() => Object.values(sessionStorage)"),
+        timeout=UI_TIMEOUT_S,
+        interval=0.1,
+        what="the token to be kept in sessionStorage",
+    )
+    assert page.evaluate("() => localStorage.length") == 0, "the token leaked to localStorage"
+    assert page.context.cookies() == [], "the dashboard set a cookie"
+    dialogs = accept_dialogs(page)
+    cancels = posts_to(page, rf"/api/v1/runs/{run_id}/cancel$")
+    page.locator("[data-testid=cancel-run]").click()
+
+    expect(page.locator("[data-testid=run-state]")).to_have_text("CANCELLED")
+    screenshot("cancelled")
+    assert dialogs == ["confirm"], dialogs
+    assert len(cancels) == 1
+    assert cancels[0].all_headers().get("authorization") == f"Bearer {dashboard.token}"
+    wait_run(sql, run_id, "CANCELLED")
+    assert cancel_requested(sql, run_id)
+    wait_task(sql, run_id, "only", "CANCELLED")
+
+
+def test_requeue_a_dead_task_with_a_reason_runs_it_again(
+    page: Page, dashboard: Dashboard, sql: Sql, tmp_path: Path, screenshot: Shot
+) -> None:
+    fix = tmp_path / "fixed"
+    run_id = dashboard.trigger("ui-fixable", {"file": str(fix)})
+    tid = wait_task(sql, run_id, "only", "DEAD")
+    assert executions(sql, tid) == 1
+    reason = f"input file restored ({uuid.uuid4().hex[:8]})"
+
+    page.goto(dashboard.url("/ui/dead"))
+    save_token(page, dashboard.token)
+    accept_dialogs(page)
+    requeues = posts_to(page, r"/api/v1/(task-runs/[^/]+/requeue|dead/requeue)$")
+    row = page.locator(f'tr[data-task-id="{tid}"]')
+    expect(row).to_be_visible()
+    fix.touch()
+    # a reason is required: without one nothing is sent
+    page.locator("input[name=requeue-reason]").fill("")
+    row.locator("[data-testid=requeue-one]").click()
+    page.locator("input[name=requeue-reason]").fill(reason)
+    row.locator("[data-testid=requeue-one]").click()
+
+    expect(page.locator("[data-testid=flash]")).not_to_have_text(re.compile(r"^\s*$"))
+    wait_task(sql, run_id, "only", "SUCCEEDED")
+    screenshot("requeued")
+    assert [r.url for r in requeues] == [dashboard.url(f"/api/v1/task-runs/{tid}/requeue")]
+    assert audit_rows(sql) == [(tid, reason)]
+    assert executions(sql, tid) == 2
+    wait_run(sql, run_id, "SUCCEEDED")
+
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    expect(page.locator("[data-testid=run-state]")).to_have_text("SUCCEEDED")
+    expect(dag_node(page, "only")).to_have_attribute("data-state", "SUCCEEDED")
+    page.goto(dashboard.url("/ui/dead"))
+    expect(page.locator("[data-testid=nav-dead]")).to_be_visible()
+    expect(page.locator("tr[data-task-id]")).to_have_count(0)
+
+
+def test_requeue_all_dry_run_counts_the_matches_and_changes_nothing_until_confirmed(
+    page: Page, dashboard: Dashboard, sql: Sql, tmp_path: Path, screenshot: Shot
+) -> None:
+    failing = [dashboard.trigger("ui-fail", {"n": n}) for n in range(3)]
+    other = dashboard.trigger("ui-fixable", {"file": str(tmp_path / "never")})
+    targets = {wait_task(sql, run_id, "only", "DEAD") for run_id in failing}
+    bystander = wait_task(sql, other, "only", "DEAD")
+    before = counts(sql, "task_runs")
+    assert before == {"DEAD": 4}, before
+    reason = f"bulk retry ({uuid.uuid4().hex[:8]})"
+
+    page.goto(dashboard.url("/ui/dead"))
+    save_token(page, dashboard.token)
+    dialogs = accept_dialogs(page)
+    bulk = posts_to(page, r"/api/v1/dead/requeue$")
+    rows = page.locator("tr[data-task-id]")
+    expect_ids(rows, "data-task-id", {*targets, bystander})
+    page.locator("input[name=workflow]").fill("ui-fail")
+    page.locator("[data-testid=apply-filters]").click()
+    expect_ids(rows, "data-task-id", targets)
+    page.locator("input[name=requeue-reason]").fill(reason)
+    page.locator("[data-testid=requeue-all]").click()
+
+    expect(page.locator("[data-testid=dry-run-count]")).to_have_text(str(len(targets)))
+    expect(page.locator("[data-testid=confirm-requeue-all]")).to_be_visible()
+    screenshot("dry-run")
+    assert len(bulk) == 1, [r.post_data for r in bulk]
+    dry = json.loads(bulk[0].post_data or "{}")
+    assert dry.get("dry_run") is True and dry.get("workflow") == "ui-fail", dry
+    assert bulk[0].response() is not None  # answered: whatever it did is done
+    assert counts(sql, "task_runs") == before
+    assert audit_rows(sql) == []
+    assert all(executions(sql, tid) == 1 for tid in [*targets, bystander])
+
+    page.locator("[data-testid=confirm-requeue-all]").click()
+    wait_for(
+        lambda: len(audit_rows(sql)) == len(targets),
+        timeout=UI_TIMEOUT_S,
+        what="three audit rows",
+    )
+    assert sorted(audit_rows(sql)) == sorted((tid, reason) for tid in targets)
+    confirmed = json.loads(bulk[-1].post_data or "{}")
+    assert len(bulk) == 2 and confirmed.get("dry_run") is not True, confirmed
+    # requeued: each runs once more (and, still failing, dies again)
+    wait_for(
+        lambda: all(executions(sql, t) == 2 and task_state(sql, t) == "DEAD" for t in targets),
+        timeout=RUN_TIMEOUT_S,
+        what="each requeued task to run once more and die again",
+    )
+    assert task_state(sql, bystander) == "DEAD" and executions(sql, bystander) == 1
+    expect(page.locator("[data-testid=flash]")).not_to_have_text(re.compile(r"^\s*$"))
+    screenshot("confirmed")
+    assert set(dialogs) <= {"confirm"}, dialogs
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_without_the_token_an_action_shows_an_error_and_changes_nothing(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    dead = wait_task(sql, dashboard.trigger("ui-fail"), "only", "DEAD")
+    running = dashboard.trigger("ui-gate", {"gate": str(dashboard.gate)})
+    wait_task(sql, running, "only", "RUNNING")
+    accept_dialogs(page)
+    flash = page.locator("[data-testid=flash]")
+    refusal = re.compile(r"token|401|403|unauthori[sz]ed|forbidden", re.IGNORECASE)
+
+    page.goto(dashboard.url(f"/ui/runs/{running}"))
+    expect(page.locator("[data-testid=run-state]")).to_have_text("RUNNING")
+    page.locator("[data-testid=cancel-run]").click()
+    expect(flash).to_contain_text(refusal)
+    screenshot("cancel-refused")
+    expect(page.locator("[data-testid=run-state]")).to_have_text("RUNNING")
+    assert run_state(sql, running) == "RUNNING" and not cancel_requested(sql, running)
+    assert task_states(sql, running) == {"only": "RUNNING"}
+
+    page.goto(dashboard.url("/ui/dead"))
+    expect(page.locator(f'tr[data-task-id="{dead}"]')).to_be_visible()
+    page.locator("input[name=requeue-reason]").fill("no token, no requeue")
+    page.locator(f'tr[data-task-id="{dead}"] [data-testid=requeue-one]').click()
+    expect(flash).to_contain_text(refusal)
+    screenshot("requeue-refused")
+    assert task_state(sql, dead) == "DEAD" and audit_rows(sql) == []
+    assert executions(sql, dead) == 1
+
+
+class ForgedSite(ThreadingHTTPServer):
+    """Serves one attacker page (``html``) on another port: another origin than the api's."""
+
+    html = b""
+
+
+class _ForgedPage(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        assert isinstance(self.server, ForgedSite)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(self.server.html)))
+        self.end_headers()
+        self.wfile.write(self.server.html)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def forged_site() -> Iterator[ForgedSite]:
+    server = ForgedSite(("127.0.0.1", 0), _ForgedPage)
+    thread = threading.Thread(target=server.serve_forever, name="forged-site", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def forged_html(cancel_url: str) -> bytes:
+    """Three forgeries of the cancel: a url-encoded form, a text/plain form whose body looks
+    like JSON, and a no-cors fetch with a text/plain body. Forms post into an iframe so the
+    page stays."""
+    return f"""<!doctype html><html><body>
+<iframe name="sink"></iframe>
+<form id="urlencoded" method="POST" action="{cancel_url}" target="sink">
+  <input name="confirm" value="yes"><button id="send-urlencoded">go</button></form>
+<form id="plain" method="POST" action="{cancel_url}" target="sink" enctype="text/plain">
+  <input name='{{"x": "' value='"}}'><button id="send-plain">go</button></form>
+<button id="send-fetch" onclick="fetch('{cancel_url}', {{method: 'POST', mode: 'no-cors',
+  credentials: 'include', headers: {{'Content-Type': 'text/plain'}}, body: '{{}}'}})">go</button>
+</body></html>""".encode()
+
+
+def test_forged_cross_site_requests_cancel_nothing(
+    page: Page,
+    dashboard: Dashboard,
+    sql: Sql,
+    forged_site: ForgedSite,
+    screenshot: Shot,
+) -> None:
+    run_id = dashboard.trigger("ui-gate", {"gate": str(dashboard.gate)})
+    wait_task(sql, run_id, "only", "RUNNING")
+    cancel_url = dashboard.url(f"/api/v1/runs/{run_id}/cancel")
+    forged_site.html = forged_html(cancel_url)
+    # the operator is signed in to the dashboard in this browser
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    save_token(page, dashboard.token)
+    expect(page.locator("[data-testid=run-state]")).to_have_text("RUNNING")
+
+    port = forged_site.server_address[1]
+    # another port on the same host (same-site), and another host name (cross-site)
+    for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+        page.goto(f"{origin}/")
+        for button in ("#send-urlencoded", "#send-plain", "#send-fetch"):
+            with page.expect_response(
+                lambda r: r.url == cancel_url and r.request.method == "POST"
+            ) as answer:
+                page.locator(button).click()
+            status = answer.value.status
+            assert status in CSRF_REFUSED, (origin, button, status, answer.value.text())
+            assert run_state(sql, run_id) == "RUNNING" and not cancel_requested(sql, run_id)
+    screenshot("forged")
+
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    expect(page.locator("[data-testid=run-state]")).to_have_text("RUNNING")
+    assert task_states(sql, run_id) == {"only": "RUNNING"}
+    assert not cancel_requested(sql, run_id)
+
+
+# ------------------------------------------------------------------ processes
+
+
+def test_the_processes_page_lists_the_stack_processes(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    started = {process.pid: process.role for process in dashboard.processes}
+
+    def registered() -> dict[int, str]:
+        rows = sql.execute("SELECT pid, role FROM processes").fetchall()
+        return {int(pid): str(role) for pid, role in rows}
+
+    def host(pid: int) -> str:
+        row = sql.execute("SELECT host FROM processes WHERE pid = %s", (pid,)).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    wait_for(
+        lambda: started.items() <= registered().items(),
+        timeout=UI_TIMEOUT_S,
+        interval=0.1,
+        what=f"every process of the stack to register ({started})",
+    )
+    in_db = registered()
+
+    page.goto(dashboard.url("/ui/"))
+    page.locator("[data-testid=nav-processes]").click()
+    expect(page).to_have_url(re.compile(r"/ui/processes(?:[?#].*)?$"))
+    rows = page.locator("[data-testid=processes-table] tr[data-pid]")
+    expect_ids(rows, "data-pid", {str(pid) for pid in in_db})
+    for pid, role in in_db.items():
+        row = page.locator(f'[data-testid=processes-table] tr[data-pid="{pid}"]')
+        for shown in (role, str(pid), host(pid)):
+            expect(row).to_contain_text(shown)
+    screenshot("processes")
