@@ -14,18 +14,14 @@ from __future__ import annotations
 import signal
 import socket
 import time
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import pika
-import pika.exceptions
 import psycopg
 import pytest
-from pika.adapters.blocking_connection import BlockingChannel
 
 from flowforge.broker import messages
 from flowforge.broker.publish import ConfirmingPublisher
@@ -38,6 +34,18 @@ from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
 from flowforge.roles.publisher import Publisher
 from flowforge.store.repository import Repository
 from supervisor import exitcodes
+from tests.delivery import (
+    BROKER_POLL_S,
+    broker_channel,
+    executions,
+    exit_code,
+    publish_raw,
+    queue_depth,
+    stale_completions,
+    stays_empty,
+    stop_cleanly,
+    worker_pid,
+)
 from tests.e2e import RoleProcess, Stack
 from tests.helpers import FAST_RETRY, drain, single, wait_for
 
@@ -48,11 +56,6 @@ Sql = psycopg.Connection[tuple[Any, ...]]
 #: Worker settings for tests that wait for a lease to lapse.
 SHORT_LEASE = {"lease_s": 2.0, "heartbeat_s": 0.5}
 ONE_ATTEMPT = RetryPolicy(max_attempts=1, base_delay=0.0, max_delay=0.0, jitter=Jitter.NONE)
-#: How long an emptied queue must stay empty once its consumer has gone (proves the ack).
-STAYS_EMPTY_S = 1.0
-EXIT_TIMEOUT_S = 15.0
-BROKER_POLL_S = 0.1
-NOT_FOUND = 404
 
 
 # ------------------------------------------------------------------ helpers
@@ -88,16 +91,6 @@ def wait_run(repo: Repository, run_id: UUID, state: RunState, timeout: float = 2
     )
 
 
-def executions(sql: Sql, task_id: UUID | None = None) -> list[tuple[int, int]]:
-    """Recorded handler executions as (attempt, pid), oldest first (of one task, or all)."""
-    found = sql.execute(
-        "SELECT attempt, pid FROM test_executions"
-        " WHERE %(id)s::uuid IS NULL OR task_run_id = %(id)s::uuid ORDER BY id",
-        {"id": task_id},
-    ).fetchall()
-    return [(int(a), int(p)) for a, p in found]
-
-
 def wait_executions(sql: Sql, task_id: UUID, count: int, timeout: float = 20.0) -> None:
     wait_for(
         lambda: len(executions(sql, task_id)) >= count,
@@ -117,17 +110,6 @@ def outbox_rows(sql: Sql, task_id: UUID) -> list[tuple[int, int, datetime | None
     ]
 
 
-def exit_code(process: RoleProcess, timeout: float = EXIT_TIMEOUT_S) -> int:
-    return process.wait(timeout)
-
-
-def stop_cleanly(process: RoleProcess) -> None:
-    """SIGTERM the process; it must exit 0 (its log is shown otherwise)."""
-    process.signal(signal.SIGTERM)
-    code = exit_code(process)
-    assert code == exitcodes.CLEAN, f"{process.role} exited {code}:\n{process.log()}"
-
-
 def registered_roles(sql: Sql) -> dict[str, tuple[str, int, datetime, datetime]]:
     """role → (host, pid, started_at, last_seen_at) of every registered process."""
     found = sql.execute("SELECT role, host, pid, started_at, last_seen_at FROM processes")
@@ -145,34 +127,9 @@ def wait_registered(sql: Sql, *processes: RoleProcess) -> None:
     wait_for(registered, what=f"processes {pids} to register")
 
 
-@contextmanager
-def broker_channel(stack: Stack) -> Iterator[BlockingChannel]:
-    conn = pika.BlockingConnection(pika.URLParameters(stack.broker_url))
-    try:
-        yield conn.channel()
-    finally:
-        if conn.is_open:
-            conn.close()
-
-
 def declare_quorum_queue(stack: Stack) -> None:
     with broker_channel(stack) as channel:
         channel.queue_declare(stack.queue, durable=True, arguments={"x-queue-type": "quorum"})
-
-
-def queue_depth(stack: Stack) -> int:
-    """Messages ready in the stack's queue (passive declare; unacked ones are not counted).
-
-    -1 while the queue does not exist yet.
-    """
-    with broker_channel(stack) as channel:
-        try:
-            declared = channel.queue_declare(stack.queue, passive=True)
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == NOT_FOUND:
-                return -1
-            raise
-        return int(declared.method.message_count)
 
 
 def wait_depth(stack: Stack, depth: int, timeout: float = 20.0) -> None:
@@ -182,33 +139,6 @@ def wait_depth(stack: Stack, depth: int, timeout: float = 20.0) -> None:
         interval=BROKER_POLL_S,
         what=f"queue depth {depth}",
     )
-
-
-def stays_empty(stack: Stack, seconds: float = STAYS_EMPTY_S) -> bool:
-    """True if the queue holds no message for ``seconds`` (an unacked one would come back)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if queue_depth(stack):
-            return False
-        time.sleep(BROKER_POLL_S)
-    return True
-
-
-def publish_raw(stack: Stack, dispatch: Dispatch) -> None:
-    """Put one dispatch message on the stack's queue, as the publisher would (confirmed)."""
-    with broker_channel(stack) as channel:
-        channel.confirm_delivery()
-        channel.basic_publish(
-            exchange="",
-            routing_key=stack.queue,
-            body=messages.encode(dispatch),
-            properties=pika.BasicProperties(
-                delivery_mode=2,
-                content_type=messages.CONTENT_TYPE,
-                message_id=str(dispatch.outbox_id),
-            ),
-            mandatory=True,
-        )
 
 
 def drain_queue(stack: Stack, limit: int) -> list[tuple[str | None, bytes]]:
@@ -222,16 +152,6 @@ def drain_queue(stack: Stack, limit: int) -> list[tuple[str | None, bytes]]:
             taken.append((properties.message_id, body))
             channel.basic_ack(method.delivery_tag)
     raise AssertionError(f"the queue held more than {limit} messages")
-
-
-def worker_pid(attempt_worker: str | None) -> int:
-    """The pid in an attempt's worker id (``host/pid``)."""
-    assert attempt_worker is not None
-    return int(attempt_worker.rsplit("/", 1)[1])
-
-
-def stale_completions(repo: Repository) -> int:
-    return repo.counters().get("stale_completions", 0)
 
 
 # ------------------------------------------------------------------ duplicate delivery

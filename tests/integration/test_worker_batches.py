@@ -11,35 +11,35 @@ absence (a queue that stays empty once its consumer has gone).
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import pika
-import pika.exceptions
 import psycopg
 import pytest
-from pika.adapters.blocking_connection import BlockingChannel
 
-from flowforge.broker import messages
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Dispatch
 from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
 from flowforge.store.repository import Repository
-from supervisor import exitcodes
-from tests.e2e import RoleProcess, Stack
+from tests.delivery import (
+    BROKER_POLL_S,
+    executions,
+    publish_raw,
+    queue_depth,
+    stale_completions,
+    stays_empty,
+    stop_cleanly,
+    worker_pid,
+)
+from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, single, wait_for
 
 pytestmark = pytest.mark.integration
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
-BROKER_POLL_S = 0.1
-STAYS_EMPTY_S = 1.0
-NOT_FOUND = 404
 #: The workers' default broker.prefetch: the largest batch a worker claims.
 DEFAULT_PREFETCH = 16
 
@@ -74,14 +74,6 @@ def wait_all(sql: Sql, tasks: Sequence[UUID], state: TaskState, timeout: float =
     wait_for(probe, timeout=timeout, interval=0.05, what=f"{len(tasks)} task(s) to be {state}")
 
 
-def executions(sql: Sql, task_id: UUID) -> list[tuple[int, int]]:
-    """Recorded handler executions of one task as (attempt, pid), oldest first."""
-    found = sql.execute(
-        "SELECT attempt, pid FROM test_executions WHERE task_run_id = %s ORDER BY id", (task_id,)
-    ).fetchall()
-    return [(int(a), int(p)) for a, p in found]
-
-
 def executions_per_task(sql: Sql) -> dict[UUID, int]:
     found = sql.execute("SELECT task_run_id, count(*) FROM test_executions GROUP BY 1")
     return {r[0]: int(r[1]) for r in found.fetchall()}
@@ -95,71 +87,6 @@ def outbox_rows(sql: Sql, task_id: UUID) -> list[tuple[int, int, bool]]:
         (task_id,),
     ).fetchall()
     return [(int(i), int(t), bool(p)) for i, t, p in found]
-
-
-def worker_pid(attempt_worker: str | None) -> int:
-    """The pid in a worker id (``host/pid``)."""
-    assert attempt_worker is not None
-    return int(attempt_worker.rsplit("/", 1)[1])
-
-
-def stale_completions(repo: Repository) -> int:
-    return repo.counters().get("stale_completions", 0)
-
-
-@contextmanager
-def broker_channel(stack: Stack) -> Iterator[BlockingChannel]:
-    conn = pika.BlockingConnection(pika.URLParameters(stack.broker_url))
-    try:
-        yield conn.channel()
-    finally:
-        if conn.is_open:
-            conn.close()
-
-
-def queue_depth(stack: Stack) -> int:
-    """Messages ready in the stack's queue (unacked ones are not counted); -1 if no queue."""
-    with broker_channel(stack) as channel:
-        try:
-            declared = channel.queue_declare(stack.queue, passive=True)
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == NOT_FOUND:
-                return -1
-            raise
-        return int(declared.method.message_count)
-
-
-def stays_empty(stack: Stack, seconds: float = STAYS_EMPTY_S) -> bool:
-    """True if the queue holds no message for ``seconds`` (an unacked one would come back)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if queue_depth(stack):
-            return False
-        time.sleep(BROKER_POLL_S)
-    return True
-
-
-def publish_raw(stack: Stack, dispatch: Dispatch) -> None:
-    """Put one dispatch message on the stack's queue, as the publisher would (confirmed)."""
-    with broker_channel(stack) as channel:
-        channel.confirm_delivery()
-        channel.basic_publish(
-            exchange="",
-            routing_key=stack.queue,
-            body=messages.encode(dispatch),
-            properties=pika.BasicProperties(
-                delivery_mode=2,
-                content_type=messages.CONTENT_TYPE,
-                message_id=str(dispatch.outbox_id),
-            ),
-            mandatory=True,
-        )
-
-
-def stop_cleanly(process: RoleProcess) -> None:
-    process.signal(signal.SIGTERM)
-    code = process.wait()
-    assert code == exitcodes.CLEAN, f"{process.role} exited {code}:\n{process.log()}"
 
 
 # ------------------------------------------------------------------ batching

@@ -1,0 +1,114 @@
+"""Helpers shared by the tests that drive real role processes over a real broker
+(tests/integration/test_roles_delivery.py, test_worker_batches.py): the stack's queue seen from
+the broker, raw publishes, executions and counters read from the database."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from uuid import UUID
+
+import pika
+import pika.exceptions
+import psycopg
+from pika.adapters.blocking_connection import BlockingChannel
+
+from flowforge.broker import messages
+from flowforge.domain.model import Dispatch
+from flowforge.store.repository import Repository
+from supervisor import exitcodes
+from tests.e2e import RoleProcess, Stack
+
+Sql = psycopg.Connection[tuple[Any, ...]]
+
+#: How long an emptied queue must stay empty once its consumer has gone (proves the ack).
+STAYS_EMPTY_S = 1.0
+EXIT_TIMEOUT_S = 15.0
+BROKER_POLL_S = 0.1
+NOT_FOUND = 404
+
+
+def executions(sql: Sql, task_id: UUID | None = None) -> list[tuple[int, int]]:
+    """Recorded handler executions as (attempt, pid), oldest first (of one task, or all)."""
+    found = sql.execute(
+        "SELECT attempt, pid FROM test_executions"
+        " WHERE %(id)s::uuid IS NULL OR task_run_id = %(id)s::uuid ORDER BY id",
+        {"id": task_id},
+    ).fetchall()
+    return [(int(a), int(p)) for a, p in found]
+
+
+def worker_pid(attempt_worker: str | None) -> int:
+    """The pid in an attempt's worker id (``host/pid``)."""
+    assert attempt_worker is not None
+    return int(attempt_worker.rsplit("/", 1)[1])
+
+
+def stale_completions(repo: Repository) -> int:
+    return repo.counters().get("stale_completions", 0)
+
+
+def exit_code(process: RoleProcess, timeout: float = EXIT_TIMEOUT_S) -> int:
+    return process.wait(timeout)
+
+
+def stop_cleanly(process: RoleProcess) -> None:
+    """SIGTERM the process; it must exit 0 (its log is shown otherwise)."""
+    process.signal(signal.SIGTERM)
+    code = exit_code(process)
+    assert code == exitcodes.CLEAN, f"{process.role} exited {code}:\n{process.log()}"
+
+
+@contextmanager
+def broker_channel(stack: Stack) -> Iterator[BlockingChannel]:
+    conn = pika.BlockingConnection(pika.URLParameters(stack.broker_url))
+    try:
+        yield conn.channel()
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def queue_depth(stack: Stack) -> int:
+    """Messages ready in the stack's queue (passive declare; unacked ones are not counted).
+
+    -1 while the queue does not exist yet.
+    """
+    with broker_channel(stack) as channel:
+        try:
+            declared = channel.queue_declare(stack.queue, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == NOT_FOUND:
+                return -1
+            raise
+        return int(declared.method.message_count)
+
+
+def stays_empty(stack: Stack, seconds: float = STAYS_EMPTY_S) -> bool:
+    """True if the queue holds no message for ``seconds`` (an unacked one would come back)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if queue_depth(stack):
+            return False
+        time.sleep(BROKER_POLL_S)
+    return True
+
+
+def publish_raw(stack: Stack, dispatch: Dispatch) -> None:
+    """Put one dispatch message on the stack's queue, as the publisher would (confirmed)."""
+    with broker_channel(stack) as channel:
+        channel.confirm_delivery()
+        channel.basic_publish(
+            exchange="",
+            routing_key=stack.queue,
+            body=messages.encode(dispatch),
+            properties=pika.BasicProperties(
+                delivery_mode=2,
+                content_type=messages.CONTENT_TYPE,
+                message_id=str(dispatch.outbox_id),
+            ),
+            mandatory=True,
+        )
