@@ -107,6 +107,26 @@ export function query(params) {
   return search.toString();
 }
 
+/** The form field of a list page's filter bar named ``name``. */
+export function filterField(name) {
+  return $(`.filters [name=${name}]`);
+}
+
+/** Fills the filter fields named in ``names`` from the page's query string. */
+export function restoreFilterFields(names) {
+  const params = new URLSearchParams(location.search);
+  for (const name of names) {
+    const value = params.get(name);
+    if (value) filterField(name).value = value;
+  }
+}
+
+/** Puts ``filters`` in the address bar, so a reload or a shared link shows the same list. */
+export function rememberFilters(filters) {
+  const search = query(filters);
+  history.replaceState(null, "", search ? `?${search}` : location.pathname);
+}
+
 function pad(n) {
   return String(n).padStart(2, "0");
 }

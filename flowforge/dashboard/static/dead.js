@@ -4,6 +4,9 @@
 // requeue needs a reason, recorded in the audit table.
 
 import {
+  filterField,
+  rememberFilters,
+  restoreFilterFields,
   $,
   describe,
   el,
@@ -25,9 +28,7 @@ const ERROR_PREVIEW = 120;
 
 const view = { filters: {}, cursors: [null], next: null, pending: null };
 
-function field(name) {
-  return $(`.filters [name=${name}]`);
-}
+const field = filterField;
 
 function readFilters() {
   return {
@@ -156,18 +157,13 @@ function apply() {
   view.filters = readFilters();
   view.cursors = [null];
   hideDryRun();
-  const search = query(view.filters);
-  history.replaceState(null, "", search ? `?${search}` : location.pathname);
+  rememberFilters(view.filters);
   flash("");
   poll.now();
 }
 
 function restoreFilters() {
-  const params = new URLSearchParams(location.search);
-  for (const name of FILTERS) {
-    const value = params.get(name);
-    if (value) field(name).value = value;
-  }
+  restoreFilterFields(FILTERS);
   view.filters = readFilters();
 }
 

@@ -3,6 +3,9 @@
 // The applied filters live in the address bar, so a reload or a shared link keeps them.
 
 import {
+  filterField,
+  rememberFilters,
+  restoreFilterFields,
   $,
   describe,
   el,
@@ -22,9 +25,7 @@ const FILTERS = ["state", "workflow", "since", "until"];
 
 const view = { filters: {}, cursors: [null], next: null };
 
-function field(name) {
-  return $(`.filters [name=${name}]`);
-}
+const field = filterField;
 
 /** A time typed by the operator as ISO 8601 for the api (no offset: the browser's zone). */
 function isoTime(name, text) {
@@ -85,18 +86,13 @@ function apply() {
     return;
   }
   view.cursors = [null];
-  const search = query(view.filters);
-  history.replaceState(null, "", search ? `?${search}` : location.pathname);
+  rememberFilters(view.filters);
   flash("");
   poll.now();
 }
 
 function restoreFilters() {
-  const params = new URLSearchParams(location.search);
-  for (const name of FILTERS) {
-    const value = params.get(name);
-    if (value) field(name).value = value;
-  }
+  restoreFilterFields(FILTERS);
   try {
     view.filters = readFilters();
   } catch (err) {
