@@ -117,3 +117,19 @@ def hang(ctx: TaskContext) -> None:
     """Never returns on its own (for timeouts): only the process's end stops it."""
     record(ctx, "e2e.hang")
     time.sleep(MAX_WAIT_S * 10)
+
+
+@task("e2e.sleep_logged")
+def sleep_logged(ctx: TaskContext) -> dict[str, Any]:
+    """Like e2e.sleep, but records its execution as a line in the file ``input.log`` instead
+    of the database: for tests whose database fails over under the handler (a record whose
+    commit was acknowledged to nobody would make the handler fail, and its retry count twice).
+    One ``write(2)`` with O_APPEND, so concurrent processes never interleave their lines."""
+    line = f"{ctx.task_run_id} {ctx.attempt} {os.getpid()}\n".encode()
+    fd = os.open(ctx.input["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    time.sleep(float(ctx.input.get("seconds", 1)))
+    return {"slept": ctx.input.get("seconds", 1)}
