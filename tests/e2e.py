@@ -91,6 +91,7 @@ class Stack:
     broker_url: str
     queue: str = field(default_factory=lambda: f"flowforge.test.{uuid.uuid4().hex[:10]}")
     processes: list[RoleProcess] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. the api token
 
     def config_path(self, **overrides: Any) -> Path:
         """Write the config (deep-merged ``overrides``) and return its path."""
@@ -114,7 +115,7 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
         env["FLOWFORGE_DATABASE_URL"] = self.database_url  # e2e handlers record executions here
         env["PYTHONUNBUFFERED"] = "1"
-        return env
+        return {**env, **self.extra_env}
 
     def start(self, role: str, **overrides: Any) -> RoleProcess:
         config = self.config_path(**overrides)

@@ -21,7 +21,7 @@ import re
 import socket
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -165,23 +165,13 @@ def screenshot(page: Page, request: pytest.FixtureRequest) -> Callable[[str], Pa
 
 
 @dataclass
-class DashboardStack(Stack):
-    """A :class:`Stack` whose processes also get ``extra_env`` (the api token)."""
-
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    def env(self) -> dict[str, str]:
-        return {**super().env(), **self.extra_env}
-
-
-@dataclass
 class Dashboard:
     """A running stack whose api serves the dashboard at ``base_url``."""
 
     base_url: str
     port: int
     token: str
-    stack: DashboardStack
+    stack: Stack
     api: RoleProcess
     processes: list[RoleProcess]
     #: A gate file for e2e.gate tasks (``{"gate": str(dashboard.gate)}``), opened at teardown
@@ -251,7 +241,7 @@ def _serving(port: int, api: RoleProcess) -> bool:
 def dashboard(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[Dashboard]:
     """Scheduler, publisher, two workers and the api (with a token) on the session database."""
     token = f"ui-test-{uuid.uuid4().hex}"
-    stack = DashboardStack(tmp_path, clean_database_url, broker_url)
+    stack = Stack(tmp_path, clean_database_url, broker_url)
     stack.extra_env = {TOKEN_ENV: token}
     gate = tmp_path / "gate-opened-at-teardown"
     port = free_port()

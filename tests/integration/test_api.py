@@ -26,7 +26,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +136,6 @@ class Api:
         return data
 
 
-@dataclass
-class ApiStack(Stack):
-    """A :class:`Stack` whose processes also get ``extra_env`` (the api token)."""
-
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    def env(self) -> dict[str, str]:
-        return {**super().env(), **self.extra_env}
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -180,7 +170,7 @@ def wait_until_serving(api: Api, alive: Any, log: Any, timeout: float = BOOT_TIM
     wait_for(probe, timeout=timeout, interval=0.1, what="the api to answer /health/live")
 
 
-def start_api(stack: ApiStack, token: str | None = TOKEN, **api: Any) -> Api:
+def start_api(stack: Stack, token: str | None = TOKEN, **api: Any) -> Api:
     """``flowforge role api`` from ``stack`` (same queue) on a free port, serving."""
     port = free_port()
     stack.extra_env = {TOKEN_ENV: token} if token is not None else {}
@@ -236,7 +226,7 @@ def api(
 ) -> Iterator[Api]:
     """One api child (token set, default body limit) for the tests of this module that need
     no particular config. Tests that care about the data also take ``clean_database_url``."""
-    stack = ApiStack(tmp_path_factory.mktemp("api"), database_url, broker_url)
+    stack = Stack(tmp_path_factory.mktemp("api"), database_url, broker_url)
     try:
         yield start_api(stack)
     finally:
@@ -245,9 +235,9 @@ def api(
 
 
 @pytest.fixture
-def api_stack(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[ApiStack]:
+def api_stack(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[Stack]:
     """Role processes (and an api) for one test, on a fresh queue; all stopped at the end."""
-    running = ApiStack(tmp_path, clean_database_url, broker_url)
+    running = Stack(tmp_path, clean_database_url, broker_url)
     try:
         yield running
     finally:
@@ -328,9 +318,7 @@ def test_mutations_need_the_bearer_token(api: Api, sql: Sql) -> None:
     assert count_runs(sql) == 1
 
 
-def test_without_a_configured_token_every_mutation_is_refused(
-    api_stack: ApiStack, sql: Sql
-) -> None:
+def test_without_a_configured_token_every_mutation_is_refused(api_stack: Stack, sql: Sql) -> None:
     api = start_api(api_stack, token=None)
     body = {"workflow": "api-record", "input": {}}
     for token in ("anything", TOKEN, ""):
@@ -494,7 +482,7 @@ def test_a_body_far_over_the_limit_is_still_a_json_413(api: Api, sql: Sql) -> No
     assert count_runs(sql) == 0
 
 
-def test_a_smaller_max_body_bytes_is_enforced(api_stack: ApiStack, sql: Sql) -> None:
+def test_a_smaller_max_body_bytes_is_enforced(api_stack: Stack, sql: Sql) -> None:
     api = start_api(api_stack, max_body_bytes=2048)
     small = api.post("/api/v1/runs", {"workflow": "api-record", "input": {"pad": "x" * 1500}})
     assert small.status == 201, small.body
@@ -660,7 +648,7 @@ def _ready(api: Api) -> Reply:
     return api.request("GET", "/health/ready", auth=False, timeout=15)
 
 
-def test_ready_needs_a_scheduler_a_publisher_and_a_worker(api_stack: ApiStack) -> None:
+def test_ready_needs_a_scheduler_a_publisher_and_a_worker(api_stack: Stack) -> None:
     api = start_api(api_stack)
     scheduler, publisher, worker = api_stack.start_all(workers=1)
     assert api.get("/health/live").json() == {"status": "ok"}
@@ -735,7 +723,7 @@ def _children(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def flowforge_up(stack: ApiStack, **settings: Any) -> Iterator[subprocess.Popen[bytes]]:
+def flowforge_up(stack: Stack, **settings: Any) -> Iterator[subprocess.Popen[bytes]]:
     """``flowforge up`` on ``stack``'s config; SIGTERM (then SIGKILL) it and its children."""
     config = stack.config_path(**settings)
     log = (stack.directory / "up.log").open("ab")
@@ -764,7 +752,7 @@ def flowforge_up(stack: ApiStack, **settings: Any) -> Iterator[subprocess.Popen[
         log.close()
 
 
-def test_metrics_parse_and_move_as_tasks_run_under_flowforge_up(api_stack: ApiStack) -> None:
+def test_metrics_parse_and_move_as_tasks_run_under_flowforge_up(api_stack: Stack) -> None:
     port = free_port()
     api_stack.extra_env = {TOKEN_ENV: TOKEN}
     settings = {**api_settings(api_stack.directory, port), "processes": {"workers": 1}}

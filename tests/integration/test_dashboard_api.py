@@ -41,11 +41,11 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.store.repository import Repository
+from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, chain, claim_task, diamond, drain, task_ids, wait_for
 from tests.integration.test_api import (
     UNKNOWN_ID,
     Api,
-    ApiStack,
     Reply,
     assert_json_error,
     start_api,
@@ -127,7 +127,7 @@ def api(
     tmp_path_factory: pytest.TempPathFactory, database_url: str, broker_url: str
 ) -> Iterator[Api]:
     """One api child (with a token) for this module, on the session database."""
-    stack = ApiStack(tmp_path_factory.mktemp("dashboard-api"), database_url, broker_url)
+    stack = Stack(tmp_path_factory.mktemp("dashboard-api"), database_url, broker_url)
     try:
         yield start_api(stack)
     finally:
