@@ -127,6 +127,23 @@ export function rememberFilters(filters) {
   history.replaceState(null, "", search ? `?${search}` : location.pathname);
 }
 
+/**
+ * Wires the "older" / "newer" buttons of a keyset-paged list: ``view.cursors`` is a stack of
+ * cursors whose top is the page shown, ``view.next`` the cursor of the next page (or null).
+ */
+export function wirePager(view, poll) {
+  $("[data-testid=next-page]").addEventListener("click", () => {
+    if (!view.next) return;
+    view.cursors.push(view.next);
+    poll.now();
+  });
+  $("[data-testid=prev-page]").addEventListener("click", () => {
+    if (view.cursors.length < 2) return;
+    view.cursors.pop();
+    poll.now();
+  });
+}
+
 function pad(n) {
   return String(n).padStart(2, "0");
 }

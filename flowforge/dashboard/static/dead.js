@@ -7,6 +7,7 @@ import {
   filterField,
   rememberFilters,
   restoreFilterFields,
+  wirePager,
   $,
   describe,
   el,
@@ -178,14 +179,5 @@ for (const name of ["workflow", "handler"]) {
 $("[data-testid=requeue-all]").addEventListener("click", dryRun);
 $("[data-testid=confirm-requeue-all]").addEventListener("click", confirmAll);
 $("#cancel-requeue-all").addEventListener("click", hideDryRun);
-$("[data-testid=next-page]").addEventListener("click", () => {
-  if (!view.next) return;
-  view.cursors.push(view.next);
-  poll.now();
-});
-$("[data-testid=prev-page]").addEventListener("click", () => {
-  if (view.cursors.length < 2) return;
-  view.cursors.pop();
-  poll.now();
-});
+wirePager(view, poll);
 poll.start();

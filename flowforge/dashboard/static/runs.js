@@ -6,6 +6,7 @@ import {
   filterField,
   rememberFilters,
   restoreFilterFields,
+  wirePager,
   $,
   describe,
   el,
@@ -109,14 +110,5 @@ for (const name of ["workflow", "since", "until"]) {
     if (event.key === "Enter") apply();
   });
 }
-$("[data-testid=next-page]").addEventListener("click", () => {
-  if (!view.next) return;
-  view.cursors.push(view.next);
-  poll.now();
-});
-$("[data-testid=prev-page]").addEventListener("click", () => {
-  if (view.cursors.length < 2) return;
-  view.cursors.pop();
-  poll.now();
-});
+wirePager(view, poll);
 poll.start();
