@@ -217,6 +217,18 @@ UPDATE task_runs
  WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'RUNNING' AND NOT cancel_requested
 RETURNING id;
 
+-- name: runs_to_derive
+-- Of runs whose tasks only succeeded since the last pass, those whose state can have changed:
+-- not RUNNING yet, asked to cancel, or without an unfinished task left. For the others a
+-- success changes nothing, and deriving would read every task of the run on every pass.
+SELECT r.id
+  FROM workflow_runs r
+ WHERE r.id = ANY(%(ids)s::uuid[])
+   AND (r.state <> 'RUNNING' OR r.cancel_requested_at IS NOT NULL
+        OR NOT EXISTS (SELECT 1 FROM task_runs t
+                        WHERE t.run_id = r.id
+                          AND t.state IN ('PENDING', 'READY', 'RUNNING', 'FAILED', 'RETRYING')));
+
 -- name: mark_propagated
 UPDATE task_runs SET propagated = true WHERE id = ANY(%(ids)s::uuid[]);
 

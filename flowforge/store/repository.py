@@ -339,7 +339,15 @@ class Repository:
             if fail_fast:
                 self._stop_runs(cur, fail_fast, CancelCause.UPSTREAM)
             cur.execute(q["mark_propagated"], {"ids": [r["id"] for r in finished]})
-            self._derive(cur, {r["run_id"] for r in finished})
+            # A death or cancellation always changes the run; a success only when it was the
+            # last unfinished task (or the run is not RUNNING yet): deriving a big run after
+            # every batch of successes would read all its tasks again and again.
+            changed = {r["run_id"] for r in finished if r["state"] != TaskState.SUCCEEDED}
+            succeeded_only = sorted({r["run_id"] for r in finished} - changed)
+            if succeeded_only:
+                rows = cur.execute(q["runs_to_derive"], {"ids": succeeded_only}).fetchall()
+                changed |= {row["id"] for row in rows}
+            self._derive(cur, changed)
             return len(finished)
 
         return self._db.run(work)

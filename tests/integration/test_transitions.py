@@ -853,3 +853,37 @@ def test_purge_drops_old_published_outbox_rows_and_settled_keys(repo: Repository
     repo.purge(age_s=3600, limit=100)
     assert [r[0] for r in sql.execute("SELECT task_run_id FROM outbox")] == [live]
     assert [r[0] for r in sql.execute("SELECT key FROM idempotency_keys")] == ["charge-2"]
+
+
+def test_a_run_of_many_successes_is_derived_when_its_last_task_succeeds(
+    repo: Repository, sql: Sql
+) -> None:
+    """A pass of successes that leaves tasks unfinished skips re-deriving a RUNNING run (that
+    would read every task of a big run on every pass): the run still reads RUNNING throughout,
+    SUCCEEDED once its last task succeeded, and a cancellation still takes effect."""
+    width = 4
+    fan = WorkflowDef(
+        "fan",
+        (
+            TaskDef("start", "tests.noop"),
+            *(TaskDef(f"m{i}", "tests.noop", depends_on=("start",)) for i in range(width)),
+        ),
+    )
+    run_id = repo.trigger(fan).run_id
+    ids = task_ids(repo, run_id)
+    succeed(repo, sql, ids["start"])
+    for i in range(width - 1):
+        succeed(repo, sql, ids[f"m{i}"])
+        assert repo.propagate(100) >= 1
+        assert repo.get_run(run_id).state is RunState.RUNNING
+    succeed(repo, sql, ids[f"m{width - 1}"])
+    assert repo.propagate(100) == 1
+    run = repo.get_run(run_id)
+    assert (run.state, run.finished_at is not None) == (RunState.SUCCEEDED, True)
+
+    other = repo.trigger(fan).run_id
+    other_ids = task_ids(repo, other)
+    succeed(repo, sql, other_ids["start"])
+    repo.cancel_run(other)  # the fan-out is READY: cancelled at once
+    assert repo.propagate(100) >= 1
+    assert repo.get_run(other).state is RunState.CANCELLED
