@@ -359,7 +359,8 @@ class Worker:
         failures = 0
         while True:
             try:
-                finished = self._repo.finish_many(batch)
+                # only what one window can take comes back; the rest go out as messages
+                finished = self._repo.finish_many(batch, offer=self._config.broker.prefetch)
                 break
             except DatabaseUnavailableError as exc:
                 failures += 1

@@ -495,12 +495,13 @@ WITH outcome AS (
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
     RETURNING id
 )
--- one row per finished task (ready_token NULL), then one per dependent made READY
+-- one row per finished task (ready_token NULL), then up to %(offer)s of the dependents made
+-- READY (NULL: all), which the finishing worker may claim itself; the rest go out as messages
 SELECT id, NULL::bigint AS ready_token, pg_notify('flowforge_scheduler', '')::text AS notified,
        (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
   FROM done
 UNION ALL
-SELECT id, fencing_token, NULL, NULL FROM released WHERE state = 'READY';
+(SELECT id, fencing_token, NULL, NULL FROM released WHERE state = 'READY' LIMIT %(offer)s);
 
 -- ------------------------------------------------------------------ operator actions
 

@@ -479,10 +479,8 @@ class Repository:
         if held is None or held["state"] != TaskState.SUCCEEDED:
             raise _KeyBusyError
         reused = Finish(TaskState.SUCCEEDED, result=held["result"])
-        cur.execute(
-            self._q["finish"],
-            _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused"),
-        )
+        columns = _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused")
+        cur.execute(self._q["finish"], {**columns, "offer": 0})
         return ClaimResult(ClaimOutcome.REUSED, claim)
 
     def release_claims(self, claims: Sequence[tuple[UUID, int]]) -> int:
@@ -538,16 +536,19 @@ class Repository:
         outcome = Finish(state, result, reason, error, traceback)
         return bool(self.finish_many([(task_run_id, token, outcome)]).committed)
 
-    def finish_many(self, outcomes: Sequence[tuple[UUID, int, Finish]]) -> Finished:
+    def finish_many(
+        self, outcomes: Sequence[tuple[UUID, int, Finish]], offer: int | None = None
+    ) -> Finished:
         """Finish each (task run, token, outcome) whose token is current, in one statement.
 
         Reports the ids that committed (the others were stale: reaped, or finished elsewhere,
-        and are counted as stale completions) and the dependents the successes made READY.
+        and are counted as stale completions) and up to ``offer`` (None: all) of the
+        dependents the successes made READY.
         """
         if not outcomes:
             return Finished(frozenset(), ())
         transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
-        found = self._db.execute(self._q["finish"], _finish_columns(outcomes))
+        found = self._db.execute(self._q["finish"], {**_finish_columns(outcomes), "offer": offer})
         return Finished(
             committed=frozenset(row["id"] for row in found if row["ready_token"] is None),
             ready=tuple(

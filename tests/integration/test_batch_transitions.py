@@ -641,3 +641,28 @@ def test_a_local_claim_marks_the_dispatch_sent_and_a_broker_claim_leaves_it(
     [result] = repo.claim_many([(last, last_token)], "w", LEASE_S)  # as from a message
     assert result.outcome is ClaimOutcome.EXECUTE
     assert outbox_rows(sql, last) == [(last_token, None)]  # the publisher's to stamp
+
+
+def test_a_finish_offers_at_most_what_the_worker_can_take_and_releases_every_dependent(
+    repo: Repository, sql: Sql
+) -> None:
+    width = 5
+    fan = WorkflowDef(
+        "offer",
+        (
+            TaskDef("root", "tests.noop"),
+            *(TaskDef(f"d{i}", "tests.noop", depends_on=("root",)) for i in range(width)),
+        ),
+    )
+    ids = task_ids(repo, repo.trigger(fan).run_id)
+    root = claim_task(repo, sql, ids["root"])
+    finished = repo.finish_many(
+        [(ids["root"], root.fencing_token, Finish(TaskState.SUCCEEDED))], offer=2
+    )
+    assert finished.committed == {ids["root"]}
+    assert len(finished.ready) == 2
+    dependents = {ids[f"d{i}"] for i in range(width)}
+    assert {task_id for task_id, _ in finished.ready} <= dependents
+    for task_id in dependents:  # offered or not, every one is READY with its dispatch
+        assert repo.get_task(task_id).state is TaskState.READY
+        assert len(outbox_rows(sql, task_id)) == 1
