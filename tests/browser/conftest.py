@@ -18,7 +18,6 @@ import http.client
 import json
 import os
 import re
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import yaml
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
+from flowforge.testing.resources import free_ports
 from tests.e2e import REPO, RoleProcess, Stack
 from tests.helpers import wait_for
 
@@ -211,12 +211,6 @@ class Dashboard:
         return str(body["id"])
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def write_workflows(directory: Path) -> Path:
     folder = directory / "workflows"
     folder.mkdir(exist_ok=True)
@@ -244,7 +238,7 @@ def dashboard(tmp_path: Path, clean_database_url: str, broker_url: str) -> Itera
     stack = Stack(tmp_path, clean_database_url, broker_url)
     stack.extra_env = {TOKEN_ENV: token}
     gate = tmp_path / "gate-opened-at-teardown"
-    port = free_port()
+    port = free_ports(1)[0]
     settings: dict[str, Any] = {
         "workflows": [str(write_workflows(tmp_path))],
         "api": {"listen": f"127.0.0.1:{port}", "token_env": TOKEN_ENV},

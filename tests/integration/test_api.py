@@ -39,6 +39,7 @@ from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.repository import Repository
+from flowforge.testing.resources import free_ports
 from tests.e2e import REPO, RoleProcess, Stack
 from tests.helpers import claim_task, drain, task_ids, wait_for
 
@@ -136,12 +137,6 @@ class Api:
         return data
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def write_workflows(directory: Path) -> Path:
     folder = directory / "workflows"
     folder.mkdir(exist_ok=True)
@@ -172,7 +167,7 @@ def wait_until_serving(api: Api, alive: Any, log: Any, timeout: float = BOOT_TIM
 
 def start_api(stack: Stack, token: str | None = TOKEN, **api: Any) -> Api:
     """``flowforge role api`` from ``stack`` (same queue) on a free port, serving."""
-    port = free_port()
+    port = free_ports(1)[0]
     stack.extra_env = {TOKEN_ENV: token} if token is not None else {}
     settings = api_settings(stack.directory, port, **api)
     process = stack.start("api", **settings)
@@ -753,7 +748,7 @@ def flowforge_up(stack: Stack, **settings: Any) -> Iterator[subprocess.Popen[byt
 
 
 def test_metrics_parse_and_move_as_tasks_run_under_flowforge_up(api_stack: Stack) -> None:
-    port = free_port()
+    port = free_ports(1)[0]
     api_stack.extra_env = {TOKEN_ENV: TOKEN}
     settings = {**api_settings(api_stack.directory, port), "processes": {"workers": 1}}
     with flowforge_up(api_stack, **settings) as up:
