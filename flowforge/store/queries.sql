@@ -303,7 +303,8 @@ WITH wanted AS (
            cancel_requested = false, started_at = coalesce(t.started_at, now()),
            updated_at = now()
       FROM wanted w
-     WHERE t.id = w.id AND t.state = 'READY' AND t.fencing_token = w.token
+     -- (… IS TRUE): the primary key is the only way in; see runs_started below
+     WHERE t.id = w.id AND (t.state = 'READY') IS TRUE AND t.fencing_token = w.token
        AND (NOT %(keyless_only)s::bool OR t.idempotency_key IS NULL)
     RETURNING t.id, t.run_id, t.name, t.handler, t.attempt, t.fencing_token, t.timeout_s,
               t.idempotency_key, extract(epoch FROM now() - t.ready_at)::float8 AS dispatch_lag_s
@@ -313,7 +314,13 @@ WITH wanted AS (
 ), runs_started AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = now(), updated_at = now()
-     WHERE r.id IN (SELECT run_id FROM claimed) AND r.state = 'PENDING'
+     WHERE r.id IN (SELECT run_id FROM claimed)
+       -- IS TRUE hides the state from index matching, so the primary key is the only way
+       -- in. Otherwise, when the statistics say PENDING runs (or READY, RUNNING, PENDING
+       -- tasks) are rare — taken on a quiet system just before a burst of triggers — the
+       -- planner reads every such row through an index on the state, once per claim or per
+       -- released dependent (tests/integration/test_query_plans.py).
+       AND (r.state = 'PENDING') IS TRUE
 ), taken_locally AS (
     -- With local: the worker claims dependents its own finish made READY, without the broker.
     -- Their outbox rows are marked dispatched unless a publisher holds them right now (then
@@ -444,7 +451,8 @@ WITH outcome AS (
            propagated = (o.state = 'FAILED'),
            updated_at = now()
       FROM outcome o
-     WHERE t.id = o.id AND t.state = 'RUNNING' AND t.fencing_token = o.token
+     -- (… IS TRUE): the primary key is the only way in (see claim)
+     WHERE t.id = o.id AND (t.state = 'RUNNING') IS TRUE AND t.fencing_token = o.token
     RETURNING t.id, t.attempt, t.idempotency_key, o.token, o.state, o.result, o.reason,
               o.error, o.traceback, o.outcome
 ), closed AS (
@@ -487,7 +495,7 @@ WITH outcome AS (
               JOIN done d ON d.id = e.upstream_id
              WHERE d.state = 'SUCCEEDED'
              GROUP BY e.downstream_id) AS x
-     WHERE t.id = x.id AND t.state = 'PENDING'
+     WHERE t.id = x.id AND (t.state = 'PENDING') IS TRUE  -- by primary key (see claim)
     RETURNING t.id, t.state, t.fencing_token
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
@@ -790,11 +798,12 @@ SELECT count(*) AS n, min(retry_at) AS next_at, max(retry_at) AS latest_at
  WHERE state = 'RETRYING';
 
 -- name: stats_poison_candidates
--- Unfinished task runs that already used many attempts.
+-- Unfinished task runs that already used many attempts (threshold >= 1).
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.failure_reason, r.workflow
   FROM task_runs t
   JOIN workflow_runs r ON r.id = t.run_id
  WHERE t.attempt >= %(threshold)s AND t.state NOT IN ('SUCCEEDED', 'CANCELLED', 'DEAD')
+   AND t.attempt > 0  -- the threshold is at least 1; stated so task_runs_poison_idx applies
  ORDER BY t.attempt DESC
  LIMIT %(limit)s;
 
