@@ -397,7 +397,7 @@ def print_table(report: dict[str, Any]) -> None:
     for phase, m in report["memory"].items():
         rss, pss = m.get("rss_kb", 0) / 1024, m.get("pss_kb", 0) / 1024
         print(
-            f"memory {phase:<17} rss {rss:>7.1f} MB  pss {pss:>7.1f} MB"
+            f"memory {phase:<17} rss {rss:>7.1f} MiB  pss {pss:>7.1f} MiB"
             f"  ({m.get('processes')} processes)"
         )
 
