@@ -36,7 +36,7 @@ from flowforge.errors import FlowForgeError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
-from flowforge.testing.resources import child_pids, create_database
+from flowforge.testing.resources import child_pids, create_database, free_ports
 from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ
 
 HANDLER_MODULE = "flowforge.testing.chaos_handlers"
@@ -54,8 +54,6 @@ RETRY = RetryPolicy(max_attempts=8, base_delay=0.2, max_delay=2.0, jitter=Jitter
 DOOMED_RETRY = RetryPolicy(max_attempts=2, base_delay=0.1, max_delay=0.2, jitter=Jitter.FULL)
 FAULTS = ("kill_child", "kill_broker", "restart_postgres", "restart_tree")
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-# Ports of the soak's private services (they differ from scripts/services' 55432/55672).
-PG_PORT, AMQP_PORT, DIST_PORT, EPMD_PORT = 55532, 55772, 55773, 55774
 
 
 def workflows() -> dict[str, WorkflowDef]:
@@ -102,11 +100,15 @@ class Soak:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.pg = PrivatePostgres(self.base_dir, PG_PORT)
+        # Ports free right now, not fixed ones: fixed ports in the ephemeral range collided
+        # with whatever the machine (or another test's private services) held at the time.
+        pg_port, amqp_port, dist_port, epmd_port = free_ports(4)
+        self.pg = PrivatePostgres(self.base_dir, pg_port)
         self.rabbit = PrivateRabbitMQ(
-            self.base_dir, AMQP_PORT, DIST_PORT, "flowforge-chaos", epmd_port=EPMD_PORT
+            self.base_dir, amqp_port, dist_port, "flowforge-chaos", epmd_port=epmd_port
         )
         self.tree: subprocess.Popen[bytes] | None = None
+        self.db: Database | None = None  # opened by setup()
         self.workdir = Path(tempfile.mkdtemp(prefix="ff-chaos-soak-"))
         self.workdir.chmod(0o755)
 
@@ -129,11 +131,12 @@ class Soak:
         }
         self.config_path = self.workdir / "chaos.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
-        self.db = Database(
+        db = Database(
             DatabaseConfig(url=self.db_url, pool_max=2, connect_timeout_s=2), "flowforge-chaos"
         )
-        self.db.open()
-        self.repo = Repository(self.db)
+        db.open()
+        self.db = db
+        self.repo = Repository(db)
 
     def start_tree(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
@@ -157,7 +160,8 @@ class Soak:
 
     def teardown(self) -> None:
         self.stop_tree()
-        self.db.close()
+        if self.db is not None:
+            self.db.close()
         for service in (self.rabbit, self.pg):
             try:
                 service.stop()
