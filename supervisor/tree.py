@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from supervisor import exitcodes
-from supervisor.child import ChildContext, set_child_subreaper, spawn
+from supervisor.child import ChildContext, release_free_memory, set_child_subreaper, spawn
 from supervisor.restart import IntensityLimit, SlotBackoff
 from supervisor.slots import SlotTable
 from supervisor.spec import ChildSpec, Restart
@@ -120,6 +120,7 @@ class Supervisor:
         old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         for index, count in enumerate(self._desired):
             self._table.set_desired(index, count)
+        release_free_memory()  # before the first fork: every child inherits what stays resident
         try:
             return self._loop()
         finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -279,7 +280,12 @@ def test_a_chain_continues_on_the_worker_that_released_each_step(
 ) -> None:
     """The next step of a DAG is claimed by the worker whose finish made it READY, without a
     broker round trip; with two workers consuming, a hop through the queue would land on
-    either of them."""
+    either of them.
+
+    The released step's outbox row is pending until that claim stamps it, so a publisher that
+    is awake can still publish it first and the other worker win the claim (benign: the step
+    runs once). CI saw that once in twelve hops on a loaded machine, so the test allows one
+    hop in six to leave; hops through the broker alternate workers about half the time."""
     stack.start("scheduler")
     stack.start("publisher")
     workers = [stack.start("worker"), stack.start("worker")]
@@ -301,6 +307,8 @@ def test_a_chain_continues_on_the_worker_that_released_each_step(
     ).fetchall()
     assert len(rows) == length  # every step ran exactly once
     assert {attempt for _, attempt in rows} == {1}
-    assert len({pid for pid, _ in rows}) == 1
-    assert rows[0][0] in {w.pid for w in workers}
+    pids = [pid for pid, _ in rows]
+    stayed = sum(1 for before, after in pairwise(pids) if before == after)
+    assert stayed >= (length - 1) - (length - 1) // 6, pids
+    assert set(pids) <= {w.pid for w in workers}
     assert stale_completions(repo) == 0
