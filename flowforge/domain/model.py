@@ -131,12 +131,24 @@ class Finish:
 
 
 @dataclass(frozen=True)
+class Continuation:
+    """A finish that also claims, in its own transaction, up to ``limit`` of the dependents it
+    makes READY (those without an idempotency key) for ``worker``, leased for ``lease_s``."""
+
+    worker: str
+    lease_s: float
+    limit: int
+
+
+@dataclass(frozen=True)
 class Finished:
-    """What a batch of finishes did: the task runs that committed (the rest were stale) and
-    the dependents made READY, as (task run, token) pairs a worker may claim itself."""
+    """What a batch of finishes did: the task runs that committed (the rest were stale), the
+    dependents made READY, as (task run, token) pairs a worker may claim itself, and those of
+    them a :class:`Continuation` already claimed (their READY token is in ``ready`` too)."""
 
     committed: frozenset[UUID]
     ready: tuple[tuple[UUID, int], ...] = ()
+    claimed: tuple[Claim, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from uuid import UUID
 from flowforge.broker.consume import Consumer, Delivery
 from flowforge.broker.messages import MessageError, decode
 from flowforge.config import Config
-from flowforge.domain.model import Claim, ClaimOutcome, Finish
+from flowforge.domain.model import Claim, ClaimOutcome, Continuation, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError
@@ -105,6 +105,8 @@ class Worker:
         self._outcomes: list[tuple[Claim, Finish]] = []
         self._pending_ack: Delivery | None = None
         self._continuations: list[tuple[UUID, int]] = []
+        self._claimed_next: list[Claim] = []
+        self._stop = threading.Event()
         self._took_at = 0.0
         self._beat: Callable[[], None] = lambda: None
         self.tasks_done = 0
@@ -123,7 +125,15 @@ class Worker:
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         self._beat = beat
+        self._stop = stop
         while not stop.is_set() and not self.recycle:
+            # dependents the last finish claimed for this worker in its own transaction
+            claimed, self._claimed_next = self._claimed_next, []
+            if claimed:
+                self._presence.tick()
+                beat()
+                self._start(claimed, last=None)
+                continue
             # the next tasks of a DAG this worker just released come first, without the broker,
             # but at least every PUMP_INTERVAL_S the broker gets its turn (heartbeats, and
             # deliveries waiting here); dropped continuations go out through the outbox
@@ -140,10 +150,14 @@ class Worker:
                 self._claim_and_run(local, last=None)
             elif deliveries:
                 self._handle(deliveries)
+        # stopping or recycling right after a finish claimed the next steps: give them back
+        unstarted, self._claimed_next = self._claimed_next, []
+        self._release(unstarted)
 
     def reset(self) -> None:
         self._pending_ack = None
         self._continuations = []
+        self._claimed_next = []  # their leases lapse; the reaper re-dispatches them
         self._consumer.close()
         self._db.close()
 
@@ -186,8 +200,6 @@ class Worker:
         for (task_run_id, _token), result in zip(wanted, results, strict=True):
             if result.outcome is ClaimOutcome.EXECUTE and result.claim is not None:
                 claims.append(result.claim)
-                self._telemetry.tasks_started.inc()
-                self._telemetry.dispatch_lag.observe(result.claim.dispatch_lag_s)
             else:
                 logger.debug(
                     "task run %s not executed here: %s",
@@ -195,6 +207,13 @@ class Worker:
                     result.outcome,
                     extra={"action": f"claim_{result.outcome}"},
                 )
+        self._start(claims, last)
+
+    def _start(self, claims: Sequence[Claim], last: Delivery | None) -> None:
+        """Run claims this worker holds and finish them (``last``: see _claim_and_run)."""
+        for claim in claims:
+            self._telemetry.tasks_started.inc()
+            self._telemetry.dispatch_lag.observe(claim.dispatch_lag_s)
         self._pending_ack = last
         slow = self._run(claims)
         self._window = 1 if slow else min(self._window * 2, self._config.broker.prefetch)
@@ -248,7 +267,7 @@ class Worker:
                 slow = True  # everything behind it was handed back
                 break
         self._ack_batch()
-        self._flush()
+        self._flush(continue_here=not slow)
         return slow
 
     def _prepare(self, claim: Claim) -> Job | None:
@@ -317,24 +336,31 @@ class Worker:
         self._ack_batch()
         self._flush()
         if unstarted:
-            pairs = [(c.task_run_id, c.fencing_token) for c in unstarted]
-            try:
-                released = self._repo.release_claims(pairs)
-            except DatabaseUnavailableError as exc:
-                # Still ours, leases held: the reaper retries them if this worker cannot.
-                logger.warning(
-                    "could not hand back %d claim(s): %s",
-                    len(pairs),
-                    exc,
-                    extra={"action": "release_failed"},
-                )
-                released = 0
-            self._leases.drop([task_run_id for task_run_id, _ in pairs])
+            released = self._release(unstarted)
             logger.info(
                 "a slow handler holds this worker: handed back %d claimed task(s)",
                 released,
                 extra={"action": "claims_released"},
             )
+
+    def _release(self, claims: Sequence[Claim]) -> int:
+        """Hand back claims whose handlers never started; returns how many went back."""
+        if not claims:
+            return 0
+        pairs = [(c.task_run_id, c.fencing_token) for c in claims]
+        try:
+            released = self._repo.release_claims(pairs)
+        except DatabaseUnavailableError as exc:
+            # Still ours until their leases lapse: then the reaper re-dispatches them.
+            logger.warning(
+                "could not hand back %d claim(s): %s",
+                len(pairs),
+                exc,
+                extra={"action": "release_failed"},
+            )
+            released = 0
+        self._leases.drop([task_run_id for task_run_id, _ in pairs])
+        return released
 
     def _overran(self, task: _Task) -> None:
         timeout = Finish(
@@ -350,17 +376,24 @@ class Worker:
         )
         self.recycle = True
 
-    def _flush(self) -> None:
-        """Commit the recorded outcomes in one statement; retry while the database is away."""
+    def _flush(self, continue_here: bool = False) -> None:
+        """Commit the recorded outcomes in one statement; retry while the database is away.
+
+        ``continue_here``: this worker is free for the next batch, so the finish's transaction
+        also claims the dependents it releases (up to a window; see :meth:`_continuation`).
+        """
         outcomes, self._outcomes = self._outcomes, []
         if not outcomes:
             return
         batch = [(c.task_run_id, c.fencing_token, f) for c, f in outcomes]
+        then = self._continuation(len(outcomes)) if continue_here else None
         failures = 0
         while True:
             try:
                 # only what one window can take comes back; the rest go out as messages
-                finished = self._repo.finish_many(batch, offer=self._config.broker.prefetch)
+                finished = self._repo.finish_many(
+                    batch, offer=self._config.broker.prefetch, then=then
+                )
                 break
             except DatabaseUnavailableError as exc:
                 failures += 1
@@ -385,10 +418,26 @@ class Worker:
                 self._beat()
                 self._serve_broker(delay)
         self._leases.drop([c.task_run_id for c, _ in outcomes])
-        self._continuations.extend(finished.ready)
+        claimed = {claim.task_run_id for claim in finished.claimed}
+        self._claimed_next.extend(finished.claimed)
+        self._continuations.extend(pair for pair in finished.ready if pair[0] not in claimed)
         self.tasks_done += len(outcomes)
         for claim, finish in outcomes:
             self._count(claim, finish, claim.task_run_id in finished.committed)
+
+    def _continuation(self, finishing: int) -> Continuation | None:
+        """Claim the next steps inside the finish, unless the worker is stopping or due to
+        recycle, or the broker is due its turn (it then gets them as messages)."""
+        if self._stop.is_set() or self.recycle:
+            return None
+        if time.monotonic() - self._took_at > PUMP_INTERVAL_S:
+            return None
+        limit = min(self._window, self._config.broker.prefetch)
+        if self._task_limit:
+            limit = min(limit, self._task_limit - self.tasks_done - finishing)
+        if limit <= 0:
+            return None
+        return Continuation(self._id, self._config.worker.lease_s, limit)
 
     def _count(self, claim: Claim, finish: Finish, committed: bool) -> None:
         t = self._telemetry

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -25,6 +26,7 @@ from flowforge.domain.model import (
     Claim,
     ClaimOutcome,
     ClaimResult,
+    Continuation,
     DeadFilter,
     DeadTask,
     Dispatch,
@@ -537,24 +539,46 @@ class Repository:
         return bool(self.finish_many([(task_run_id, token, outcome)]).committed)
 
     def finish_many(
-        self, outcomes: Sequence[tuple[UUID, int, Finish]], offer: int | None = None
+        self,
+        outcomes: Sequence[tuple[UUID, int, Finish]],
+        offer: int | None = None,
+        then: Continuation | None = None,
     ) -> Finished:
         """Finish each (task run, token, outcome) whose token is current, in one statement.
 
         Reports the ids that committed (the others were stale: reaped, or finished elsewhere,
         and are counted as stale completions) and up to ``offer`` (None: all) of the
-        dependents the successes made READY.
+        dependents the successes made READY. With ``then``, the same transaction also claims
+        the first ``then.limit`` of those (keyless ones; see :meth:`claim_many` with
+        ``local``): their outbox rows are stamped before any publisher can see them, so the
+        next step of a chain cannot be published and claimed by another worker first.
         """
         if not outcomes:
             return Finished(frozenset(), ())
         transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
-        found = self._db.execute(self._q["finish"], {**_finish_columns(outcomes), "offer": offer})
-        return Finished(
-            committed=frozenset(row["id"] for row in found if row["ready_token"] is None),
-            ready=tuple(
-                (row["id"], row["ready_token"]) for row in found if row["ready_token"] is not None
-            ),
-        )
+        params = {**_finish_columns(outcomes), "offer": offer}
+        if then is None or then.limit <= 0:
+            return _finished(self._db.execute(self._q["finish"], params))
+        transitions.check(TaskState.READY, TaskState.RUNNING)
+        return self._db.run(self._finish_then_claim, params, then)
+
+    def _finish_then_claim(
+        self, cur: Cursor, params: dict[str, Any], then: Continuation
+    ) -> Finished:
+        finished = _finished(cur.execute(self._q["finish"], params).fetchall())
+        wanted = finished.ready[: then.limit]
+        if not wanted:
+            return finished
+        claim_params = {
+            "ids": [task_run_id for task_run_id, _ in wanted],
+            "tokens": [token for _, token in wanted],
+            "worker": then.worker,
+            "lease_s": then.lease_s,
+            "local": True,
+            "keyless_only": True,
+        }
+        found = cur.execute(self._q["claim"], claim_params).fetchall()
+        return replace(finished, claimed=tuple(_claim_from_row(row) for row in found))
 
     # ------------------------------------------------------------------ publisher
 
@@ -918,6 +942,16 @@ def _decision_columns(
         return TaskState.DEAD, 0.0, decision.reason
     assert isinstance(decision, Cancel)
     return TaskState.CANCELLED, 0.0, FailureReason.CANCELLED
+
+
+def _finished(found: Sequence[Mapping[str, Any]]) -> Finished:
+    """The ``finish`` query's rows: finished ids (no ready token), then released dependents."""
+    return Finished(
+        committed=frozenset(row["id"] for row in found if row["ready_token"] is None),
+        ready=tuple(
+            (row["id"], row["ready_token"]) for row in found if row["ready_token"] is not None
+        ),
+    )
 
 
 def _claim_from_row(row: Mapping[str, Any]) -> Claim:

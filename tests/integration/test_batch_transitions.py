@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
-from flowforge.domain.model import Claim, ClaimOutcome, Finish
+from flowforge.domain.model import Claim, ClaimOutcome, Continuation, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.repository import Repository
@@ -666,3 +666,67 @@ def test_a_finish_offers_at_most_what_the_worker_can_take_and_releases_every_dep
     for task_id in dependents:  # offered or not, every one is READY with its dispatch
         assert repo.get_task(task_id).state is TaskState.READY
         assert len(outbox_rows(sql, task_id)) == 1
+
+
+def test_a_finish_with_a_continuation_claims_the_next_step_in_its_own_transaction(
+    repo: Repository, sql: Sql
+) -> None:
+    """The dependent is RUNNING for the finishing worker, its attempt recorded and its outbox
+    row stamped when the finish commits: no publisher ever sees it pending."""
+    run_id = repo.trigger(chain(length=2)).run_id
+    ids = task_ids(repo, run_id)
+    drain(repo)
+    first = claim_task(repo, sql, ids["t0"])
+
+    finished = repo.finish_many(
+        [(ids["t0"], first.fencing_token, Finish(TaskState.SUCCEEDED, result={"x": 1}))],
+        offer=16,
+        then=Continuation("w-next", LEASE_S, 16),
+    )
+
+    assert finished.committed == {ids["t0"]}
+    [(released, ready_token)] = finished.ready
+    [claim] = finished.claimed
+    assert released == ids["t1"] == claim.task_run_id
+    assert claim.fencing_token == ready_token + 1 and claim.attempt == 1
+    assert claim.upstream == {"t0": {"x": 1}}
+    task = repo.get_task(ids["t1"])
+    assert task.state is TaskState.RUNNING and task.lease_owner == "w-next"
+    [(token, sent_at)] = outbox_rows(sql, ids["t1"])
+    assert token == ready_token and sent_at is not None
+    assert [a.attempt for a in repo.attempts(ids["t1"])] == [1]
+
+
+def test_a_continuation_claims_at_most_its_limit_and_no_keyed_dependent(
+    repo: Repository, sql: Sql
+) -> None:
+    fan = WorkflowDef(
+        "continue-limit",
+        (
+            TaskDef("root", "tests.noop"),
+            *(TaskDef(f"d{i}", "tests.noop", depends_on=("root",)) for i in range(4)),
+            TaskDef("k", "tests.noop", depends_on=("root",), idempotency_key="k-{n}"),
+        ),
+    )
+    ids = task_ids(repo, repo.trigger(fan, {"n": 1}).run_id)
+    root = claim_task(repo, sql, ids["root"])
+
+    finished = repo.finish_many(
+        [(ids["root"], root.fencing_token, Finish(TaskState.SUCCEEDED))],
+        offer=None,
+        then=Continuation("w-next", LEASE_S, 6),
+    )
+
+    claimed = {c.task_run_id for c in finished.claimed}
+    assert len(finished.ready) == 5 and ids["k"] not in claimed  # keyed: claimed on its own
+    assert claimed == {ids[f"d{i}"] for i in range(4)}
+    assert repo.get_task(ids["k"]).state is TaskState.READY
+    assert outbox_rows(sql, ids["k"])[0][1] is None  # still the publisher's to send
+
+    root2 = claim_task(repo, sql, task_ids(repo, repo.trigger(fan, {"n": 2}).run_id)["root"])
+    limited = repo.finish_many(
+        [(root2.task_run_id, root2.fencing_token, Finish(TaskState.SUCCEEDED))],
+        offer=None,
+        then=Continuation("w-next", LEASE_S, 2),
+    )
+    assert len(limited.claimed) == 2 and len(limited.ready) == 5

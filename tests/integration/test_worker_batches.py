@@ -282,10 +282,10 @@ def test_a_chain_continues_on_the_worker_that_released_each_step(
     broker round trip; with two workers consuming, a hop through the queue would land on
     either of them.
 
-    The released step's outbox row is pending until that claim stamps it, so a publisher that
-    is awake can still publish it first and the other worker win the claim (benign: the step
-    runs once). CI saw that once in twelve hops on a loaded machine, so the test allows one
-    hop in six to leave; hops through the broker alternate workers about half the time."""
+    The finish claims the step in its own transaction, so no publisher sees it pending. A hop
+    may still go through the broker when the worker owes the broker its turn (a second
+    without taking deliveries: a loaded machine), so the test allows one hop in six to
+    leave; hops through the broker alternate workers about half the time."""
     stack.start("scheduler")
     stack.start("publisher")
     workers = [stack.start("worker"), stack.start("worker")]
