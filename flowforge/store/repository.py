@@ -420,15 +420,8 @@ class Repository:
         transitions.check(TaskState.READY, TaskState.RUNNING)
         if not wanted:
             return []
-        params = {
-            "ids": [task_run_id for task_run_id, _ in wanted],
-            "tokens": [token for _, token in wanted],
-            "worker": worker,
-            "lease_s": lease_s,
-            "local": local,
-        }
         # most tasks have no idempotency key: their claims are one statement, one round trip
-        found = self._db.execute(self._q["claim"], {**params, "keyless_only": True})
+        found = self._db.execute(self._q["claim"], _claim_params(wanted, worker, lease_s, local))
         # a claim bumps the token: it answers the pair that named the token before the bump
         claimed = {(row["id"], row["fencing_token"] - 1): _claim_from_row(row) for row in found}
         results = []
@@ -444,12 +437,8 @@ class Repository:
         self, task_run_id: UUID, token: int, worker: str, lease_s: float, key_wait_s: float
     ) -> ClaimResult:
         params = {
-            "ids": [task_run_id],
-            "tokens": [token],
-            "worker": worker,
-            "lease_s": lease_s,
+            **_claim_params([(task_run_id, token)], worker, lease_s, local=False),
             "keyless_only": False,
-            "local": False,
         }
         try:
             return self._db.run(self._claim_with_key, params)
@@ -569,15 +558,8 @@ class Repository:
         wanted = finished.ready[: then.limit]
         if not wanted:
             return finished
-        claim_params = {
-            "ids": [task_run_id for task_run_id, _ in wanted],
-            "tokens": [token for _, token in wanted],
-            "worker": then.worker,
-            "lease_s": then.lease_s,
-            "local": True,
-            "keyless_only": True,
-        }
-        found = cur.execute(self._q["claim"], claim_params).fetchall()
+        params = _claim_params(wanted, then.worker, then.lease_s, local=True)
+        found = cur.execute(self._q["claim"], params).fetchall()
         return replace(finished, claimed=tuple(_claim_from_row(row) for row in found))
 
     # ------------------------------------------------------------------ publisher
@@ -942,6 +924,20 @@ def _decision_columns(
         return TaskState.DEAD, 0.0, decision.reason
     assert isinstance(decision, Cancel)
     return TaskState.CANCELLED, 0.0, FailureReason.CANCELLED
+
+
+def _claim_params(
+    wanted: Sequence[tuple[UUID, int]], worker: str, lease_s: float, local: bool
+) -> dict[str, Any]:
+    """The ``claim`` query's parameters for the keyless tasks among (task run, token) pairs."""
+    return {
+        "ids": [task_run_id for task_run_id, _ in wanted],
+        "tokens": [token for _, token in wanted],
+        "worker": worker,
+        "lease_s": lease_s,
+        "local": local,
+        "keyless_only": True,
+    }
 
 
 def _finished(found: Sequence[Mapping[str, Any]]) -> Finished:
