@@ -641,17 +641,28 @@ class Repository:
         with self._db.transaction() as cur:
             attempts = cur.execute(q["stats_attempts"]).fetchall()
             reasons = cur.execute(q["stats_failure_reasons"]).fetchall()
-            backlog = cur.execute(q["stats_retry_backlog"]).fetchone()
-            poison = cur.execute(
-                q["stats_poison_candidates"], {"threshold": poison_threshold, "limit": limit}
-            ).fetchall()
+            retries = self._retry_backlog_and_poison(cur, poison_threshold, limit)
             dead = cur.execute(q["stats_dead_by_workflow"]).fetchall()
         return {
             "attempts": {r["attempt"]: r["n"] for r in attempts},
             "failure_reasons": {r["reason"]: r["n"] for r in reasons},
+            **retries,
+            "dead": [dict(r) for r in dead],
+        }
+
+    def _retry_backlog_and_poison(
+        self, cur: Cursor, poison_threshold: int, limit: int
+    ) -> dict[str, Any]:
+        """``retry_backlog`` (n, next_at, latest_at) and ``poison_candidates`` (at most
+        ``limit`` unfinished tasks with ``poison_threshold`` attempts or more), for
+        :meth:`stats` and :meth:`overview`."""
+        backlog = cur.execute(self._q["stats_retry_backlog"]).fetchone()
+        poison = cur.execute(
+            self._q["stats_poison_candidates"], {"threshold": poison_threshold, "limit": limit}
+        ).fetchall()
+        return {
             "retry_backlog": dict(backlog or {"n": 0, "next_at": None, "latest_at": None}),
             "poison_candidates": [dict(r) for r in poison],
-            "dead": [dict(r) for r in dead],
         }
 
     # ------------------------------------------------------------------ operator actions
@@ -874,10 +885,7 @@ class Repository:
             runs = cur.execute(q["run_state_counts"]).fetchall()
             tasks = cur.execute(q["task_state_counts"]).fetchall()
             minutes = cur.execute(q["finished_per_minute"]).fetchall()
-            backlog = cur.execute(q["stats_retry_backlog"]).fetchone()
-            poison = cur.execute(
-                q["stats_poison_candidates"], {"threshold": poison_threshold, "limit": limit}
-            ).fetchall()
+            retries = self._retry_backlog_and_poison(cur, poison_threshold, limit)
             dead = cur.execute(q["dead_by_reason"]).fetchall()
             outbox = cur.execute(q["outbox_backlog"]).fetchone()
             processes = cur.execute(q["live_processes_by_host"], {"fresh_s": fresh_s}).fetchall()
@@ -885,8 +893,7 @@ class Repository:
             "runs": {**{str(s): 0 for s in RunState}, **{r["state"]: r["n"] for r in runs}},
             "tasks": {**{str(s): 0 for s in TaskState}, **{r["state"]: r["n"] for r in tasks}},
             "finished_per_minute": [dict(r) for r in minutes],
-            "retry_backlog": dict(backlog or {"n": 0, "next_at": None, "latest_at": None}),
-            "poison_candidates": [dict(r) for r in poison],
+            **retries,
             "dead_by_reason": {r["reason"]: r["n"] for r in dead},
             "outbox": dict(outbox or {"pending": 0, "oldest_s": 0.0}),
             "processes": [dict(r) for r in processes],
