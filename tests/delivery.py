@@ -73,18 +73,27 @@ def broker_channel(stack: Stack) -> Iterator[BlockingChannel]:
 
 
 def queue_depth(stack: Stack) -> int:
-    """Messages ready in the stack's queue (passive declare; unacked ones are not counted).
+    """Messages ready in the stack's queue (unacked ones are not counted); -1 while the queue
+    does not exist."""
+    declared = _declared(stack)
+    return -1 if declared is None else int(declared.message_count)
 
-    -1 while the queue does not exist yet.
-    """
+
+def consumer_count(stack: Stack) -> int:
+    """Consumers subscribed to the stack's queue; -1 while the queue does not exist."""
+    declared = _declared(stack)
+    return -1 if declared is None else int(declared.consumer_count)
+
+
+def _declared(stack: Stack) -> Any | None:
+    """The broker's answer to a passive declare of the stack's queue; None if it is missing."""
     with broker_channel(stack) as channel:
         try:
-            declared = channel.queue_declare(stack.queue, passive=True)
+            return channel.queue_declare(stack.queue, passive=True).method
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code == NOT_FOUND:
-                return -1
+                return None
             raise
-        return int(declared.method.message_count)
 
 
 def stays_empty(stack: Stack, seconds: float = STAYS_EMPTY_S) -> bool:

@@ -4,6 +4,7 @@ database named by ``FLOWFORGE_DATABASE_URL``) so tests count executions in the d
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,38 @@ def sleep_logged(ctx: TaskContext) -> dict[str, Any]:
         os.close(fd)
     time.sleep(float(ctx.input.get("seconds", 1)))
     return {"slept": ctx.input.get("seconds", 1)}
+
+
+@task("e2e.cut_broker")
+def cut_broker(ctx: TaskContext) -> dict[str, Any]:
+    """Shuts down every TCP connection this process holds to port ``input.broker_port`` (the
+    worker's own AMQP connection): the broker connection drops while the handler runs, as when
+    a RabbitMQ node dies, and the worker only notices at its next broker call. Only the first
+    attempt cuts."""
+    record(ctx, "e2e.cut_broker")
+    cut = 0
+    if ctx.attempt == 1:
+        for name in os.listdir("/proc/self/fd"):
+            if _peer_port(int(name)) == int(ctx.input["broker_port"]):
+                with socket.socket(fileno=os.dup(int(name))) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+    return {"cut": cut}
+
+
+def _peer_port(fd: int) -> int | None:
+    """The remote port of a connected TCP socket ``fd``; None for anything else."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None  # closed meanwhile (the listing's own descriptor)
+    try:
+        sock = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None  # not a socket
+    with sock:
+        try:
+            return int(sock.getpeername()[1]) if sock.family == socket.AF_INET else None
+        except OSError:
+            return None  # not connected

@@ -7,6 +7,12 @@ more until the batch is acked), :meth:`Consumer.ack_through` once the batch is d
 long the handler takes. A worker held up by a slow handler calls :meth:`Consumer.hand_back`
 *before* acking: the consumer is cancelled and anything it holds unclaimed goes back to the
 queue, so a busy (or frozen) worker never sits on messages other workers could run.
+
+RabbitMQ cancels a consumer by itself when its queue is deleted or becomes unavailable, and
+says so with a ``basic.cancel``. The consumer then subscribes again on the next
+:meth:`Consumer.take`; should the queue still be missing, that fails as
+:class:`BrokerUnavailableError` and the role reconnects, which declares the queue again.
+Without this a worker would wait forever on a consumer that no longer exists.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class Consumer:
             self._conn = pika.BlockingConnection(connection_parameters(self._config))
             self._channel = self._conn.channel()
             self._channel.basic_qos(prefetch_count=self._config.prefetch)
+            self._channel.add_on_cancel_callback(self._on_cancelled_by_broker)
             self._channel.queue_declare(
                 self._config.queue, durable=True, arguments=queue_arguments(self._config)
             )
@@ -148,6 +155,17 @@ class Consumer:
             return action(self._channel)
         except (pika.exceptions.AMQPError, OSError) as exc:
             raise BrokerUnavailableError(f"broker call failed: {exc!r}") from exc
+
+    def _on_cancelled_by_broker(self, method_frame: Any) -> None:
+        """The broker ended our consumer (queue deleted or unavailable): subscribe again on
+        the next take. Deliveries already received stay ours to ack."""
+        if method_frame.method.consumer_tag == self._consumer_tag:
+            self._consumer_tag = None
+        logger.warning(
+            "the broker cancelled this consumer of %s; subscribing again",
+            self._config.queue,
+            extra={"action": "consumer_cancelled"},
+        )
 
     def _on_message(self, _channel: Any, method: Any, _properties: Any, body: bytes) -> None:
         self._buffer.append(Delivery(method.delivery_tag, body, bool(method.redelivered)))

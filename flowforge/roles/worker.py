@@ -128,10 +128,10 @@ class Worker:
         self._stop = stop
         while not stop.is_set() and not self.recycle:
             # dependents the last finish claimed for this worker in its own transaction
-            claimed, self._claimed_next = self._claimed_next, []
-            if claimed:
-                self._presence.tick()
+            if self._claimed_next:
+                self._presence.tick()  # before taking them: should it fail, reset drops them
                 beat()
+                claimed, self._claimed_next = self._claimed_next, []
                 self._start(claimed, last=None)
                 continue
             # the next tasks of a DAG this worker just released come first, without the broker,
@@ -427,8 +427,9 @@ class Worker:
 
     def _continuation(self, finishing: int) -> Continuation | None:
         """Claim the next steps inside the finish, unless the worker is stopping or due to
-        recycle, or the broker is due its turn (it then gets them as messages)."""
-        if self._stop.is_set() or self.recycle:
+        recycle, its broker connection broke (the reconnect would strand the claims until
+        their leases lapsed), or the broker is due its turn: they then go out as messages."""
+        if self._stop.is_set() or self.recycle or self._broker_broken is not None:
             return None
         if time.monotonic() - self._took_at > PUMP_INTERVAL_S:
             return None

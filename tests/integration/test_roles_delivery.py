@@ -37,6 +37,7 @@ from supervisor import exitcodes
 from tests.delivery import (
     BROKER_POLL_S,
     broker_channel,
+    consumer_count,
     executions,
     exit_code,
     publish_raw,
@@ -471,6 +472,25 @@ def test_an_unroutable_publish_leaves_the_row_pending(
         publisher.close()
     assert outbox_rows(sql, task_id)[0][2] is not None
     assert queue_depth(stack) == 1
+
+
+def test_a_worker_whose_consumer_the_broker_cancelled_subscribes_again(
+    stack: Stack, repo: Repository, sql: Sql
+) -> None:
+    """Deleting the queue makes RabbitMQ cancel the worker's consumer (basic.cancel); the
+    worker must notice, declare the queue again and consume, not idle on a dead consumer."""
+    worker = stack.start("worker")
+    wait_for(lambda: consumer_count(stack) == 1, what="the worker to consume")
+    stack.delete_queue()
+    worker.wait_for_log("the broker cancelled this consumer")
+    wait_for(lambda: consumer_count(stack) == 1, what="the worker to consume again")
+
+    _, task_id = trigger_one(repo, "e2e.record")
+    publisher = stack.start("publisher")
+    wait_task(repo, task_id, TaskState.SUCCEEDED)
+    stop_cleanly(publisher)
+    stop_cleanly(worker)
+    assert executions(sql, task_id) == [(1, worker.pid)]
 
 
 # ------------------------------------------------------------------ shutdown, heartbeats, time

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 from uuid import UUID
 
 import psycopg
@@ -43,6 +44,7 @@ Sql = psycopg.Connection[tuple[Any, ...]]
 
 #: The workers' default broker.prefetch: the largest batch a worker claims.
 DEFAULT_PREFETCH = 16
+AMQP_PORT = 5672
 
 
 # ------------------------------------------------------------------ helpers
@@ -312,3 +314,31 @@ def test_a_chain_continues_on_the_worker_that_released_each_step(
     assert stayed >= (length - 1) - (length - 1) // 6, pids
     assert set(pids) <= {w.pid for w in workers}
     assert stale_completions(repo) == 0
+
+
+def test_a_finish_after_the_broker_connection_dropped_leaves_the_next_step_to_the_outbox(
+    stack: Stack, repo: Repository, sql: Sql
+) -> None:
+    """The broker connection drops while step a runs: the worker finds out when it acks, and
+    reconnects after the batch. Its finish must not claim step b for itself (the reconnect
+    would strand the claim until its lease lapsed and a reaper took it back): b goes out
+    through the outbox and runs at once, on attempt 1. No scheduler runs, so nothing but
+    the outbox could bring b back."""
+    stack.start("publisher")
+    worker = stack.start("worker")
+    steps = (
+        TaskDef("a", "e2e.cut_broker"),
+        TaskDef("b", "e2e.record", depends_on=("a",)),
+    )
+    broker_port = urlsplit(stack.broker_url).port or AMQP_PORT
+    run_id = repo.trigger(WorkflowDef("cut", steps), {"broker_port": broker_port}).run_id
+    tasks = [t.id for t in repo.get_run(run_id).tasks]
+    wait_all(sql, tasks, TaskState.SUCCEEDED)
+    worker.wait_for_log("ack after claim failed")
+    worker.wait_for_log("Worker recovered")
+    assert sql.execute(
+        "SELECT t.name, t.attempt, count(e.*) FROM task_runs t"
+        " LEFT JOIN test_executions e ON e.task_run_id = t.id WHERE t.run_id = %s"
+        " GROUP BY t.name, t.attempt ORDER BY t.name",
+        (run_id,),
+    ).fetchall() == [("a", 1, 1), ("b", 1, 1)]
