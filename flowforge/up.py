@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from flowforge.broker import quiet_pika_logs
 from flowforge.config import Config, redact_url
 from supervisor import logs
 from supervisor.child import ChildContext
@@ -74,7 +75,7 @@ def build_specs(config: Config) -> list[ChildSpec]:
 def _child_setup(config: Config) -> Callable[[str], None]:
     def setup(label: str) -> None:
         logs.configure(label, config.logging.format, config.logging.level)
-        logging.getLogger("pika").setLevel(logging.WARNING)
+        quiet_pika_logs()
         faulthandler.enable()  # a hung child's SIGABRT prints where it was stuck
 
     return setup

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
 from flowforge.config import Config, load_config
 from flowforge.definitions import load_paths
@@ -67,7 +68,7 @@ def role(args: argparse.Namespace) -> int:
         force=True,
     )
     logging.disable(logging.NOTSET)
-    logging.getLogger("pika").setLevel(logging.WARNING)  # pika narrates every connection step
+    quiet_pika_logs()
     return run(args.name, config)
 
 
