@@ -45,6 +45,9 @@ TABLES = (
 POLL_S = 0.02
 READY_TIMEOUT_S = 60.0
 TRIGGER_BATCH = 500
+#: Statements per floor measurement, and iterations of the pure-Python CPU probe.
+FLOOR_STATEMENTS = 1000
+CPU_PROBE_ITERATIONS = 1_000_000
 
 
 @dataclass
@@ -339,6 +342,7 @@ def measure(
         db.open()
         repo = Repository(db)
         try:
+            floor = floors(url)
             tree.start()
             time.sleep(1.0)
             memory["idle"] = tree.memory_kb()
@@ -373,6 +377,36 @@ def measure(
         "results": {name: r.summary() for name, r in results.items()},
         "scale_ratio": (scale[-1] / scale[0]) if len(scale) > 1 and scale[0] else None,
         "memory": memory,
+        "floors": floor,
+    }
+
+
+def floors(url: str) -> dict[str, float]:
+    """What this machine gives anything, measured right before the workloads: PostgreSQL commits
+    per second with one client (one durable INSERT each), one ``SELECT 1`` round trip (ms), and
+    a fixed pure-Python loop (ms). Every figure above moves with these: compare runs by them."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_floor (x integer)")
+        try:
+            started = time.perf_counter()
+            for _ in range(FLOOR_STATEMENTS):
+                conn.execute("INSERT INTO bench_floor VALUES (1)")
+            commits_s = FLOOR_STATEMENTS / (time.perf_counter() - started)
+            started = time.perf_counter()
+            for _ in range(FLOOR_STATEMENTS):
+                conn.execute("SELECT 1")
+            round_trip_ms = (time.perf_counter() - started) * 1000 / FLOOR_STATEMENTS
+        finally:
+            conn.execute("DROP TABLE bench_floor")
+    started = time.perf_counter()
+    total = 0
+    for i in range(CPU_PROBE_ITERATIONS):
+        total += i
+    cpu_ms = (time.perf_counter() - started) * 1000
+    return {
+        "postgresql_commits_per_s": round(commits_s),
+        "postgresql_round_trip_ms": round(round_trip_ms, 3),
+        "python_loop_ms": round(cpu_ms, 1),
     }
 
 
@@ -406,6 +440,12 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{name:<24} {r['median']:>10.1f} {r['min']:>10.1f} {r['max']:>10.1f}  {r['unit']}")
     if report.get("scale_ratio"):
         print(f"{'per-task cost ratio':<24} {report['scale_ratio']:>10.2f}  (largest / smallest)")
+    f = report["floors"]
+    print(
+        f"machine floors: PostgreSQL {f['postgresql_commits_per_s']} commits/s (one client),"
+        f" {f['postgresql_round_trip_ms']:.2f} ms per round trip;"
+        f" Python loop {f['python_loop_ms']:.0f} ms"
+    )
     for phase, m in report["memory"].items():
         rss, pss = m.get("rss_kb", 0) / 1024, m.get("pss_kb", 0) / 1024
         print(

@@ -60,4 +60,7 @@ def test_a_quick_bench_run_reports_every_figure(
     assert report["scale_ratio"] > 0
     assert report["memory"]["load"]["rss_kb"] > 0
     assert {"cpu", "cores", "postgresql", "rabbitmq", "python"} <= set(report["machine"])
-    assert "throughput" in result.stdout  # the table
+    floors = report["floors"]
+    assert floors["postgresql_commits_per_s"] > 0 and floors["postgresql_round_trip_ms"] > 0
+    assert floors["python_loop_ms"] > 0
+    assert "throughput" in result.stdout and "machine floors" in result.stdout  # the table
