@@ -386,9 +386,10 @@ class Worker:
         if not outcomes:
             return
         batch = [(c.task_run_id, c.fencing_token, f) for c, f in outcomes]
-        then = self._continuation(len(outcomes)) if continue_here else None
         failures = 0
         while True:
+            # decided per attempt: serving the broker between retries may have found it broken
+            then = self._continuation(len(outcomes)) if continue_here else None
             try:
                 # only what one window can take comes back; the rest go out as messages
                 finished = self._repo.finish_many(
