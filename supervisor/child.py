@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -19,6 +18,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor.slots import SlotTable
 
@@ -55,26 +55,26 @@ class ChildContext:
         return {self.spec_names[i]: counts for i, counts in found.items()}
 
 
-def _libc() -> ctypes.CDLL | None:
-    path = ctypes.util.find_library("c")
-    return ctypes.CDLL(path, use_errno=True) if path else None
+def _libc(symbol: str) -> Any | None:
+    """A C library function as linked into this interpreter (``dlopen(NULL)``: no library
+    search, which would run ``ldconfig`` in a subprocess); None where the C library lacks it."""
+    return getattr(ctypes.CDLL(None, use_errno=True), symbol, None)
 
 
 def release_free_memory() -> None:
     """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; a no-op where
     the C library has none). Start-up frees much (import machinery, parsed files) that stays
     resident otherwise — and a page resident in the parent at fork is counted in every child."""
-    libc = _libc()
-    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    trim = _libc("malloc_trim")
     if trim is not None:
         trim(0)
 
 
 def set_child_subreaper() -> None:
     """Orphaned grandchildren get reparented to this process (so it can reap them)."""
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    prctl = _libc("prctl")
+    if prctl is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def spawn(
@@ -117,8 +117,8 @@ def _prepare_child(parent: int, handled_signals: Iterable[int], close_fds: Itera
             os.close(fd)
     # Terminal signals (Ctrl-C) go to the supervisor only, which stops children in order.
     os.setpgid(0, 0)
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    prctl = _libc("prctl")
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the prctl took effect
         os._exit(1)
