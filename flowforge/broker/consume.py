@@ -158,9 +158,11 @@ class Consumer:
 
     def _on_cancelled_by_broker(self, method_frame: Any) -> None:
         """The broker ended our consumer (queue deleted or unavailable): subscribe again on
-        the next take. Deliveries already received stay ours to ack."""
-        if method_frame.method.consumer_tag == self._consumer_tag:
-            self._consumer_tag = None
+        the next take. Deliveries already received stay ours to ack. A cancel for a tag we
+        already cancelled ourselves (the two crossed) needs nothing."""
+        if method_frame.method.consumer_tag != self._consumer_tag:
+            return
+        self._consumer_tag = None
         logger.warning(
             "the broker cancelled this consumer of %s; subscribing again",
             self._config.queue,
