@@ -44,8 +44,8 @@ class ChildContext:
         self.table.beat(self.slot)
 
     def ready(self) -> None:
-        """Report that this child finished booting and serves; return the memory its boot
-        freed to the system."""
+        """Report that this child finished booting and serves, and give the heap its boot
+        freed back to the system."""
         self.table.mark_ready(self.slot)
         release_free_memory()
 

@@ -166,9 +166,15 @@ class Worker:
         self.reset()
 
     def _batch_limit(self) -> int:
+        """Tasks the next batch may take (at least 1: a worker due to recycle has stopped)."""
+        return max(1, self._room())
+
+    def _room(self, finishing: int = 0) -> int:
+        """The window, capped by ``broker.prefetch`` and by the tasks left before
+        ``max_tasks_per_child``, counting ``finishing`` outcomes not yet in ``tasks_done``."""
         limit = min(self._window, self._config.broker.prefetch)
         if self._task_limit:
-            limit = min(limit, max(1, self._task_limit - self.tasks_done))
+            limit = min(limit, self._task_limit - self.tasks_done - finishing)
         return limit
 
     # ------------------------------------------------------------------ one batch
@@ -434,9 +440,7 @@ class Worker:
             return None
         if time.monotonic() - self._took_at > PUMP_INTERVAL_S:
             return None
-        limit = min(self._window, self._config.broker.prefetch)
-        if self._task_limit:
-            limit = min(limit, self._task_limit - self.tasks_done - finishing)
+        limit = self._room(finishing)
         if limit <= 0:
             return None
         return Continuation(self._id, self._config.worker.lease_s, limit)
