@@ -8,6 +8,7 @@ imports handler code: each child does that itself after the fork.
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import logging
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 from flowforge.broker import quiet_pika_logs
 from flowforge.config import Config, redact_url
+from flowforge.telemetry import METRICS_DIR_ENV
 from supervisor import logs
 from supervisor.child import ChildContext
 from supervisor.restart import IntensityLimit
@@ -28,7 +30,6 @@ logger = logging.getLogger(__name__)
 TITLE_PREFIX = "flowforge"
 #: Graceful stop of the scheduler and the publisher (seconds): each finishes its pass.
 ROLE_SHUTDOWN_S = 10.0
-METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def _role(name: str, config: Config) -> Callable[[ChildContext], int]:
@@ -86,11 +87,24 @@ def run(config: Config, config_label: str) -> int:
     from supervisor.titles import set_title
 
     with tempfile.TemporaryDirectory(prefix="flowforge-metrics-") as metrics_dir:
-        # Before any child imports prometheus_client: every process writes its samples here.
+        # Before the first fork: every process of the tree writes its samples here.
         os.environ[METRICS_DIR_ENV] = metrics_dir
         logs.configure("supervisor", config.logging.format, config.logging.level)
         set_title(f"{TITLE_PREFIX}: supervisor [{config_label}]")
+        preload_driver()
         return _supervise(config)
+
+
+def preload_driver() -> None:
+    """Load the database driver, which every child uses, once here before the first fork.
+
+    A child then inherits psycopg with its bundled libpq and OpenSSL already loaded: the library
+    pages that loading touches stay with the supervisor, and the import's garbage never enters a
+    child. Measured on a tree of four workers: about 5 MiB less resident memory per child and
+    some 30 MiB less for the tree, though the supervisor grows by 15 MiB (docs/performance.md,
+    "Memory"). Importing opens nothing; every connection is still made after the fork.
+    """
+    importlib.import_module("psycopg")
 
 
 def banner(config: Config) -> str:

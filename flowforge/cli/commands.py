@@ -19,7 +19,7 @@ from flowforge.definitions import load_paths
 from flowforge.domain.states import RunState
 from flowforge.errors import InputError
 
-if TYPE_CHECKING:  # imported where used: `flowforge up` (the supervisor) never loads psycopg
+if TYPE_CHECKING:  # imported where used: the other commands need none of the client
     from flowforge.client import Client
 
 

@@ -71,7 +71,7 @@ def run(
     """
     stop = threading.Event()
     with stop_on_signals(stop):  # first: a SIGTERM during the boot is a clean stop too
-        telemetry = Telemetry()
+        telemetry = Telemetry.from_environment()
         telemetry.child_starts.labels(role=name).inc()
         try:
             role = ROLES[name](config, telemetry, tree)

@@ -925,6 +925,24 @@ def test_titles_are_set_and_sigttin_sigttou_change_the_number_of_workers(
     assert tree.running()
 
 
+def sockets_of(pid: int) -> list[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    return [t for t in (os.readlink(fds / fd) for fd in os.listdir(fds)) if t.startswith("socket:")]
+
+
+def test_the_supervisor_preloads_the_database_driver_but_opens_no_connection(
+    stack: Stack, up: Callable[..., Tree]
+) -> None:
+    """Children inherit psycopg already loaded (a memory lever); connections stay theirs."""
+    tree = up(write_config(stack))
+    tree.wait_ready()
+    maps = Path(f"/proc/{tree.supervisor_pid}/maps").read_text()
+    assert "psycopg_binary" in maps
+    assert sockets_of(tree.supervisor_pid) == []
+    for pid in tree.children():
+        assert sockets_of(pid), f"child {pid} should hold its own connections"
+
+
 def test_workers_are_recycled_after_max_tasks_per_child_and_no_task_is_lost(
     stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
 ) -> None:
