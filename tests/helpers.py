@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -141,3 +144,10 @@ def expire_lease(sql: psycopg.Connection[tuple[object, ...]], task_run_id: UUID)
         (task_run_id,),
     ).rowcount
     assert changed == 1, f"task run {task_run_id} is not RUNNING"
+
+
+def modules_after_importing(*modules: str) -> set[str]:
+    """``sys.modules`` of a fresh interpreter that imported ``modules`` (memory levers)."""
+    code = f"import sys, json, {', '.join(modules)}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout))

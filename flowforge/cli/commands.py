@@ -7,6 +7,7 @@ import argparse
 import getpass
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,10 +53,18 @@ def migrate(args: argparse.Namespace) -> int:
 
 def up(args: argparse.Namespace) -> int:
     from flowforge import up as tree
+    from flowforge.tree import become_tree
 
-    config = _config(args)
+    config = _config(args)  # a bad config stops here: one line, exit 2, nothing started
+    path = getattr(args, "config", None)
+    label = Path(path).name if path else "defaults"
+    if sys.executable:
+        try:
+            become_tree(path, label)  # the same pid, without the command line's modules
+        except OSError as exc:
+            sys.stderr.write(f"flowforge: no fresh interpreter ({exc}); running the tree here\n")
     logging.disable(logging.NOTSET)
-    return tree.run(config, Path(args.config).name if getattr(args, "config", None) else "defaults")
+    return tree.run(config, label)
 
 
 def role(args: argparse.Namespace) -> int:

@@ -10,8 +10,6 @@ mapping.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from prometheus_client import CollectorRegistry, multiprocess
 
 from flowforge.samplefile import INITIAL_SIZE, SampleFile, sample_key
 from flowforge.telemetry import Counter, Histogram, Samples, Telemetry
+from tests.helpers import modules_after_importing
 
 Samples_ = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -129,10 +128,6 @@ def test_memory_samples_and_label_mistakes() -> None:
 
 def test_the_roles_never_import_prometheus_client() -> None:
     """Only the api serves the text format; each other child saves ~2 MiB (docs/performance.md)."""
-    code = (
-        "import sys, flowforge.up, flowforge.roles.main, flowforge.roles.worker, "
-        "flowforge.roles.scheduler, flowforge.roles.publisher; "
-        "print(sorted(m for m in sys.modules if m.startswith('prometheus_client')))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    roles = ("flowforge.roles.main", "flowforge.roles.worker", "flowforge.roles.scheduler")
+    loaded = modules_after_importing("flowforge.up", *roles, "flowforge.roles.publisher")
+    assert not {m for m in loaded if m.startswith("prometheus_client")}
