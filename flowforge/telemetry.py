@@ -60,10 +60,18 @@ class Samples:
         return self._file(kind).value(key)
 
     def _file(self, kind: str) -> SampleFile:
+        # The common case without the lock: a dict read is atomic, and the pid check catches a fork.
+        if self._pid == os.getpid():
+            sample_file = self._files.get(kind)
+            if sample_file is not None:
+                return sample_file
+        return self._open(kind)
+
+    def _open(self, kind: str) -> SampleFile:
         assert self._directory is not None
         with self._lock:
             if self._pid != os.getpid():
-                self._files.clear()  # the parent's open files are the parent's
+                self._files = {}  # the parent's open files are the parent's
                 self._pid = os.getpid()
             sample_file = self._files.get(kind)
             if sample_file is None:
