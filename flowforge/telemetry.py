@@ -26,9 +26,10 @@ from flowforge.samplefile import SampleFile, sample_key
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Seconds; prometheus_client's defaults, for handler durations.
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
-_K = TypeVar("_K", str, tuple[str, ...])
-
+#: Seconds, for the dispatch lag and the scheduler's pass.
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+_K = TypeVar("_K", str, tuple[str, ...])
 
 
 class Samples:
