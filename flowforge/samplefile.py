@@ -37,9 +37,15 @@ def sample_key(metric: str, sample: str, labels: Mapping[str, str], documentatio
     return json.dumps([metric, sample, dict(labels), documentation], sort_keys=True)
 
 
+def _padding(length: int) -> int:
+    """Spaces after a key of ``length`` bytes so its values are 8-byte aligned (1 to 8, never 0:
+    prometheus_client's reader expects exactly this)."""
+    return 8 - (length + _LENGTH.size) % 8
+
+
 def _entry(key: str) -> bytes:
     encoded = key.encode("utf-8")
-    padded = encoded + b" " * (8 - (len(encoded) + _LENGTH.size) % 8)
+    padded = encoded + b" " * _padding(len(encoded))
     return _LENGTH.pack(len(encoded)) + padded + _VALUE.pack(0.0, 0.0)
 
 
@@ -114,7 +120,7 @@ class SampleFile:
             length = _LENGTH.unpack_from(self._map, position)[0]
             start = position + _LENGTH.size
             key = bytes(self._map[start : start + length]).decode("utf-8")
-            position = start + length + (8 - (length + _LENGTH.size) % 8)
+            position = start + length + _padding(length)
             found.append((key, position))
             position += _VALUE.size
         return found

@@ -60,3 +60,17 @@ def test_up_validates_the_config_then_becomes_the_tree(
     bad.write_text("processes:\n  workers: many\n")
     assert main(["-c", str(bad), "up"]) == exitcodes.USAGE
     assert len(became) == 1, "a bad config must not start anything"
+
+
+def test_up_runs_the_tree_in_its_own_process_when_no_interpreter_can_be_executed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))  # execv: OSError
+    monkeypatch.setattr("flowforge.up.run", lambda _config, label: ran.append(label) or 0)
+    config = tmp_path / "here.yaml"
+    config.write_text("processes:\n  workers: 1\n")
+    assert main(["-c", str(config), "up"]) == exitcodes.OK
+    assert ran == ["here.yaml"]
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("flowforge: no fresh interpreter (") and "running the tree here" in line
