@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 
 from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
 
+#: Run states a run leaves only through an operator's requeue; a run is in one of them exactly
+#: when it is finished (``finished_at`` is set), never while a task of it can still change.
+TERMINAL_RUN_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+
+#: Task states that do not, by themselves, mean the run has started.
+_NOT_STARTED = frozenset({TaskState.PENDING, TaskState.READY})
+
 
 @dataclass(frozen=True)
 class RunFacts:
@@ -25,18 +32,33 @@ class RunFacts:
 
     @property
     def finished(self) -> bool:
-        """True when no task of the run can change without an operator."""
+        """True when no task of the run can change without an operator.
+
+        SUCCEEDED, DEAD and CANCELLED are settled (a DEAD task stays so until an audited
+        requeue, whatever its ``on_dead``); PENDING, READY, RUNNING, FAILED and RETRYING can
+        still move. An empty run is not finished.
+        """
         return self.total > 0 and all(
             state in FINISHED_TASK_STATES for state, n in self.counts.items() if n
         )
 
+    @property
+    def started(self) -> bool:
+        """Some task was claimed once, or is in a state only a claim leads to."""
+        return self.any_attempted or any(n for s, n in self.counts.items() if s not in _NOT_STARTED)
+
 
 Rule = tuple[str, Callable[[RunFacts], bool], RunState]
 
-#: First matching rule wins. An operator's cancellation beats a failure; otherwise a DEAD task
-#: makes the run FAILED even when fail-fast cancelled its dependents (those cancellations are a
-#: consequence of the failure, not an operator's decision).
+#: First matching rule wins. A run is terminal only when no task of it can still change: while
+#: one can (a sibling running or retrying beside a DEAD task without fail-fast, a sibling that
+#: fail-fast or an operator asked to stop and that has not stopped yet), the run is RUNNING
+#: (PENDING if nothing has started). Once settled, an operator's cancellation beats a failure;
+#: otherwise a DEAD task makes the run FAILED even when fail-fast cancelled its dependents
+#: (those cancellations are a consequence of the failure, not an operator's decision).
 PRECEDENCE: tuple[Rule, ...] = (
+    ("a task can still change", lambda f: not f.finished and f.started, RunState.RUNNING),
+    ("nothing started yet", lambda f: not f.finished, RunState.PENDING),
     (
         "operator cancelled",
         lambda f: f.cancel_requested and f.count(TaskState.CANCELLED) > 0,
@@ -44,25 +66,16 @@ PRECEDENCE: tuple[Rule, ...] = (
     ),
     ("a task is dead", lambda f: f.count(TaskState.DEAD) > 0, RunState.FAILED),
     ("a task is cancelled", lambda f: f.count(TaskState.CANCELLED) > 0, RunState.CANCELLED),
-    (
-        "every task succeeded",
-        lambda f: f.total > 0 and f.count(TaskState.SUCCEEDED) == f.total,
-        RunState.SUCCEEDED,
-    ),
-    (
-        "something started",
-        lambda f: (
-            f.any_attempted
-            or any(f.count(s) for s in TaskState if s not in (TaskState.PENDING, TaskState.READY))
-        ),
-        RunState.RUNNING,
-    ),
+    ("every task succeeded", lambda f: f.count(TaskState.SUCCEEDED) == f.total, RunState.SUCCEEDED),
 )
 
 
 def derive(facts: RunFacts) -> RunState:
-    """The run state for ``facts``; an empty run, or one where nothing started, is PENDING."""
+    """The run state for ``facts``; an empty run, or one where nothing started, is PENDING.
+
+    The result is in :data:`TERMINAL_RUN_STATES` exactly when ``facts.finished``.
+    """
     for _name, matches, state in PRECEDENCE:
         if matches(facts):
             return state
-    return RunState.PENDING
+    return RunState.PENDING  # unreachable: a finished run matches one of the last rules

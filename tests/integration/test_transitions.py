@@ -372,7 +372,8 @@ def test_fail_fast_cancels_the_run_and_asks_running_siblings_to_stop(
     renewal = repo.renew_lease(ids["y"], y.fencing_token, 30)
     assert renewal.held and renewal.cancel_requested
     run = repo.get_run(run_id)
-    assert run.state is RunState.FAILED and run.finished_at is None  # y is still running
+    # terminal only once y has settled: until then a task of the run can still change
+    assert run.state is RunState.RUNNING and run.finished_at is None
     assert repo.finish(ids["y"], y.fencing_token, TaskState.CANCELLED)
     drain(repo)
     run = repo.get_run(run_id)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowforge.domain.runstate import PRECEDENCE, RunFacts, derive
+from flowforge.domain.runstate import PRECEDENCE, TERMINAL_RUN_STATES, RunFacts, derive
 from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
+from flowforge.store import queries
 
 FAST = settings(database=None, deadline=None, max_examples=300)
 S = TaskState
@@ -55,6 +58,31 @@ def test_operator_cancel_with_cancelled_tasks_is_cancelled_even_with_dead() -> N
 
 def test_operator_cancel_without_cancelled_tasks_does_not_hide_dead() -> None:
     assert derive(facts(attempted=True, cancel=True, DEAD=1, SUCCEEDED=1)) is RunState.FAILED
+
+
+# A run is terminal only when no task of it can still change (issue 15): a DEAD task beside
+# tasks that still run, retry or wait keeps the run RUNNING, whatever made the others live on.
+
+
+@pytest.mark.parametrize("state", [S.PENDING, S.READY, S.RUNNING, S.FAILED, S.RETRYING])
+def test_dead_beside_a_task_that_can_still_change_is_running(state: TaskState) -> None:
+    assert derive(facts(attempted=True, DEAD=1, SUCCEEDED=1, **{state.name: 1})) is RunState.RUNNING
+
+
+def test_dead_with_fail_fast_cancelled_dependents_and_a_sibling_still_stopping_is_running() -> None:
+    assert derive(facts(attempted=True, DEAD=1, CANCELLED=2, RUNNING=1)) is RunState.RUNNING
+
+
+def test_operator_cancel_while_a_task_is_still_stopping_is_running() -> None:
+    assert derive(facts(attempted=True, cancel=True, CANCELLED=3, RUNNING=1)) is RunState.RUNNING
+
+
+def test_dead_once_everything_settled_is_failed() -> None:
+    assert derive(facts(attempted=True, DEAD=1, SUCCEEDED=2, CANCELLED=1)) is RunState.FAILED
+
+
+def test_cancelled_before_anything_started_is_cancelled() -> None:
+    assert derive(facts(cancel=True, CANCELLED=4)) is RunState.CANCELLED
 
 
 def test_cancelled_task_without_operator_request_is_cancelled() -> None:
@@ -132,6 +160,23 @@ def test_derive_is_total_and_consistent(f: RunFacts) -> None:
 
 @FAST
 @given(run_facts)
+def test_a_run_is_terminal_exactly_when_finished(f: RunFacts) -> None:
+    """What ``update_run_states`` stores: a terminal state and ``finished_at`` go together."""
+    assert (derive(f) in TERMINAL_RUN_STATES) == f.finished
+
+
+@FAST
+@given(run_facts)
 def test_finished_matches_final_states(f: RunFacts) -> None:
     live = {s for s, n in f.counts.items() if n}
     assert f.finished == (bool(live) and live <= FINISHED_TASK_STATES)
+
+
+def test_the_sql_that_picks_runs_to_derive_agrees_on_what_can_still_change() -> None:
+    """``runs_to_derive`` re-derives a run once none of its tasks is in these states: the same
+    set that :attr:`RunFacts.finished` (and so a terminal run state) is defined by."""
+    sql = queries.load()["runs_to_derive"].decode()
+    found = re.search(r"t\.state IN \(([^)]*)\)", sql)
+    assert found is not None
+    unfinished = {S(name.strip().strip("'")) for name in found.group(1).split(",")}
+    assert unfinished == set(TaskState) - FINISHED_TASK_STATES
