@@ -169,3 +169,13 @@ def _peer_port(fd: int) -> int | None:
             return int(sock.getpeername()[1]) if sock.family == socket.AF_INET else None
         except OSError:
             return None  # not connected
+
+
+@task("e2e.fail_loud")
+def fail_loud(ctx: TaskContext) -> None:
+    """Always fails with an error whose text tries to colour a terminal and forge a log line."""
+    record(ctx, "e2e.fail_loud")
+    raise RuntimeError(
+        f"card declined\x1b[31m on attempt {ctx.attempt}\n"
+        "2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: FORGED second line"
+    )

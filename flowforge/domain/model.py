@@ -104,6 +104,7 @@ class Claim:
     timeout_s: float | None = None
     idempotency_key: str | None = None
     dispatch_lag_s: float = 0.0  # READY → claimed, by the database clock
+    workflow: str = ""  # the run's workflow name (for log lines)
 
 
 class ClaimOutcome(StrEnum):
@@ -171,6 +172,22 @@ class PassReport:
     @property
     def total(self) -> int:
         return self.promoted + self.routed + self.reaped + self.propagated
+
+
+@dataclass(frozen=True)
+class Routed:
+    """One task the scheduler moved on from FAILED (routing) or RUNNING (an expired lease),
+    as committed: ``state`` is RETRYING (``delay_s`` seconds of backoff), DEAD or CANCELLED."""
+
+    task_run_id: UUID
+    run_id: UUID
+    workflow: str
+    task: str
+    attempt: int
+    source: TaskState
+    state: TaskState
+    reason: FailureReason
+    delay_s: float = 0.0
 
 
 def parse_id(value: UUID | str, what: str = "id") -> UUID:

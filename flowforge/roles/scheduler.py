@@ -2,6 +2,7 @@
 
 A pass reaps expired leases, routes failed attempts, applies the consequences of finished tasks
 (release dependents, fail-fast, run states) and promotes READY tasks with their outbox rows.
+Each retry, death and cancellation it decides is logged once (:mod:`flowforge.roles.tasklog`).
 While passes find work they repeat at once; then the scheduler waits for a NOTIFY (a trigger or
 a finished task) or the poll interval. Several schedulers at once are safe: every step locks
 its batch with ``FOR UPDATE SKIP LOCKED``.
@@ -15,9 +16,9 @@ import time
 from collections.abc import Callable
 
 from flowforge.config import Config
-from flowforge.domain.model import PassReport
-from flowforge.domain.reasons import FailureReason
+from flowforge.domain.model import PassReport, Routed
 from flowforge.domain.states import TaskState
+from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
@@ -76,11 +77,13 @@ class Scheduler:
                 reaped=self._repo.reap_expired(batch, threshold, self._observe),
             )
 
-    def _observe(self, state: TaskState, reason: FailureReason) -> None:
-        if state is TaskState.RETRYING:
-            self._telemetry.tasks_retried.labels(reason=str(reason)).inc()
-        elif state is TaskState.DEAD:
-            self._telemetry.tasks_dead.labels(reason=str(reason)).inc()
+    def _observe(self, event: Routed) -> None:
+        """Count and log one committed routing or reaping decision (one line per task)."""
+        if event.state is TaskState.RETRYING:
+            self._telemetry.tasks_retried.labels(reason=str(event.reason)).inc()
+        elif event.state is TaskState.DEAD:
+            self._telemetry.tasks_dead.labels(reason=str(event.reason)).inc()
+        tasklog.routed(logger, event)
 
     def _housekeeping(self) -> None:
         now = time.monotonic()

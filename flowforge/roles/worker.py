@@ -48,6 +48,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError
 from flowforge.handlers import collect
+from flowforge.roles import tasklog
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import HandlerThread, Job, classify
 from flowforge.roles.lease import Leases
@@ -459,8 +460,10 @@ class Worker:
             t.tasks_succeeded.inc()
         elif finish.state is TaskState.CANCELLED:
             t.tasks_cancelled.inc()
+            tasklog.attempt_ended(logger, claim, finish)
         else:
             t.tasks_failed.labels(reason=str(finish.reason)).inc()
+            tasklog.attempt_ended(logger, claim, finish)  # a line per failure, none per success
 
     def _check_recycle(self) -> None:
         if self._task_limit and self.tasks_done >= self._task_limit:

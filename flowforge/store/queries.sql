@@ -133,7 +133,8 @@ UPDATE task_runs t
   FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(states)s::text[], %(delays)s::float8[],
               %(reasons)s::text[]) AS d(id, token, state, delay_s, reason)
  WHERE t.id = d.id AND t.state = 'FAILED' AND t.fencing_token = d.token
-RETURNING t.id, t.state;
+RETURNING t.id, t.state, t.run_id, t.name, t.attempt,
+          (SELECT r.workflow FROM workflow_runs r WHERE r.id = t.run_id) AS workflow;
 
 -- name: lock_expired_leases
 SELECT id, fencing_token, attempt, budget_start, max_attempts, base_delay_s, max_delay_s,
@@ -166,7 +167,7 @@ WITH reaped AS (
                   %(delays)s::float8[], %(reasons)s::text[]) AS d(id, token, state, delay_s, reason)
      WHERE t.id = d.id AND t.state = 'RUNNING' AND t.fencing_token = d.token
        AND t.lease_expires_at < now()
-    RETURNING t.id, t.attempt, d.token AS old_token, t.state
+    RETURNING t.id, t.attempt, d.token AS old_token, t.state, t.run_id, t.name
 ), closed AS (
     UPDATE task_attempts a
        SET finished_at = now(), outcome = 'lease_expired', failure_reason = 'lease_expired',
@@ -178,7 +179,9 @@ WITH reaped AS (
      USING reaped r
      WHERE k.task_run_id = r.id AND k.fencing_token = r.old_token AND k.state = 'RUNNING'
 )
-SELECT id, state FROM reaped;
+SELECT id, state, run_id, name, attempt,
+       (SELECT r.workflow FROM workflow_runs r WHERE r.id = reaped.run_id) AS workflow
+  FROM reaped;
 
 -- ------------------------------------------------------------------ scheduler: consequences
 
@@ -334,7 +337,7 @@ WITH wanted AS (
             WHERE q.published_at IS NULL
               FOR UPDATE OF q SKIP LOCKED)
 )
-SELECT c.*, r.input,
+SELECT c.*, r.input, r.workflow,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
           FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
          WHERE e.downstream_id = c.id) AS upstream

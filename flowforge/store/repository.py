@@ -34,6 +34,7 @@ from flowforge.domain.model import (
     Finished,
     ProcessInfo,
     Renewal,
+    Routed,
     Run,
     TaskDetail,
     TaskRun,
@@ -69,8 +70,8 @@ logger = logging.getLogger(__name__)
 
 #: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
 ORDERING_LOCK_NAMESPACE = 0x4F52  # "OR"
-#: Told each (new state, reason) a routing or reaping pass committed.
-Observer = Callable[[TaskState, FailureReason], None]
+#: Told each task a routing or reaping pass committed (after the commit, once per task).
+Observer = Callable[[Routed], None]
 _OUTCOMES = {
     TaskState.SUCCEEDED: "succeeded",
     TaskState.FAILED: "failed",
@@ -228,7 +229,10 @@ class Repository:
         crash_loop_threshold: int = DEFAULT_CRASH_LOOP_THRESHOLD,
         observe: Observer | None = None,
     ) -> int:
-        """FAILED → RETRYING / DEAD / CANCELLED by each task's retry policy."""
+        """FAILED → RETRYING / DEAD / CANCELLED by each task's retry policy.
+
+        Returns how many were routed; ``observe`` is told each one (the scheduler logs them).
+        """
 
         def facts(row: Mapping[str, Any]) -> FailureFacts:
             return FailureFacts(
@@ -254,7 +258,10 @@ class Repository:
         crash_loop_threshold: int = DEFAULT_CRASH_LOOP_THRESHOLD,
         observe: Observer | None = None,
     ) -> int:
-        """RUNNING with a lapsed lease → RETRYING / DEAD (crash loop) / CANCELLED, token bumped."""
+        """RUNNING with a lapsed lease → RETRYING / DEAD (crash loop) / CANCELLED, token bumped.
+
+        Returns how many were reaped; ``observe`` is told each one (the scheduler logs them).
+        """
 
         def facts(row: Mapping[str, Any]) -> FailureFacts:
             return FailureFacts(
@@ -264,7 +271,7 @@ class Repository:
                 cancel_requested=row["cancel_requested"],
             )
 
-        reaped = self._apply_policy(
+        return self._apply_policy(
             TaskState.RUNNING,
             "lock_expired_leases",
             "apply_reap",
@@ -273,9 +280,6 @@ class Repository:
             crash_loop_threshold,
             observe,
         )
-        if reaped:
-            logger.warning("reaped %s expired lease(s)", reaped, extra={"action": "leases_reaped"})
-        return reaped
 
     def _apply_policy(
         self,
@@ -287,7 +291,7 @@ class Repository:
         crash_loop_threshold: int,
         observe: Observer | None,
     ) -> int:
-        def work(cur: Cursor) -> list[tuple[TaskState, FailureReason]]:
+        def work(cur: Cursor) -> list[Routed]:
             locked = cur.execute(self._q[lock_query], {"limit": limit}).fetchall()
             if not locked:
                 return []
@@ -308,13 +312,18 @@ class Repository:
             changed = cur.execute(self._q[apply_query], columns).fetchall()
             if changed:
                 cur.execute(self._q["notify_scheduler"])
-            reasons = dict(zip(columns["ids"], columns["reasons"], strict=True))
-            return [(TaskState(r["state"]), FailureReason(reasons[r["id"]])) for r in changed]
+            decided = {
+                task_id: (delay, reason)
+                for task_id, delay, reason in zip(
+                    columns["ids"], columns["delays"], columns["reasons"], strict=True
+                )
+            }
+            return [_routed(row, source, *decided[row["id"]]) for row in changed]
 
         outcomes = self._db.run(work)
         if observe is not None:  # after the commit: a retried transaction counts once
-            for state, reason in outcomes:
-                observe(state, reason)
+            for routed in outcomes:
+                observe(routed)
         return len(outcomes)
 
     def propagate(self, limit: int) -> int:
@@ -933,6 +942,22 @@ def _decision_columns(
     return TaskState.CANCELLED, 0.0, FailureReason.CANCELLED
 
 
+def _routed(row: Mapping[str, Any], source: TaskState, delay_s: float, reason: str) -> Routed:
+    """What ``apply_routing`` / ``apply_reap`` returned for one task, with its decision."""
+    state = TaskState(row["state"])
+    return Routed(
+        task_run_id=row["id"],
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        task=row["name"],
+        attempt=row["attempt"],
+        source=source,
+        state=state,
+        reason=FailureReason(reason),
+        delay_s=delay_s if state is TaskState.RETRYING else 0.0,
+    )
+
+
 def _claim_params(
     wanted: Sequence[tuple[UUID, int]], worker: str, lease_s: float, local: bool
 ) -> dict[str, Any]:
@@ -970,6 +995,7 @@ def _claim_from_row(row: Mapping[str, Any]) -> Claim:
         timeout_s=row["timeout_s"],
         idempotency_key=row["idempotency_key"],
         dispatch_lag_s=row["dispatch_lag_s"] or 0.0,
+        workflow=row["workflow"],
     )
 
 
