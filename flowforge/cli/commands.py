@@ -17,7 +17,7 @@ from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
 from flowforge.config import Config, load_config
 from flowforge.definitions import load_paths
-from flowforge.domain.states import RunState
+from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError
 
 if TYPE_CHECKING:  # imported where used: the other commands need none of the client
@@ -144,6 +144,9 @@ def cancel(args: argparse.Namespace) -> int:
         run = client.cancel(args.run_id)
     if args.json:
         output.emit_json(output.run_dict(run))
+    elif run.finished_at is None:  # tasks still executing were only asked to stop
+        running = sum(t.state == TaskState.RUNNING for t in run.tasks)
+        print(f"run {run.id} is {run.state}: cancel requested, {running} running task(s) to stop")
     else:
         print(f"run {run.id} is {run.state}")
     return exitcodes.OK

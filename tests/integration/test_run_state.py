@@ -9,7 +9,11 @@ retention (which purges by ``finished_at``) leaves it alone.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,6 +24,7 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.store.repository import Repository
+from tests.e2e import REPO
 from tests.helpers import claim_task, drain, expire_lease, task_ids
 
 pytestmark = pytest.mark.integration
@@ -144,4 +149,27 @@ def test_retention_keeps_a_run_whose_tasks_can_still_change(repo: Repository, sq
         (run_id,),
     )
     assert repo.purge(age_s=3600, limit=100) == 0
+    assert stored_run(sql, run_id) == ("RUNNING", False)
+
+
+def test_the_cli_cancels_such_a_run_and_says_what_it_waits_for(
+    repo: Repository, sql: Sql, clean_database_url: str, tmp_path: Path
+) -> None:
+    """Before: "run … is FAILED", as if the run were over and the cancel had done nothing."""
+    run_id, _y = dead_beside_running_and_retrying(repo, sql)
+    config = tmp_path / "flowforge.yaml"
+    config.write_text("workflows: []\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "flowforge.cli", "-c", str(config), "cancel", str(run_id)],
+        capture_output=True,
+        text=True,
+        env={**env, "FLOWFORGE_DATABASE_URL": clean_database_url},
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"run {run_id} is RUNNING: cancel requested, 1 running task(s) to stop\n"
+    assert states(repo, run_id)["z"] is TaskState.CANCELLED
     assert stored_run(sql, run_id) == ("RUNNING", False)
