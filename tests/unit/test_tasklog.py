@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from typing import Any
@@ -16,6 +17,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.worker import Worker
+from supervisor.logs import LineFormatter
 
 TASK = uuid.UUID("00000000-0000-0000-0000-00000000000a")
 RUN = uuid.UUID("00000000-0000-0000-0000-00000000000b")
@@ -144,3 +146,22 @@ def test_the_worker_logs_failures_and_cancellations_never_successes(caplog: Any)
         f"{HEAD} failed: timeout: ran too long",
         f"{HEAD} stopped: cancelled",
     ]
+
+
+def test_a_json_log_line_carries_the_facts_as_fields(caplog: Any) -> None:
+    """With ``logging.format: json`` the tree's formatter keeps the extras as fields."""
+    finish = Finish(TaskState.FAILED, reason=FailureReason.HANDLER_ERROR, error="boom\nline 2")
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        tasklog.attempt_ended(logging.getLogger(LOGGER), CLAIM, finish)
+    [record] = caplog.records
+    line = LineFormatter("worker", "json").format(record)
+    assert "\n" not in line
+    data = json.loads(line)
+    assert data["msg"] == f"{HEAD} failed: handler_error: boom"
+    assert {k: data[k] for k in ("action", "task_run_id", "run_id", "attempt", "error")} == {
+        "action": "task_failed",
+        "task_run_id": str(TASK),
+        "run_id": str(RUN),
+        "attempt": 2,
+        "error": "boom",
+    }
