@@ -875,8 +875,8 @@ SELECT (SELECT count(*) FROM queued) AS queued, pg_notify('flowforge_outbox', ''
 -- Runs `flowforge purge --dead` may delete: with a DEAD task that died before the cutoff, and
 -- nothing else unsettled — every other task SUCCEEDED, CANCELLED or DEAD before the cutoff too.
 -- (An old DEAD task whose run still has work that can change is kept: deleting it alone would
--- let the run read SUCCEEDED and revive its dependents without their upstream.) Keyset on the
--- run id (after), bounded by limit (NULL: all); only restricts to given ids (NULL: any).
+-- let the run read SUCCEEDED and revive its dependents without their upstream.) In run id
+-- order, bounded by limit (NULL: all); only restricts them to the given ids (NULL: any).
 SELECT r.id
   FROM workflow_runs r
  WHERE r.id IN (SELECT d.run_id FROM task_runs d
@@ -884,7 +884,6 @@ SELECT r.id
                    AND d.finished_at < now() - make_interval(secs => %(age_s)s))
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text)
    AND (%(only)s::uuid[] IS NULL OR r.id = ANY(%(only)s::uuid[]))
-   AND (%(after)s::uuid IS NULL OR r.id > %(after)s::uuid)
    AND NOT EXISTS (SELECT 1 FROM task_runs u
                     WHERE u.run_id = r.id
                       AND u.state NOT IN ('SUCCEEDED', 'CANCELLED')

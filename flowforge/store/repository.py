@@ -919,18 +919,20 @@ class Repository:
         result means nothing (more) to purge.
         """
         _check_operator_text(requested_by, workflow)
-        select = {"age_s": age_s, "workflow": workflow, "after": None}
+        select = {"age_s": age_s, "workflow": workflow}
 
         def work(cur: Cursor) -> DeadPurge:
             q = self._q
-            ids = self._purgeable(cur, {**select, "only": None, "limit": limit})
-            if not ids:
-                return DeadPurge()
-            cur.execute(q["lock_run_tasks"], {"ids": ids})
-            # a requeue may have committed while we waited: look again, under the locks
-            ids = self._purgeable(cur, {**select, "only": ids, "limit": None})
-            if not ids:
-                return DeadPurge()
+            ids: list[UUID] = []
+            while not ids:
+                ids = self._purgeable(cur, {**select, "only": None, "limit": limit})
+                if not ids:
+                    return DeadPurge()
+                cur.execute(q["lock_run_tasks"], {"ids": ids})
+                # a requeue may have committed while we waited: look again, under the locks
+                # (a run that no longer qualifies cannot qualify again in this transaction:
+                # its cutoff is fixed at the transaction's now())
+                ids = self._purgeable(cur, {**select, "only": ids, "limit": None})
             preview = self._dead_purge_preview(cur, ids, show=0)
             cur.execute(
                 q["delete_purged_runs"],
@@ -966,8 +968,8 @@ class Repository:
     ) -> DeadPurge:
         """What :meth:`purge_dead` would delete in all its batches together, changing nothing;
         ``shown`` lists up to ``show`` of the dead tasks, oldest death first."""
-        _check_operator_text("-", workflow)
-        params = {"age_s": age_s, "workflow": workflow, "only": None, "after": None, "limit": None}
+        _check_operator_text(workflow)
+        params = {"age_s": age_s, "workflow": workflow, "only": None, "limit": None}
 
         def work(cur: Cursor) -> DeadPurge:
             return self._dead_purge_preview(cur, self._purgeable(cur, params), show)
@@ -976,7 +978,7 @@ class Repository:
 
     def count_old_dead(self, age_s: float, workflow: str | None = None) -> int:
         """DEAD tasks that died over ``age_s`` seconds ago (of ``workflow`` or of all)."""
-        _check_operator_text("-", workflow)
+        _check_operator_text(workflow)
         rows = self._db.execute(self._q["count_old_dead"], {"age_s": age_s, "workflow": workflow})
         return int(rows[0]["n"])
 

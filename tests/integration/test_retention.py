@@ -32,7 +32,16 @@ from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError
 from flowforge.roles.scheduler import Scheduler
 from flowforge.store.repository import Repository
-from tests.helpers import FAST_RETRY, chain, claim_task, drain, outbox_token, single, task_ids
+from tests.helpers import (
+    FAST_RETRY,
+    chain,
+    claim_task,
+    drain,
+    outbox_token,
+    single,
+    task_ids,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -357,6 +366,35 @@ def test_purge_dead_of_one_workflow_leaves_the_others(repo: Repository, sql: Sql
     assert repo.preview_dead_purge(RUNS_AGE, "mine").dead_task_ids == (mine,)
     assert repo.purge_dead(RUNS_AGE, "ops", 100, workflow="mine").dead_task_ids == (mine,)
     assert repo.get_task(other).state is TaskState.DEAD
+
+
+def test_a_requeue_racing_the_purge_wins_and_its_run_is_kept(
+    repo: Repository, sql: Sql, clean_database_url: str
+) -> None:
+    """The purge picked the run, then waits for the task a requeue holds; the requeue commits
+    first, so the purge, looking again under its locks, keeps the run."""
+    task_id = dead_single(repo, sql, single(), n=1)
+    backdate(sql, repo.get_task(task_id).run_id, hours=2)
+    outcome: dict[str, Any] = {}
+    with psycopg.connect(clean_database_url) as requeue:  # one open transaction
+        requeue.execute(
+            "UPDATE task_runs SET state = 'PENDING', finished_at = NULL WHERE id = %s", (task_id,)
+        )
+        purge = threading.Thread(
+            target=lambda: outcome.update(purged=repo.purge_dead(RUNS_AGE, "ops", 100))
+        )
+        purge.start()
+        wait_for(
+            lambda: count(
+                sql, "pg_stat_activity", "wait_event_type = 'Lock' AND datname = current_database()"
+            ),
+            what="the purge waiting for the requeue's lock",
+        )
+        requeue.commit()
+    purge.join(timeout=30)
+    assert not purge.is_alive()
+    assert outcome["purged"].runs == 0
+    assert repo.get_task(task_id).state is TaskState.PENDING
 
 
 def test_purge_dead_refuses_text_postgresql_cannot_store(repo: Repository) -> None:
