@@ -951,7 +951,7 @@ class Repository:
         purged = self._db.run(work)
         if purged.runs:
             logger.warning(
-                "purged %d run(s) with %d dead task(s) older than %gs (by %r, workflow %r); "
+                "purged %d run(s) with %d dead task(s) older than %.0fs (by %r, workflow %r); "
                 "released %d ordering stream(s)",
                 purged.runs,
                 len(purged.dead_task_ids),
