@@ -355,16 +355,18 @@ class Repository:
 
         return self._db.run(work)
 
-    def purge(self, age_s: float, limit: int, *, key_age_s: float) -> int:
+    def purge(self, age_s: float, limit: int, *, key_age_s: float | None = None) -> int:
         """Retention: delete up to ``limit`` each of finished runs and published outbox rows
-        older than ``age_s`` and SUCCEEDED idempotency keys unused for ``key_age_s`` (seconds);
-        returns the rows deleted. A run with a DEAD (or any unsettled) task is never deleted."""
+        older than ``age_s`` and SUCCEEDED idempotency keys unused for ``key_age_s`` (seconds;
+        None leaves keys alone); returns the rows deleted. A run with a DEAD (or any
+        unsettled) task is never deleted."""
 
         def work(cur: Cursor) -> int:
             ages = {"purge_runs": age_s, "purge_outbox": age_s, "purge_keys": key_age_s}
             return sum(
                 cur.execute(self._q[name], {"age_s": age, "limit": limit}).rowcount
                 for name, age in ages.items()
+                if age is not None
             )
 
         return self._db.run(work)

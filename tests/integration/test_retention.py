@@ -246,6 +246,16 @@ def test_a_key_past_its_own_retention_executes_again(repo: Repository, sql: Sql)
     assert claimed.outcome is ClaimOutcome.EXECUTE
 
 
+def test_a_purge_given_no_key_age_leaves_keys_alone(repo: Repository, sql: Sql) -> None:
+    run_id = repo.trigger(CHARGE, {"order_id": 1}).run_id
+    drain(repo)
+    succeed(repo, sql, task_ids(repo, run_id)["only"], result={"charged": 1})
+    backdate(sql, run_id, hours=1000)
+    backdate_keys(sql, hours=1000)
+    repo.purge(RUNS_AGE, limit=100)
+    assert (count(sql, "workflow_runs"), count(sql, "idempotency_keys")) == (0, 1)
+
+
 def test_a_trigger_key_lives_on_its_run_and_goes_with_it(repo: Repository, sql: Sql) -> None:
     kept = repo.trigger(single("blocking-single"), {}, idempotency_key="order-1").run_id
     drain(repo)

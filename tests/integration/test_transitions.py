@@ -815,7 +815,7 @@ def test_purge_removes_only_old_finished_runs(repo: Repository, sql: Sql) -> Non
         (unfinished,),
     )
     age(sql, old)
-    assert repo.purge(age_s=3600, limit=100, key_age_s=3600) >= 1
+    assert repo.purge(age_s=3600, limit=100) >= 1
     remaining = {r[0] for r in sql.execute("SELECT id FROM workflow_runs")}
     assert remaining == {recent, unfinished}
     assert count(sql, "task_runs", "run_id = %s", (old,)) == 0
@@ -831,9 +831,9 @@ def test_purge_works_in_bounded_batches(repo: Repository, sql: Sql) -> None:
     for run_id in runs:
         age(sql, run_id)
     for left in (2, 1, 0):
-        repo.purge(age_s=3600, limit=1, key_age_s=3600)
+        repo.purge(age_s=3600, limit=1)
         assert count(sql, "workflow_runs") == left
-    assert repo.purge(age_s=3600, limit=1, key_age_s=3600) == 0
+    assert repo.purge(age_s=3600, limit=1) == 0
 
 
 def test_purge_drops_old_published_outbox_rows_and_settled_keys(repo: Repository, sql: Sql) -> None:
