@@ -105,7 +105,13 @@ class SchedulerConfig:
     poll_interval_s: float = 1.0
     batch_size: int = 500
     crash_loop_threshold: int = 3
+    # finished runs (with their tasks, attempts, edges and audit) older than this are purged;
+    # a run that still has a DEAD task is kept until it is requeued or purged by an operator
     retention_days: float = 30.0
+    # a SUCCEEDED task idempotency key (and the result a repeat reuses) is kept this long after
+    # its last use, whatever happened to the runs; at least twice retention_days, so a key
+    # outlives the runs that used it by at least a whole run retention
+    idempotency_retention_days: float = 90.0
     # a READY task whose message was confirmed this long ago and never claimed, while later
     # ones were, was lost by the broker and is dispatched again (seconds)
     redispatch_after_s: float = 120.0
@@ -117,6 +123,14 @@ class SchedulerConfig:
         _positive(self.crash_loop_threshold, "crash_loop_threshold")
         _positive(self.redispatch_after_s, "redispatch_after_s")
         _positive(self.housekeeping_interval_s, "housekeeping_interval_s")
+        _positive(self.retention_days, "retention_days")
+        _positive(self.idempotency_retention_days, "idempotency_retention_days")
+        if self.idempotency_retention_days < 2 * self.retention_days:
+            raise ValueError(
+                f"idempotency_retention_days ({self.idempotency_retention_days:g}) must be at "
+                f"least twice retention_days ({self.retention_days:g}): a key must outlive "
+                "the runs that used it"
+            )
 
 
 @dataclass(frozen=True)

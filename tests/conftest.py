@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 TABLES = (
-    "test_executions, counters, processes, requeue_audit, idempotency_keys, outbox, "
+    "test_executions, counters, processes, purge_audit, requeue_audit, idempotency_keys, outbox, "
     "task_attempts, task_edges, task_runs, workflow_runs, workflow_definitions"
 )
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flowforge.cli import commands, exitcodes
+from flowforge.cli import commands, exitcodes, purge
 from flowforge.errors import (
     ConfigError,
     DatabaseUnavailableError,
@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=commands.workflows_validate)
     p.add_argument("paths", nargs="*")
+    purge.add_command(sub, common)
     return parser
 
 

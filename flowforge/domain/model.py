@@ -277,3 +277,21 @@ class BulkRequeue:
     dry_run: bool
     requeued: tuple[UUID, ...] = ()
     skipped: tuple[UUID, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeadPurge:
+    """What one batch of ``flowforge purge --dead`` deleted — or, for a dry run, would delete.
+
+    ``runs`` and ``tasks`` count whole runs and all their task runs; ``dead_task_ids`` are the
+    DEAD ones among them. ``released_streams`` are the ordering keys no DEAD ``on_dead: block``
+    task holds any more once they are gone. ``shown`` lists some of the dead tasks (a dry run's
+    preview, oldest death first: id, run_id, workflow, name, handler, failure_reason,
+    finished_at).
+    """
+
+    runs: int = 0
+    tasks: int = 0
+    dead_task_ids: tuple[UUID, ...] = ()
+    released_streams: tuple[str, ...] = ()
+    shown: tuple[Mapping[str, Any], ...] = ()

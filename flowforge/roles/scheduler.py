@@ -90,8 +90,12 @@ class Scheduler:
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + self._config.scheduler.housekeeping_interval_s
-        age_s = self._config.scheduler.retention_days * SECONDS_PER_DAY
-        purged = self._repo.purge(age_s, self._config.scheduler.batch_size)
+        # retention: finished runs without a DEAD task, and task keys on their own clock
+        purged = self._repo.purge(
+            self._config.scheduler.retention_days * SECONDS_PER_DAY,
+            self._config.scheduler.batch_size,
+            key_age_s=self._config.scheduler.idempotency_retention_days * SECONDS_PER_DAY,
+        )
         self._repo.redispatch_lost(
             self._config.scheduler.redispatch_after_s, self._config.scheduler.batch_size
         )

@@ -261,12 +261,19 @@ UPDATE workflow_runs r
 RETURNING r.id, r.state;
 
 -- name: purge_runs
+-- Finished runs older than the retention go with their tasks, attempts, edges, outbox rows and
+-- requeue audit (ON DELETE CASCADE) — but only a run whose every task SUCCEEDED or was
+-- CANCELLED. A run with a DEAD task is kept whatever its age: the task, its attempts and audit
+-- wait for a requeue or for `flowforge purge --dead`, and a stream it holds (on_dead: block)
+-- stays held. (A task still able to change keeps its run too, whatever the run's state says.)
 WITH doomed AS (
-    SELECT id FROM workflow_runs
-     WHERE finished_at < now() - make_interval(secs => %(age_s)s)
-     ORDER BY finished_at
+    SELECT r.id FROM workflow_runs r
+     WHERE r.finished_at < now() - make_interval(secs => %(age_s)s)
+       AND NOT EXISTS (SELECT 1 FROM task_runs t
+                        WHERE t.run_id = r.id AND t.state NOT IN ('SUCCEEDED', 'CANCELLED'))
+     ORDER BY r.finished_at
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF r SKIP LOCKED
 )
 DELETE FROM workflow_runs r USING doomed WHERE r.id = doomed.id;
 
@@ -281,9 +288,13 @@ WITH doomed AS (
 DELETE FROM outbox o USING doomed WHERE o.id = doomed.id;
 
 -- name: purge_keys
+-- SUCCEEDED task keys not used for scheduler.idempotency_retention_days (age_s here), on
+-- their own clock: a key outlives the runs that used it. Once gone, the key can execute again.
+-- (No foreign key ties a key to a task run: purging runs never takes a key with it.)
 WITH doomed AS (
     SELECT key FROM idempotency_keys
      WHERE state = 'SUCCEEDED' AND updated_at < now() - make_interval(secs => %(age_s)s)
+     ORDER BY updated_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 )
@@ -358,7 +369,12 @@ ON CONFLICT (key) DO UPDATE
 RETURNING state;
 
 -- name: read_key
-SELECT state, result, task_run_id FROM idempotency_keys WHERE key = %(key)s;
+-- A SUCCEEDED key's stored result, for reuse; the reuse renews the key's retention (updated_at),
+-- so a key is kept scheduler.idempotency_retention_days after its last use. A key held by a
+-- running execution returns nothing (the caller waits for it).
+UPDATE idempotency_keys SET updated_at = now()
+ WHERE key = %(key)s AND state = 'SUCCEEDED'
+RETURNING state, result, task_run_id;
 
 -- name: defer
 -- READY → RETRYING without using an attempt: the idempotency key is busy elsewhere.
@@ -855,3 +871,86 @@ WITH lost AS (
 )
 SELECT (SELECT count(*) FROM queued) AS queued, pg_notify('flowforge_outbox', '')::text AS notified
  WHERE EXISTS (SELECT 1 FROM queued);
+
+-- ------------------------------------------------------------------ operator purge of dead tasks
+
+-- name: purgeable_dead_runs
+-- Runs `flowforge purge --dead` may delete: with a DEAD task that died before the cutoff, and
+-- nothing else unsettled — every other task SUCCEEDED, CANCELLED or DEAD before the cutoff too.
+-- (An old DEAD task whose run still has work that can change is kept: deleting it alone would
+-- let the run read SUCCEEDED and revive its dependents without their upstream.) In run id
+-- order, bounded by limit (NULL: all); only restricts them to the given ids (NULL: any).
+SELECT r.id
+  FROM workflow_runs r
+ WHERE r.id IN (SELECT d.run_id FROM task_runs d
+                 WHERE d.state = 'DEAD'
+                   AND d.finished_at < now() - make_interval(secs => %(age_s)s))
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text)
+   AND (%(only)s::uuid[] IS NULL OR r.id = ANY(%(only)s::uuid[]))
+   AND NOT EXISTS (SELECT 1 FROM task_runs u
+                    WHERE u.run_id = r.id
+                      AND u.state NOT IN ('SUCCEEDED', 'CANCELLED')
+                      AND NOT (u.state = 'DEAD'
+                               AND u.finished_at < now() - make_interval(secs => %(age_s)s)))
+ ORDER BY r.id
+ LIMIT %(limit)s;
+
+-- name: lock_run_tasks
+-- Every task of the given runs, in id order: a requeue racing the purge either committed first
+-- (the purge re-checks and keeps the run) or waits until the purge has committed.
+SELECT id FROM task_runs WHERE run_id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE;
+
+-- name: dead_purge_preview
+-- What deleting the given runs takes: runs, tasks, the DEAD tasks (up to show of them listed,
+-- oldest death first) and the ordering streams it releases — the keys of on_dead: block DEAD
+-- tasks among them that no DEAD blocking task outside them holds any more.
+WITH doomed AS (
+    SELECT id, workflow FROM workflow_runs WHERE id = ANY(%(ids)s::uuid[])
+), tasks AS (
+    SELECT t.*, d.workflow FROM task_runs t JOIN doomed d ON d.id = t.run_id
+), dead AS (
+    SELECT * FROM tasks WHERE state = 'DEAD'
+), released AS (
+    SELECT DISTINCT b.ordering_key
+      FROM dead b
+     WHERE b.on_dead = 'block' AND b.ordering_key IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM task_runs o
+                        WHERE o.ordering_key = b.ordering_key AND o.state = 'DEAD'
+                          AND o.on_dead = 'block' AND NOT (o.run_id = ANY(%(ids)s::uuid[])))
+)
+SELECT (SELECT count(*) FROM doomed) AS runs,
+       (SELECT count(*) FROM tasks) AS tasks,
+       (SELECT count(*) FROM dead) AS dead_tasks,
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM dead) AS dead_task_ids,
+       (SELECT coalesce(array_agg(ordering_key ORDER BY ordering_key), '{}')
+          FROM released) AS released_streams,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'id', s.id, 'run_id', s.run_id, 'workflow', s.workflow, 'name', s.name,
+                   'handler', s.handler, 'failure_reason', s.failure_reason,
+                   'finished_at', s.finished_at) ORDER BY s.finished_at, s.id), '[]')
+          FROM (SELECT * FROM dead ORDER BY finished_at, id LIMIT %(show)s) s) AS shown;
+
+-- name: delete_purged_runs
+-- Deletes the runs (tasks, attempts, edges, outbox rows and requeue audit go by ON DELETE
+-- CASCADE; idempotency keys are not tied to them and stay), writes the audit row in the same
+-- transaction, and wakes the scheduler: a released stream's next task can now be promoted.
+WITH deleted AS (
+    DELETE FROM workflow_runs WHERE id = ANY(%(ids)s::uuid[]) RETURNING id
+), audited AS (
+    INSERT INTO purge_audit (requested_by, older_than_s, workflow, runs, tasks, dead_task_ids,
+                             released_streams)
+    SELECT %(by)s::text, %(age_s)s::float8, %(workflow)s::text, count(*), %(tasks)s::int,
+           %(dead_task_ids)s::uuid[], %(released_streams)s::text[]
+      FROM deleted
+    HAVING count(*) > 0
+)
+SELECT count(*) AS runs, pg_notify('flowforge_scheduler', '')::text AS notified FROM deleted;
+
+-- name: count_old_dead
+-- DEAD tasks that died before the cutoff (of one workflow, or of all): after a purge, those
+-- that remain are kept because their run still has work that can change.
+SELECT count(*) AS n
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.state = 'DEAD' AND t.finished_at < now() - make_interval(secs => %(age_s)s)
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text);

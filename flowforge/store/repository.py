@@ -28,6 +28,7 @@ from flowforge.domain.model import (
     ClaimResult,
     Continuation,
     DeadFilter,
+    DeadPurge,
     DeadTask,
     Dispatch,
     Finish,
@@ -363,14 +364,18 @@ class Repository:
 
         return self._db.run(work)
 
-    def purge(self, age_s: float, limit: int) -> int:
-        """Delete finished runs, published outbox rows and settled keys older than ``age_s``."""
+    def purge(self, age_s: float, limit: int, *, key_age_s: float | None = None) -> int:
+        """Retention: delete up to ``limit`` each of finished runs and published outbox rows
+        older than ``age_s`` and SUCCEEDED idempotency keys unused for ``key_age_s`` (seconds;
+        None leaves keys alone); returns the rows deleted. A run with a DEAD (or any
+        unsettled) task is never deleted."""
 
         def work(cur: Cursor) -> int:
-            params = {"age_s": age_s, "limit": limit}
+            ages = {"purge_runs": age_s, "purge_outbox": age_s, "purge_keys": key_age_s}
             return sum(
-                cur.execute(self._q[name], params).rowcount
-                for name in ("purge_runs", "purge_outbox", "purge_keys")
+                cur.execute(self._q[name], {"age_s": age, "limit": limit}).rowcount
+                for name, age in ages.items()
+                if age is not None
             )
 
         return self._db.run(work)
@@ -908,6 +913,102 @@ class Repository:
             "processes": [dict(r) for r in processes],
         }
 
+    # ------------------------------------------------------------------ operator purge
+
+    def purge_dead(
+        self, age_s: float, requested_by: str, limit: int, workflow: str | None = None
+    ) -> DeadPurge:
+        """Delete one batch (up to ``limit`` runs) of DEAD tasks that died over ``age_s``
+        seconds ago (by the database clock), of ``workflow`` or of all, with their runs.
+
+        A run goes whole — tasks, attempts, edges, outbox rows, requeue audit — and only when
+        nothing else in it is unsettled (every other task SUCCEEDED, CANCELLED or as old and
+        DEAD); an old DEAD task in a run that can still change is kept. Idempotency keys stay.
+        The batch is one transaction that locks the runs' tasks, so a racing requeue either
+        wins (the run is kept) or waits; it writes a ``purge_audit`` row and wakes the
+        scheduler, since a released ``on_dead: block`` stream's next task can now run. An empty
+        result means nothing (more) to purge.
+        """
+        _check_operator_text(requested_by, workflow)
+        select = {"age_s": age_s, "workflow": workflow}
+
+        def work(cur: Cursor) -> DeadPurge:
+            q = self._q
+            ids: list[UUID] = []
+            while not ids:
+                ids = self._purgeable(cur, {**select, "only": None, "limit": limit})
+                if not ids:
+                    return DeadPurge()
+                cur.execute(q["lock_run_tasks"], {"ids": ids})
+                # a requeue may have committed while we waited: look again, under the locks
+                # (a run that no longer qualifies cannot qualify again in this transaction:
+                # its cutoff is fixed at the transaction's now())
+                ids = self._purgeable(cur, {**select, "only": ids, "limit": None})
+            preview = self._dead_purge_preview(cur, ids, show=0)
+            cur.execute(
+                q["delete_purged_runs"],
+                {
+                    "ids": ids,
+                    "by": requested_by,
+                    "age_s": age_s,
+                    "workflow": workflow,
+                    "tasks": preview.tasks,
+                    "dead_task_ids": list(preview.dead_task_ids),
+                    "released_streams": list(preview.released_streams),
+                },
+            )
+            return preview
+
+        purged = self._db.run(work)
+        if purged.runs:
+            logger.warning(
+                "purged %d run(s) with %d dead task(s) older than %.0fs (by %r, workflow %r); "
+                "released %d ordering stream(s)",
+                purged.runs,
+                len(purged.dead_task_ids),
+                age_s,
+                requested_by,
+                workflow,
+                len(purged.released_streams),
+                extra={"action": "dead_purged"},
+            )
+        return purged
+
+    def preview_dead_purge(
+        self, age_s: float, workflow: str | None = None, show: int = 100
+    ) -> DeadPurge:
+        """What :meth:`purge_dead` would delete in all its batches together, changing nothing;
+        ``shown`` lists up to ``show`` of the dead tasks, oldest death first."""
+        _check_operator_text(workflow)
+        params = {"age_s": age_s, "workflow": workflow, "only": None, "limit": None}
+
+        def work(cur: Cursor) -> DeadPurge:
+            return self._dead_purge_preview(cur, self._purgeable(cur, params), show)
+
+        return self._db.run(work)
+
+    def count_old_dead(self, age_s: float, workflow: str | None = None) -> int:
+        """DEAD tasks that died over ``age_s`` seconds ago (of ``workflow`` or of all)."""
+        _check_operator_text(workflow)
+        rows = self._db.execute(self._q["count_old_dead"], {"age_s": age_s, "workflow": workflow})
+        return int(rows[0]["n"])
+
+    def _purgeable(self, cur: Cursor, params: Mapping[str, Any]) -> list[UUID]:
+        return [r["id"] for r in cur.execute(self._q["purgeable_dead_runs"], params)]
+
+    def _dead_purge_preview(self, cur: Cursor, ids: Sequence[UUID], show: int) -> DeadPurge:
+        row = cur.execute(
+            self._q["dead_purge_preview"], {"ids": list(ids), "show": show}
+        ).fetchone()
+        assert row is not None  # an aggregate always answers one row
+        return DeadPurge(
+            runs=int(row["runs"]),
+            tasks=int(row["tasks"]),
+            dead_task_ids=tuple(row["dead_task_ids"]),
+            released_streams=tuple(row["released_streams"]),
+            shown=tuple(row["shown"]),
+        )
+
 
 def _dead_params(match: DeadFilter) -> dict[str, Any]:
     """The filter parameters shared by ``list_dead``, ``count_dead`` and ``dead_ids_matching``."""
@@ -916,6 +1017,20 @@ def _dead_params(match: DeadFilter) -> dict[str, Any]:
         "workflow": match.workflow,
         "handler": match.handler,
     }
+
+
+def _check_operator_text(*texts: str | None) -> None:
+    """An operator's name or filter that PostgreSQL text cannot hold (NUL, a lone surrogate
+    from undecodable bytes) is the caller's mistake: refuse it before any statement."""
+    for text in texts:
+        if text is None:
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"not valid text: {text!a}") from None
+        if "\x00" in text:
+            raise InputError(f"text cannot contain a NUL character: {text!a}")
 
 
 def _check_requeue_text(requested_by: str, reason: str | None) -> None:

@@ -851,7 +851,7 @@ def test_purge_drops_old_published_outbox_rows_and_settled_keys(repo: Repository
         " published_at = published_at - interval '2 hours'"
     )
     sql.execute("UPDATE idempotency_keys SET updated_at = updated_at - interval '2 hours'")
-    repo.purge(age_s=3600, limit=100)
+    repo.purge(age_s=3600, limit=100, key_age_s=3600)
     assert [r[0] for r in sql.execute("SELECT task_run_id FROM outbox")] == [live]
     assert [r[0] for r in sql.execute("SELECT key FROM idempotency_keys")] == ["charge-2"]
 
