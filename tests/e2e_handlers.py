@@ -191,7 +191,7 @@ def print_output(ctx: TaskContext) -> dict[str, Any]:
     marks each line)."""
     tag = ctx.input["tag"]
     print(f"2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \x1b[31m{tag} forged\x1b[0m")
-    print(f"{tag} on stderr\r", file=sys.stderr)
+    print(f"{tag} on stderr\rover it", file=sys.stderr)
     os.write(2, f"{tag} straight to fd 2\n".encode())
     subprocess.run(["sh", "-c", f"echo {tag} from a subprocess"], check=True)
     record(ctx, "e2e.print")
