@@ -31,16 +31,14 @@ attribution's task run id; nothing here stores output yet.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import select
 import sys
-import termios
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 from uuid import UUID
 
 from supervisor.logs import AtomicLineHandler
@@ -55,9 +53,8 @@ _READ_BYTES = 1 << 16
 _LEVELS = {"stdout": logging.INFO, "stderr": logging.WARNING}
 
 
-@dataclass(frozen=True)
-class Attribution:
-    """Whose output it is: the handler call running now."""
+class Attribution(NamedTuple):
+    """Whose output it is: the handler call running now (a tuple: made for every call)."""
 
     task: str
     task_run_id: UUID
@@ -80,19 +77,24 @@ class _Capture:
         self._pipes = pipes  # read end → stream name
         self._pending = {fd: b"" for fd in pipes}
         self._lock = threading.Lock()  # held from a read until its lines are logged
+        self._unread = select.poll()  # settle's own: is anything left in a pipe?
+        for fd in pipes:
+            self._unread.register(fd, select.POLLIN)
         self.current: Attribution | None = None
         self._thread = threading.Thread(target=self._serve, name="handler-output", daemon=True)
         self._thread.start()
 
     def settle(self) -> None:
         """Return once the reader took every byte already written (or after SETTLE_S)."""
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # a handler may have replaced or closed them: no matter
+            pass
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
             with self._lock:
-                if not any(_unread(fd) for fd in self._pipes):
+                if not self._unread.poll(0):
                     # a last line without its newline is the finished call's too
                     for fd, pending in self._pending.items():
                         if pending:
@@ -124,13 +126,6 @@ class _Capture:
         for line in lines:
             for start in range(0, max(len(line), 1), MAX_LINE_BYTES):
                 _emit(self._pipes[fd], line[start : start + MAX_LINE_BYTES], owner)
-
-
-def _unread(fd: int) -> int:
-    """Bytes waiting in the pipe ``fd`` (``FIONREAD``)."""
-    buf = bytearray(4)
-    fcntl.ioctl(fd, termios.FIONREAD, buf)
-    return int.from_bytes(buf, sys.byteorder)
 
 
 def _emit(stream: str, line: bytes, owner: Attribution | None) -> None:
