@@ -174,6 +174,8 @@ class CancelWatch:
             try:
                 listener.open()
                 self._leases.renew_soon()
+                if failures:
+                    logger.info("cancel listener recovered", extra={"action": "recovered"})
                 failures = 0
                 while not stop.is_set():
                     for payload in listener.receive(LISTEN_POLL_S):
@@ -181,7 +183,9 @@ class CancelWatch:
             except (DatabaseUnavailableError, StoreError) as exc:
                 failures += 1
                 delay = RECONNECT_BACKOFF.delay(failures, self._rand)
-                logger.warning(
+                # once per outage: the role logs its own reconnects
+                logger.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
                     "cancel listener lost its connection (%s); cancellations arrive at lease "
                     "renewal until it is back (retrying in %.1fs)",
                     exc,
