@@ -143,6 +143,10 @@ class WorkerConfig:
     # Batches of claims (up to broker.prefetch) only while handlers end within this; a slower
     # handler makes the worker hand back what waits behind it (milliseconds).
     fast_handler_ms: float = 50.0
+    # LISTEN for cancellations while a slow handler runs (one more connection per worker):
+    # a cancel reaches the handler within a second. False (e.g. behind a pooler that drops
+    # LISTEN): it arrives at the next lease renewal, within heartbeat_s.
+    listen_for_cancel: bool = True
 
     def __post_init__(self) -> None:
         _positive(self.lease_s, "lease_s")

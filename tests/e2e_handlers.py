@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,12 +29,12 @@ def record(ctx: TaskContext, handler: str) -> None:
         )
 
 
-def _wait(ctx: TaskContext, until: Any, limit_s: float = MAX_WAIT_S) -> bool:
+def _wait(ctx: TaskContext, until: Any, limit_s: float = MAX_WAIT_S, poll_s: float = 0.02) -> bool:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if until():
             return True
-        time.sleep(0.02)
+        time.sleep(poll_s)
     return False
 
 
@@ -179,3 +181,36 @@ def fail_loud(ctx: TaskContext) -> None:
         f"card declined\x1b[31m on attempt {ctx.attempt}\n"
         "2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: FORGED second line"
     )
+
+
+@task("e2e.cancel_seen")
+def cancel_seen(ctx: TaskContext) -> dict[str, Any]:
+    """Polls ``ctx.cancelled`` every 5 ms until it is set, then records a second row (handler
+    ``e2e.cancel_seen:seen``) whose ``at`` is the database clock when it saw it."""
+    record(ctx, "e2e.cancel_seen")
+    seen = _wait(ctx, ctx.cancelled.is_set, poll_s=0.005)
+    if seen:
+        record(ctx, "e2e.cancel_seen:seen")
+    return {"stopped": seen}
+
+
+@task("e2e.print")
+def print_output(ctx: TaskContext) -> dict[str, Any]:
+    """Writes every way a handler can: a forged log line with terminal escapes on stdout, a
+    line on stderr, bytes straight to descriptor 2, and a subprocess's stdout (``input.tag``
+    marks each line)."""
+    tag = ctx.input["tag"]
+    print(f"2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \x1b[31m{tag} forged\x1b[0m")
+    print(f"{tag} on stderr\rover it", file=sys.stderr)
+    os.write(2, f"{tag} straight to fd 2\n".encode())
+    subprocess.run(["sh", "-c", f"echo {tag} from a subprocess"], check=True)
+    record(ctx, "e2e.print")
+    return {"printed": tag}
+
+
+@task("e2e.gate_then_fail")
+def gate_then_fail(ctx: TaskContext) -> None:
+    """Waits until the file ``input.gate`` exists, then fails for good (DEAD at once)."""
+    record(ctx, "e2e.gate_then_fail")
+    _wait(ctx, lambda: Path(ctx.input["gate"]).exists())
+    raise PermanentError("the gate opened: failing for good")

@@ -69,13 +69,11 @@ def up(args: argparse.Namespace) -> int:
 
 def role(args: argparse.Namespace) -> int:
     from flowforge.roles.main import run  # the roles pull in pika; other commands need not
+    from supervisor import logs
 
     config = _config(args)
-    logging.basicConfig(
-        level=config.logging.level.upper(),
-        format=f"%(asctime)s %(levelname)s {args.name}[%(process)d] %(name)s: %(message)s",
-        force=True,
-    )
+    # the tree's line format and escaping (supervisor/logs.py), on this process's stderr
+    logs.configure(args.name, config.logging.format, config.logging.level)
     logging.disable(logging.NOTSET)
     quiet_pika_logs()
     return run(args.name, config)

@@ -23,6 +23,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import PermanentError
 from flowforge.roles.context import TaskContext
+from flowforge.roles.output import attributed
 
 #: Longest error text stored for an attempt (characters).
 MAX_ERROR_CHARS = 4000
@@ -81,7 +82,8 @@ class HandlerThread:
                     self._changed.wait()
                 job = self._jobs.popleft()
                 job.started = time.monotonic()  # under the lock: withdraw never takes it
-            job.run()
+            with attributed(job.ctx.name, job.ctx.task_run_id, job.ctx.run_id):
+                job.run()
 
 
 def classify(job: Job) -> Finish:

@@ -1,20 +1,34 @@
-"""Renewing the leases a worker holds, from its main thread, while handlers run."""
+"""Renewing the leases a worker holds while handlers run, and hearing of cancellations.
+
+Two paths set a held task's ``ctx.cancelled``: :class:`CancelWatch` (a thread LISTENing on
+``flowforge_cancel``, which the cancelling transaction NOTIFYs with the run id) within
+milliseconds, and the lease renewal every ``heartbeat_s`` (the renewal returns each task's
+``cancel_requested``), which stays the fallback when a notification is missed.
+"""
 
 from __future__ import annotations
 
 import logging
+import random
+import threading
 import time
+from collections.abc import Callable
 from uuid import UUID
 
+from flowforge.config import DatabaseConfig
 from flowforge.domain.model import Claim
-from flowforge.errors import DatabaseUnavailableError
+from flowforge.errors import DatabaseUnavailableError, StoreError
 from flowforge.roles.context import TaskContext
+from flowforge.roles.runner import RECONNECT_BACKOFF
+from flowforge.store.notify import CANCEL_CHANNEL, Listener
 from flowforge.store.repository import Repository
 
 logger = logging.getLogger(__name__)
 
 #: After a renewal failed for lack of a database, try again this soon (seconds).
 RENEW_RETRY_S = 1.0
+#: The cancel listener checks whether it should stop at least this often (seconds).
+LISTEN_POLL_S = 1.0
 
 
 class Leases:
@@ -30,20 +44,46 @@ class Leases:
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
         self._held: dict[UUID, tuple[Claim, TaskContext]] = {}
+        self._lock = threading.Lock()  # the cancel listener's thread reads what is held
         self.renewed_at = time.monotonic()
         self._next_at = self.renewed_at + heartbeat_s
 
     def hold(self, claims: list[tuple[Claim, TaskContext]]) -> None:
         """Start holding freshly claimed tasks (their lease was just set by the claim)."""
-        if not self._held:
-            self.renewed_at = time.monotonic()
-            self._next_at = self.renewed_at + self._heartbeat_s
-        for claim, ctx in claims:
-            self._held[claim.task_run_id] = (claim, ctx)
+        with self._lock:
+            if not self._held:
+                self.renewed_at = time.monotonic()
+                self._next_at = self.renewed_at + self._heartbeat_s
+            for claim, ctx in claims:
+                self._held[claim.task_run_id] = (claim, ctx)
 
     def drop(self, task_run_ids: list[UUID]) -> None:
-        for task_run_id in task_run_ids:
-            self._held.pop(task_run_id, None)
+        with self._lock:
+            for task_run_id in task_run_ids:
+                self._held.pop(task_run_id, None)
+
+    def cancel_run(self, run_id: UUID) -> int:
+        """Set ``ctx.cancelled`` of every held task of ``run_id`` (its run was asked to stop);
+        return how many were newly asked. Safe from any thread."""
+        with self._lock:
+            asked = [
+                (task_run_id, ctx)
+                for task_run_id, (claim, ctx) in self._held.items()
+                if claim.run_id == run_id and not ctx.cancelled.is_set()
+            ]
+        for task_run_id, ctx in asked:
+            ctx.cancelled.set()
+            logger.info(
+                "task run %s was asked to stop",
+                task_run_id,
+                extra={"action": "cancel_requested", "via": "notify"},
+            )
+        return len(asked)
+
+    def renew_soon(self) -> None:
+        """Make the next renewal due now (the cancel listener connected: a cancel requested
+        before its LISTEN took effect is read by that renewal). Safe from any thread."""
+        self._next_at = 0.0
 
     def due_in(self) -> float:
         """Seconds until the next renewal is due (0 when overdue)."""
@@ -53,7 +93,8 @@ class Leases:
         now = time.monotonic()
         if not self._held or now < self._next_at:
             return
-        pairs = [(c.task_run_id, c.fencing_token) for c, _ in self._held.values()]
+        with self._lock:
+            pairs = [(c.task_run_id, c.fencing_token) for c, _ in self._held.values()]
         try:
             held = self._repo.renew_leases(pairs, self._lease_s)
         except DatabaseUnavailableError as exc:
@@ -62,9 +103,11 @@ class Leases:
             return
         self.renewed_at = now
         self._next_at = now + self._heartbeat_s
-        for task_run_id, (_claim, ctx) in list(self._held.items()):
+        with self._lock:
+            renewed = list(self._held.items())
+        for task_run_id, (_claim, ctx) in renewed:
             if task_run_id not in held:
-                self._held.pop(task_run_id)
+                self.drop([task_run_id])
                 ctx.cancelled.set()
                 logger.warning(
                     "lost the lease of task run %s (reaped or finished elsewhere); asking it "
@@ -77,9 +120,85 @@ class Leases:
                 logger.info(
                     "task run %s was asked to stop",
                     task_run_id,
-                    extra={"action": "cancel_requested"},
+                    extra={"action": "cancel_requested", "via": "renewal"},
                 )
 
     def expired_locally(self) -> bool:
         """True once a full lease has passed since the last successful renewal."""
         return time.monotonic() - self.renewed_at > self._lease_s
+
+
+class CancelWatch:
+    """A daemon thread LISTENing on ``flowforge_cancel`` for the worker's :class:`Leases`.
+
+    Started at the worker's first slow handler (a worker that only runs fast handlers never
+    opens the connection: a PostgreSQL backend each), then kept until :meth:`stop`. After every
+    (re)connection it makes the next renewal due, so a cancel that no LISTEN heard yet is
+    read within a second. While it cannot connect, renewal is the only path (and backs it
+    off: 0.5 s doubling to 30 s, as the roles reconnect).
+    """
+
+    def __init__(
+        self,
+        config: DatabaseConfig,
+        leases: Leases,
+        listener: Callable[[DatabaseConfig, str], Listener] = Listener,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self._config = config
+        self._leases = leases
+        self._listener = listener
+        self._rand = rand
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start listening (once; later calls do nothing while the thread runs)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = threading.Event()  # a thread from before a stop keeps its own event
+        self._thread = threading.Thread(
+            target=self._serve, args=(self._stop,), name="cancel-listener", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to close its connection and end (within :data:`LISTEN_POLL_S`)."""
+        self._stop.set()
+        self._thread = None
+
+    def _serve(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            listener = self._listener(self._config, CANCEL_CHANNEL)
+            try:
+                listener.open()
+                self._leases.renew_soon()
+                if failures:
+                    logger.info("cancel listener recovered", extra={"action": "recovered"})
+                failures = 0
+                while not stop.is_set():
+                    for payload in listener.receive(LISTEN_POLL_S):
+                        self._deliver(payload)
+            except (DatabaseUnavailableError, StoreError) as exc:
+                failures += 1
+                delay = RECONNECT_BACKOFF.delay(failures, self._rand)
+                # once per outage: the role logs its own reconnects
+                logger.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    "cancel listener lost its connection (%s); cancellations arrive at lease "
+                    "renewal until it is back (retrying in %.1fs)",
+                    exc,
+                    delay,
+                    extra={"action": "cancel_listener_down"},
+                )
+                stop.wait(delay)
+            finally:
+                listener.close()
+
+    def _deliver(self, payload: str) -> None:
+        try:
+            run_id = UUID(payload)
+        except ValueError:  # not ours: anyone may NOTIFY the channel
+            return
+        self._leases.cancel_run(run_id)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from flowforge.config import Config
 from flowforge.errors import BootError, ConfigError, DefinitionError, QueueTypeMismatchError
+from flowforge.roles.output import drain
 from flowforge.roles.runner import Role, run_role
 from flowforge.roles.signals import stop_on_signals
 from flowforge.telemetry import Telemetry
@@ -37,7 +38,10 @@ def _publisher(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role
 
 
 def _worker(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
+    from flowforge.roles.output import capture
     from flowforge.roles.worker import Worker
+
+    capture()  # before handlers are imported: their output becomes tagged records
 
     return Worker(config, telemetry)
 
@@ -86,6 +90,7 @@ def run(
         except BOOT_ERRORS as exc:
             logger.error("%s cannot start: %s", name, exc, extra={"action": "boot_failed"})
             return exitcodes.CHILD_BOOT_FAILURE
+    drain()  # a handler's last output is logged before the process exits
     if getattr(role, "recycle", False):
         return exitcodes.CHILD_RECYCLE
     logger.info("%s stopped", role.title, extra={"action": "role_stop"})

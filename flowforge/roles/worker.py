@@ -21,7 +21,7 @@
   drops its connections (the broker requeues them) and reconnects with backoff.
 * A redelivered message for a task already claimed or finished is acked without executing.
 * While a slow handler runs, the main thread serves the broker connection (heartbeats) and
-  renews the leases it holds.
+  renews the leases it holds; a thread LISTENs for cancellations (roles/lease.py).
 * Finishing a batch that cannot reach the database is retried until it commits or the leases
   have lapsed (the reaper then retries the tasks); it is never dropped silently.
 """
@@ -51,7 +51,7 @@ from flowforge.handlers import collect
 from flowforge.roles import tasklog
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import HandlerThread, Job, classify
-from flowforge.roles.lease import Leases
+from flowforge.roles.lease import CancelWatch, Leases
 from flowforge.roles.presence import Presence
 from flowforge.roles.runner import RECONNECT_BACKOFF
 from flowforge.store.db import Database
@@ -98,6 +98,7 @@ class Worker:
         self._presence = Presence(self._repo, "worker")
         self._executor = HandlerThread()
         self._leases = Leases(self._repo, config.worker.lease_s, config.worker.heartbeat_s)
+        self._cancels = CancelWatch(config.database, self._leases)
         self._handlers: Mapping[str, Callable[[TaskContext], Any]] | None = None
         self._broker_broken: BrokerUnavailableError | None = None
         self._id = ""
@@ -163,6 +164,7 @@ class Worker:
         self._db.close()
 
     def shutdown(self) -> None:
+        self._cancels.stop()
         self._presence.leave()
         self.reset()
 
@@ -305,6 +307,8 @@ class Worker:
             timed_out = timeout_s is not None and elapsed >= timeout_s
             if fast and (elapsed > fast_s or timed_out):
                 fast = False
+                if self._config.worker.listen_for_cancel:
+                    self._cancels.start()  # a cancel now reaches it at once, not at renewal
                 self._hand_back(behind)
             if timed_out:
                 self._overran(task)

@@ -17,6 +17,8 @@ from flowforge.store.db import session_options, translate_errors
 
 SCHEDULER_CHANNEL = "flowforge_scheduler"
 OUTBOX_CHANNEL = "flowforge_outbox"
+#: A run was asked to stop (payload: its id); workers running its tasks listen.
+CANCEL_CHANNEL = "flowforge_cancel"
 
 
 class Listener:
@@ -57,6 +59,16 @@ class Listener:
             for _ in self._connection().notifies(timeout=timeout_s, stop_after=1):
                 return True
         return False
+
+    def receive(self, timeout_s: float) -> list[str]:
+        """Block until notifications arrive or ``timeout_s`` passes; return the payloads of
+        every notification received by then (none on a timeout)."""
+        with translate_errors():
+            conn = self._connection()
+            payloads = [n.payload for n in conn.notifies(timeout=timeout_s, stop_after=1)]
+            if payloads:
+                payloads += [n.payload for n in conn.notifies(timeout=0)]
+        return payloads
 
     def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
         if self._conn is None or self._conn.closed:

@@ -214,11 +214,11 @@ UPDATE task_runs
 RETURNING id;
 
 -- name: request_stop
--- Running tasks learn this on their next lease renewal (ctx.cancelled).
+-- Running tasks learn this at once through notify_cancel, else on their next lease renewal.
 UPDATE task_runs
    SET cancel_requested = true, cancel_cause = %(cause)s, updated_at = now()
  WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'RUNNING' AND NOT cancel_requested
-RETURNING id;
+RETURNING id, run_id;
 
 -- name: runs_to_derive
 -- Of runs whose tasks only succeeded since the last pass, those whose state can have changed:
@@ -954,3 +954,8 @@ SELECT count(*) AS n
   JOIN workflow_runs r ON r.id = t.run_id
  WHERE t.state = 'DEAD' AND t.finished_at < now() - make_interval(secs => %(age_s)s)
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text);
+
+-- name: notify_cancel
+-- Tells the workers that LISTEN (roles/lease.py CancelWatch) which runs were asked to stop;
+-- delivered at the commit of the request, only if it commits.
+SELECT pg_notify('flowforge_cancel', run_id::text) FROM unnest(%(run_ids)s::uuid[]) AS run_id;

@@ -384,7 +384,10 @@ class Repository:
         transitions.check(NOT_STARTED_TASK_STATES, TaskState.CANCELLED)
         params = {"run_ids": list(run_ids), "cause": str(cause)}
         cur.execute(self._q["cancel_not_started"], params)
-        cur.execute(self._q["request_stop"], params)
+        stopping = cur.execute(self._q["request_stop"], params).fetchall()
+        if stopping:  # their workers hear it at the commit; lease renewal stays the fallback
+            stopped_runs = sorted({row["run_id"] for row in stopping})
+            cur.execute(self._q["notify_cancel"], {"run_ids": stopped_runs})
 
     def _derive(self, cur: Cursor, run_ids: Iterable[UUID]) -> None:
         """Lock the runs (in id order, after their tasks) and store their derived states."""

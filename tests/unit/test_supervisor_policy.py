@@ -143,9 +143,71 @@ def test_text_lines_carry_time_level_role_pid_logger_and_message() -> None:
     assert rest == f"WARNING worker-2[{os.getpid()}] flowforge.test: hello world"
 
 
-def test_text_continuation_lines_are_indented() -> None:
-    line = LineFormatter("scheduler", "text").format(_record("first\nsecond", ()))
-    assert line.endswith(": first\n    second")
+FORGED = "done\n2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \x1b[31mforged\x1b[0m"
+
+
+def test_a_message_with_a_newline_stays_one_text_line_with_its_controls_escaped() -> None:
+    line = LineFormatter("scheduler", "text").format(_record("%s", (FORGED,)))
+    assert "\n" not in line and "\x1b" not in line
+    assert line.endswith(
+        ": done\\n2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \\x1b[31mforged\\x1b[0m"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("\x1b", "\\x1b"),
+        ("\r", "\\r"),
+        ("\t", "\\t"),
+        ("\x00", "\\x00"),
+        ("\x07", "\\x07"),
+        ("\x7f", "\\x7f"),
+        ("\x9b", "\\x9b"),  # C1 CSI: an escape sequence's start on some terminals
+        ("\u2028", "\\u2028"),
+        ("é€😀 plain", "é€😀 plain"),  # printable text stays readable
+    ],
+)
+def test_escape_shows_every_control_character_as_text(raw: str, shown: str) -> None:
+    assert logs.escape(f"a{raw}b") == f"a{shown}b"
+
+
+@pytest.mark.parametrize("style", ["text", "json"])
+def test_logger_names_labels_and_extras_are_escaped_too(style: str) -> None:
+    record = _record(action="x\x1b[2J", label="task\n2026 forged")
+    record.name = "evil\nlogger\x1b"
+    line = LineFormatter("worker-1", style).format(record)
+    assert "\n" not in line and "\x1b" not in line
+    if style == "json":
+        data = json.loads(line)
+        assert (data["logger"], data["action"]) == ("evil\\nlogger\\x1b", "x\\x1b[2J")
+        assert "label" not in data  # a text-only rendering of fields JSON has anyway
+    else:
+        assert "evil\\nlogger\\x1b [task\\n2026 forged]: hello world" in line
+
+
+def test_a_forged_message_is_one_json_object_whose_msg_has_no_control_character() -> None:
+    line = LineFormatter("worker-1", "json").format(_record("%s", (FORGED + "\x9b\x7f",)))
+    assert "\n" not in line
+    msg = json.loads(line)["msg"]
+    assert msg == (
+        "done\\n2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \\x1b[31mforged\\x1b[0m"
+        "\\x9b\\x7f"
+    )
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in msg)
+
+
+def test_a_traceback_stays_on_indented_continuation_lines_in_text() -> None:
+    try:
+        raise ValueError("boom\n2026-01-01 INFO forged\x1b[0m")
+    except ValueError:
+        record = _record("failed", ())
+        record.exc_info = sys.exc_info()
+    line = LineFormatter("scheduler", "text").format(record)
+    first, *rest = line.split("\n")
+    assert first.endswith(": failed")
+    assert rest and all(part.startswith("    ") for part in rest)  # none can pass for a record
+    assert "\x1b" not in line and "    2026-01-01 INFO forged\\x1b[0m" in rest
 
 
 def test_json_lines_carry_the_fields_and_plain_extras() -> None:

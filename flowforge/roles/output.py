@@ -1,0 +1,216 @@
+"""A handler's stdout and stderr become its own log records, never raw lines in the tree's log.
+
+A handler shares its process's descriptors 1 and 2 with the tree's log (every child inherits
+the supervisor's stderr). Written there raw, its output could forge records (a printed
+``2026-… INFO scheduler[1] …``), carry terminal escapes, and break ``logging.format: json``.
+:func:`capture` (run once in the worker child, before any handler is imported) therefore:
+
+1. moves the process's log handlers to a duplicate of the real stderr (``dup(2)``), so the
+   process's own records still reach the tree's log, one ``write(2)`` each;
+2. points descriptors 1 and 2 at two pipes, so every write — ``print``, ``sys.stderr``, a C
+   extension, a subprocess — lands there, and makes ``sys.stdout`` line-buffered;
+3. starts one daemon thread (``handler-output``) that reads both pipes and logs each line as a
+   record of the logger ``flowforge.handler`` (stdout at INFO, stderr at WARNING) with
+   ``stream`` and, while a handler runs, ``task``, ``task_run_id`` and ``run_id``. The
+   formatter (``supervisor/logs.py``) escapes control characters; a line longer than
+   :data:`MAX_LINE_BYTES` is cut into several records, so the reader's memory is bounded.
+
+Attribution: :func:`attributed` brackets each handler call (the worker's handler thread). When
+the call ends it flushes Python's streams and waits (at most :data:`SETTLE_S`) until the reader
+has taken everything already in the pipes, so what a handler wrote before it returned is its
+own even when the next handler starts at once. Output written after that (a subprocess the
+handler left running) belongs to whichever handler runs when it is read, or to none.
+
+Records a handler logs itself (``logging.info(…)``) already go to the log handlers; a filter
+adds the same attribution to the ones logged from the handler thread.
+
+A per-attempt sink (SPEC 7.5) would be one more consumer of :func:`_emit`'s lines, keyed by the
+attribution's task run id; nothing here stores output yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+from uuid import UUID
+
+from supervisor.logs import AtomicLineHandler
+
+logger = logging.getLogger("flowforge.handler")
+
+#: A line longer than this (bytes) is logged as several records.
+MAX_LINE_BYTES = 2048
+#: The longest a finished handler waits for the reader to take its output (seconds).
+SETTLE_S = 0.2
+_READ_BYTES = 1 << 16
+_LEVELS = {"stdout": logging.INFO, "stderr": logging.WARNING}
+
+
+class Attribution(NamedTuple):
+    """Whose output it is: the handler call running now (a tuple: made for every call)."""
+
+    task: str
+    task_run_id: UUID
+    run_id: UUID
+    thread: int  # the thread that runs the handler (its own log records get the tags too)
+
+    def fields(self) -> dict[str, str]:
+        return {"task": self.task, "task_run_id": str(self.task_run_id), "run_id": str(self.run_id)}
+
+    @property
+    def label(self) -> str:
+        """What a text line shows after the logger name."""
+        return f"{self.task} {self.task_run_id}"
+
+
+class _Capture:
+    """The pipes, the reader thread and the current attribution of one process."""
+
+    def __init__(self, pipes: dict[int, str]) -> None:
+        self._pipes = pipes  # read end → stream name
+        self._pending = {fd: b"" for fd in pipes}
+        self._lock = threading.Lock()  # held from a read until its lines are logged
+        self._unread = select.poll()  # settle's own: is anything left in a pipe?
+        for fd in pipes:
+            self._unread.register(fd, select.POLLIN)
+        self.current: Attribution | None = None
+        self._thread = threading.Thread(target=self._serve, name="handler-output", daemon=True)
+        self._thread.start()
+
+    def settle(self) -> None:
+        """Return once the reader took every byte already written (or after SETTLE_S)."""
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # a handler may have replaced or closed them: no matter
+            pass
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._unread.poll(0):
+                    # a last line without its newline is the finished call's too
+                    for fd, pending in self._pending.items():
+                        if pending:
+                            self._pending[fd] = b""
+                            _emit(self._pipes[fd], pending, self.current)
+                    return
+            time.sleep(0.001)
+
+    def _serve(self) -> None:
+        poller = select.poll()
+        for fd in self._pipes:
+            poller.register(fd, select.POLLIN)
+        while True:
+            for fd, _event in poller.poll():
+                with self._lock:
+                    data = os.read(fd, _READ_BYTES)
+                    if data:
+                        self._take(fd, data, self.current)
+                if not data:  # every writer closed it (someone closed descriptor 1 or 2)
+                    poller.unregister(fd)
+
+    def _take(self, fd: int, data: bytes, owner: Attribution | None) -> None:
+        pending = self._pending[fd] + data
+        *lines, pending = pending.split(b"\n")
+        while len(pending) > MAX_LINE_BYTES:
+            lines.append(pending[:MAX_LINE_BYTES])
+            pending = pending[MAX_LINE_BYTES:]
+        self._pending[fd] = pending
+        for line in lines:
+            for start in range(0, max(len(line), 1), MAX_LINE_BYTES):
+                _emit(self._pipes[fd], line[start : start + MAX_LINE_BYTES], owner)
+
+
+def _emit(stream: str, line: bytes, owner: Attribution | None) -> None:
+    text = line.removesuffix(b"\r").decode("utf-8", "replace")
+    extra: dict[str, str] = {"stream": stream, "action": "handler_output"}
+    label = stream
+    if owner is not None:
+        extra.update(owner.fields())
+        label = f"{owner.label} {stream}"
+    extra["label"] = label
+    logger.log(_LEVELS[stream], "%s", text, extra=extra)
+
+
+_capture: _Capture | None = None
+
+
+def capture() -> None:
+    """Turn this process's descriptors 1 and 2 into handler output (module docstring).
+
+    Call once, after logging is configured and before handlers run; later calls do nothing.
+    Log handlers writing to descriptor 1 or 2 (an :class:`AtomicLineHandler`, or a stream
+    handler on ``sys.stderr`` as ``flowforge role`` sets up) are moved to a duplicate of the
+    real stderr first: left there, a record would be read back as output, forever.
+    """
+    global _capture
+    if _capture is not None:
+        return
+    log_fd = os.dup(2)
+    os.set_inheritable(log_fd, False)  # a handler's subprocess gets the pipes, not the log
+    log_stream = open(log_fd, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, AtomicLineHandler) and handler.fd in (1, 2):
+            handler.retarget(log_fd)
+        elif isinstance(handler, logging.StreamHandler) and handler.stream in (
+            sys.stdout,
+            sys.stderr,
+            sys.__stdout__,
+            sys.__stderr__,
+        ):
+            handler.setStream(log_stream)
+        handler.addFilter(_attribute)
+    with contextlib.suppress(Exception):  # a crash dump goes to the log, not into the pipe
+        import faulthandler
+
+        if faulthandler.is_enabled():
+            faulthandler.enable(log_fd)
+    pipes: dict[int, str] = {}
+    for target, stream in ((1, "stdout"), (2, "stderr")):
+        read_fd, write_fd = os.pipe()
+        os.set_inheritable(read_fd, False)
+        os.dup2(write_fd, target)  # the duplicate is inheritable: subprocesses write here too
+        os.close(write_fd)
+        pipes[read_fd] = stream
+    for stream_object in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream_object.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    _capture = _Capture(pipes)
+
+
+def drain() -> None:
+    """Log what is in the pipes now (at most :data:`SETTLE_S`): before the process exits."""
+    if _capture is not None:
+        _capture.settle()
+
+
+@contextlib.contextmanager
+def attributed(task: str, task_run_id: UUID, run_id: UUID) -> Iterator[None]:
+    """Output written inside this block is the given handler call's (module docstring)."""
+    found = _capture
+    if found is None:
+        yield
+        return
+    found.current = Attribution(task, task_run_id, run_id, threading.get_ident())
+    try:
+        yield
+    finally:
+        found.settle()
+        found.current = None
+
+
+def _attribute(record: logging.LogRecord) -> bool:
+    """Tag a record logged from the thread of the handler call running now (a filter)."""
+    owner = _capture.current if _capture is not None else None
+    if owner is not None and record.thread == owner.thread and not hasattr(record, "task_run_id"):
+        for key, value in owner.fields().items():
+            setattr(record, key, value)
+        record.label = owner.label
+    return True

@@ -1,0 +1,103 @@
+"""A handler's output becomes tagged, escaped records (flowforge/roles/output.py).
+
+``capture`` takes over descriptors 1 and 2 of its process, so each case runs in a child
+interpreter (a few hundred milliseconds) whose stderr is read here: every line must be one
+JSON record, attributed to the handler call that wrote it, with no raw control character.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+from flowforge.roles import output
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: What the child runs: two handler calls that write every way a handler can, then output
+#: written outside any call. ``TASK_A``/``TASK_B``/``RUN`` are filled in.
+CHILD = """
+import logging, os, subprocess, sys, uuid
+from supervisor import logs
+logs.configure("worker-1", "json")
+from flowforge.roles import output
+from flowforge.roles.output import attributed, capture
+capture()
+capture()  # a second call changes nothing
+logging.getLogger("flowforge.worker").info("the worker's own record")
+with attributed("first", uuid.UUID(TASK_A), uuid.UUID(RUN)):
+    print("2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \\x1b[31mforged\\x1b[0m")
+    sys.stderr.write("to stderr\\rover it\\n")
+    os.write(2, b"straight to fd 2\\n")
+    os.write(1, "\\u009b\\x07bytes ".encode() + b"\\xff not utf-8\\n")
+    subprocess.run(["sh", "-c", "echo from a subprocess; echo its stderr >&2"], check=True)
+    logging.getLogger().warning("logged by the handler")
+    print("x" * 5000)
+    print("no newline at the end", end="")
+with attributed("second", uuid.UUID(TASK_B), uuid.UUID(RUN)):
+    print("the next call, at once")
+print("outside any call")
+output.drain()
+"""
+
+
+def _run_child() -> tuple[list[dict[str, Any]], str, str, str, bytes]:
+    task_a, task_b, run = (str(uuid.uuid4()) for _ in range(3))
+    code = f"TASK_A, TASK_B, RUN = {task_a!r}, {task_b!r}, {run!r}\n" + textwrap.dedent(CHILD)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        timeout=30,
+        check=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.stdout == b"", "nothing may reach the real stdout"
+    records = [json.loads(line) for line in done.stderr.decode().splitlines()]
+    return records, task_a, task_b, run, done.stderr
+
+
+def test_every_write_of_a_handler_is_its_own_tagged_record() -> None:
+    records, task_a, task_b, run, raw = _run_child()
+    assert b"\x1b" not in raw and b"\r" not in raw and b"\x07" not in raw
+    assert b"\xc2\x9b" not in raw  # nor a C1 control, UTF-8 encoded
+
+    def of(task_run_id: str) -> list[tuple[str, str]]:
+        return [
+            (r["stream"], r["msg"])
+            for r in records
+            if r.get("task_run_id") == task_run_id and r["logger"] == "flowforge.handler"
+        ]
+
+    first = of(task_a)
+    assert (
+        "stdout",
+        r"2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \x1b[31mforged\x1b[0m",
+    ) in first
+    assert ("stderr", r"to stderr\rover it") in first
+    assert ("stderr", "straight to fd 2") in first
+    assert ("stdout", "\\x9b\\x07bytes \ufffd not utf-8") in first
+    assert ("stdout", "from a subprocess") in first
+    assert ("stderr", "its stderr") in first
+    assert ("stdout", "no newline at the end") in first  # the call's, though unterminated
+    long_pieces = [m for s, m in first if set(m) == {"x"}]
+    assert [len(m) for m in long_pieces] == [output.MAX_LINE_BYTES, output.MAX_LINE_BYTES, 904]
+    assert of(task_b) == [("stdout", "the next call, at once")]
+
+    for record in records:
+        if record["logger"] == "flowforge.handler" and record.get("task_run_id"):
+            assert record["run_id"] == run and record["action"] == "handler_output"
+            assert record["level"] == ("INFO" if record["stream"] == "stdout" else "WARNING")
+            assert record["task"] == ("first" if record["task_run_id"] == task_a else "second")
+
+    [logged] = [r for r in records if r["msg"] == "logged by the handler"]
+    assert (logged["logger"], logged["task_run_id"], logged["task"]) == ("root", task_a, "first")
+    [own] = [r for r in records if r["logger"] == "flowforge.worker"]
+    assert "task_run_id" not in own
+    [outside] = [r for r in records if r["msg"] == "outside any call"]
+    assert outside["stream"] == "stdout" and "task_run_id" not in outside
