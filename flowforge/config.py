@@ -118,6 +118,7 @@ class ApiConfig:
     # a request head (request line and headers) must arrive whole within this, counted from
     # the connection's accept or the first byte of a later request on it
     request_head_timeout_s: float = 5.0
+    request_body_timeout_s: float = 60.0  # then its body, within this of the head
     max_connections_per_client: int = 20
     connection_limit: int = 200  # open connections in all; waitress's own limit
     threads: int = 4  # requests served at once
@@ -126,6 +127,7 @@ class ApiConfig:
     def __post_init__(self) -> None:
         _positive(self.max_body_bytes, "max_body_bytes")
         _positive(self.request_head_timeout_s, "request_head_timeout_s")
+        _positive(self.request_body_timeout_s, "request_body_timeout_s")
         _positive(self.connection_limit, "connection_limit")
         _positive(self.threads, "threads")
         if self.max_connections_per_client < 0:

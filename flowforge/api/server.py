@@ -17,7 +17,7 @@ from typing import Any
 from waitress import wasyncore
 
 from flowforge.api.app import create_app
-from flowforge.api.wsgi_server import make_server
+from flowforge.api.wsgi_server import ClientRules, make_server
 from flowforge.client import Client
 from flowforge.config import Config, ReadAccess
 from flowforge.errors import BootError, DatabaseUnavailableError
@@ -108,8 +108,11 @@ class ApiServer:
                 app,
                 self._map,
                 api.max_body_bytes,
-                api.request_head_timeout_s,
-                api.max_connections_per_client,
+                ClientRules(
+                    api.request_head_timeout_s,
+                    api.request_body_timeout_s,
+                    api.max_connections_per_client,
+                ),
                 host=host,
                 port=port,
                 threads=api.threads,

@@ -18,8 +18,9 @@ accepting, and its ``channel_timeout`` is an idle timeout that a client tricklin
 second never reaches. So, on top of waitress (all in its event-loop thread):
 
 - a request head (request line and headers) must arrive whole within ``head_timeout_s`` of the
-  accept, or of the first byte of a later request on a kept-alive connection: past it the
-  connection gets a JSON 408 and is closed;
+  accept, or of the first byte of a later request on a kept-alive connection, and its body
+  within ``body_timeout_s`` of the head: past either the connection gets a JSON 408 and is
+  closed;
 - at ``per_client`` connections from one address, a new one from there makes room by closing
   one of that address's connections that wait for a request: an idle one (between requests)
   if any, else the one whose head has been arriving longest; if each of them is inside a
@@ -38,6 +39,7 @@ import json
 import logging
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from waitress.adjustments import Adjustments
@@ -57,6 +59,15 @@ MAINTENANCE_INTERVAL_S = 1
 REPORT_INTERVAL_S = 10.0
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClientRules:
+    """The slow-client defences (module docstring). Seconds; ``per_client`` 0 means no cap."""
+
+    head_timeout_s: float = 5.0
+    body_timeout_s: float = 60.0
+    per_client: int = 0
 
 
 class JsonErrorTask(ErrorTask):  # type: ignore[misc]
@@ -87,6 +98,8 @@ class JsonErrorChannel(HTTPChannel):  # type: ignore[misc]
     #: When the head now awaited began (monotonic): the accept, or the first byte of a later
     #: request; None between requests and once the head is whole.
     head_started: float | None = None
+    #: When the head of the request whose body is now arriving was whole (monotonic), or None.
+    body_started: float | None = None
 
     def __init__(self, server: JsonErrorServer, sock: Any, addr: Any, adj: Any, map: Any) -> None:
         self.head_started = time.monotonic()
@@ -103,6 +116,10 @@ class JsonErrorChannel(HTTPChannel):  # type: ignore[misc]
         result = bool(super().received(data))
         if self.request is None or self.request.headers_finished:
             self.head_started = None
+        if self.request is None:
+            self.body_started = None
+        elif self.request.headers_finished and self.body_started is None:
+            self.body_started = time.monotonic()
         return result
 
     def closing(self) -> bool:
@@ -134,7 +151,7 @@ class JsonErrorChannel(HTTPChannel):  # type: ignore[misc]
             self.outbufs[-1].append(data)
             self.current_outbuf_count += len(data)
             self.total_outbufs_len += len(data)
-        self.head_started = None
+        self.head_started = self.body_started = None
         self.close_when_flushed = True
 
     def handle_close(self) -> None:
@@ -179,8 +196,7 @@ class JsonErrorServer(TcpWSGIServer):  # type: ignore[misc]
 
     channel_class = JsonErrorChannel
     body_limit = 0
-    head_timeout_s = 5.0
-    per_client = 0  # 0: no cap
+    rules = ClientRules()
     next_channel_cleanup = 0.0  # waitress's, typed
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -190,21 +206,22 @@ class JsonErrorServer(TcpWSGIServer):  # type: ignore[misc]
 
     def admit(self, channel: JsonErrorChannel) -> None:
         """A new connection: make room under the per-client cap, or refuse it (429)."""
-        if self.per_client <= 0:
+        cap = self.rules.per_client
+        if cap <= 0:
             return
         mine = [
             c
             for c in self.active_channels.values()
             if c is not channel and c.client == channel.client and not c.closing()
         ]
-        if len(mine) < self.per_client:
+        if len(mine) < cap:
             return
         if self._close_one_waiting(mine, "per_client"):
             return
         self._count("refused")
         channel.refuse(
             "429 Too Many Requests",
-            f"too many connections from {channel.client}: at most {self.per_client}",
+            f"too many connections from {channel.client}: at most {cap}",
         )
 
     def readable(self) -> bool:
@@ -225,18 +242,24 @@ class JsonErrorServer(TcpWSGIServer):  # type: ignore[misc]
         return False
 
     def maintenance(self, now: float) -> None:
-        """waitress's idle timeout, then the head deadline and the linger limit."""
+        """waitress's idle timeout, then the head and body deadlines and the linger limit."""
         super().maintenance(now)
         clock = time.monotonic()
+        head_s, body_s = self.rules.head_timeout_s, self.rules.body_timeout_s
         for channel in list(self.active_channels.values()):
-            started = channel.head_started
-            if started is not None and clock - started > self.head_timeout_s:
-                if channel.waiting() is not None:
-                    self._count("head_timeout")
-                    channel.refuse(
-                        "408 Request Timeout",
-                        f"the request head did not arrive within {self.head_timeout_s:g} s",
-                    )
+            if channel.requests or channel.closing():
+                continue  # being served, or already on its way out
+            head, body = channel.head_started, channel.body_started
+            if head is not None and clock - head > head_s:
+                self._count("head_timeout")
+                channel.refuse(
+                    "408 Request Timeout", f"the request head did not arrive within {head_s:g} s"
+                )
+            elif body is not None and clock - body > body_s:
+                self._count("body_timeout")
+                channel.refuse(
+                    "408 Request Timeout", f"the request body did not arrive within {body_s:g} s"
+                )
             elif channel.lingered_too_long(clock):
                 channel.will_close = True
         self._report(clock)
@@ -271,6 +294,7 @@ class JsonErrorServer(TcpWSGIServer):  # type: ignore[misc]
 
 SHED_WORDS = {
     "head_timeout": "closed with 408 (request head too slow)",
+    "body_timeout": "closed with 408 (request body too slow)",
     "per_client": "closed to make room for a newer one from the same address",
     "limit": "closed to make room at the connection limit",
     "refused": "refused with 429 (every connection of that address busy)",
@@ -278,18 +302,12 @@ SHED_WORDS = {
 
 
 def make_server(
-    app: Any,
-    socket_map: dict[int, Any],
-    body_limit: int,
-    head_timeout_s: float,
-    per_client: int,
-    **settings: Any,
+    app: Any, socket_map: dict[int, Any], body_limit: int, rules: ClientRules, **settings: Any
 ) -> JsonErrorServer:
     """A TCP waitress server on ``socket_map`` whose own errors are JSON.
 
-    Bodies of more than ``body_limit`` bytes are refused (413) before they are buffered; a
-    request head must arrive within ``head_timeout_s``; one address holds at most
-    ``per_client`` connections (0: no cap). ``settings`` are waitress's adjustments.
+    Bodies of more than ``body_limit`` bytes are refused (413) before they are buffered; slow
+    and flooding clients are handled by ``rules``. ``settings`` are waitress's adjustments.
     """
     # waitress counts chunked framing as body and refuses at its limit; the application
     # enforces the exact limit, waitress a slightly larger one so nothing big is buffered
@@ -300,6 +318,5 @@ def make_server(
     )
     server = JsonErrorServer(app, map=socket_map, adj=adj)
     server.body_limit = body_limit
-    server.head_timeout_s = head_timeout_s
-    server.per_client = per_client
+    server.rules = rules
     return server

@@ -11,8 +11,9 @@ starts it. Proven here:
 - slow clients: with 120 connections that trickle their request heads (and come back when
   closed), ``/health/live`` answers within a second and a read with the token answers, whether the
   connections come from one address (the per-client cap) or from many (the connection limit);
-  a head that does not arrive within ``api.request_head_timeout_s`` gets a 408 and its connection
-  closes, while a kept-alive connection idle between requests is left alone; at the per-client
+  a head that does not arrive within ``api.request_head_timeout_s`` (or a body within
+  ``api.request_body_timeout_s``) gets a 408 and its connection closes, while a kept-alive
+  connection idle between requests is left alone; at the per-client
   cap a new connection displaces the one that has waited longest, or gets a 429 when every one
   of them is inside a request;
 - the access log: one line per mutating request and per refused authentication, with the path's
@@ -333,6 +334,36 @@ def test_a_request_head_past_its_deadline_gets_408_and_its_connection_closes(
         second = http.client.HTTPResponse(kept)
         second.begin()
         assert second.status == 200 and second.read()
+
+
+def test_a_request_body_past_its_deadline_gets_408_and_its_connection_closes(
+    stack: Stack, sql: Sql
+) -> None:
+    """A head sent at once, then a body a byte at a time: inside a request, so no cap can
+    close it; the body deadline does."""
+    api = start_api(stack, request_body_timeout_s=1)
+    head = (
+        f"POST /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", api.port), 5) as sock:
+        started = time.monotonic()
+        sock.sendall(head)
+
+        def answered() -> bool:
+            """Sends one more body byte (every 0.1 s) unless answered."""
+            if server_closed(sock):
+                return True
+            with contextlib.suppress(OSError):
+                sock.send(b" ")
+            return False
+
+        wait_for(answered, timeout=10, interval=0.1, what="the trickled body's answer")
+        took = time.monotonic() - started
+        assert 1.0 <= took < 4.0, took
+        reply = read_answer(sock, 5)
+        assert "body did not arrive within 1 s" in assert_json_error(reply, 408)
+    assert count_runs(sql) == 0
 
 
 def settle(api: Api) -> None:

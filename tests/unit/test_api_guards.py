@@ -55,7 +55,8 @@ def test_the_api_defaults_guard_reads_and_name_the_listen_host_and_localhost(
         "[::1]",
         "[::1]:9000",
     }
-    assert (api.request_head_timeout_s, api.max_connections_per_client) == (5.0, 20)
+    assert (api.request_head_timeout_s, api.request_body_timeout_s) == (5.0, 60.0)
+    assert api.max_connections_per_client == 20
     assert (api.connection_limit, api.threads, api.ready_cache_s) == (200, 4, 2.0)
 
 
@@ -92,6 +93,7 @@ def test_the_new_api_keys_load(tmp_path: Path) -> None:
         ("allowed_hosts: [5]", "api.allowed_hosts[0]: expected a string"),
         ("request_head_timeout_s: 0", "request_head_timeout_s must be a positive"),
         ("request_head_timeout_s: .nan", "api.request_head_timeout_s: must be a finite"),
+        ("request_body_timeout_s: -1", "request_body_timeout_s must be a positive"),
         ("max_connections_per_client: -1", "max_connections_per_client must be 0"),
         ("connection_limit: 0", "connection_limit must be a positive"),
         ("threads: 0", "threads must be a positive"),
