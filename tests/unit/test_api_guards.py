@@ -6,12 +6,14 @@
 - ``/health/ready`` runs its checks at most once per ``api.ready_cache_s``, also under a storm
   of concurrent probes;
 - the access log: a line per mutation and per refused authentication, none per successful
-  read, escaped, without the token or the query string.
+  read, escaped, without the token or the query string;
+- a connection limit that does not fit the open-file limit stops the boot.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import textwrap
 import threading
 from pathlib import Path
@@ -23,8 +25,9 @@ import pytest
 from flowforge.api import errors
 from flowforge.api.health import Ready
 from flowforge.api.security import AccessLog, HostCheck, TokenAuth, printable
+from flowforge.api.server import SPARE_FDS, check_fd_limit
 from flowforge.config import ApiConfig, ReadAccess, load_config
-from flowforge.errors import ConfigError
+from flowforge.errors import BootError, ConfigError
 
 TOKEN = "unit-secret-token"
 
@@ -255,3 +258,16 @@ def test_the_access_log_has_mutations_and_refusals_never_the_token(
     assert (first.action, first.status, first.client) == ("api_access", 201, "127.0.0.1")  # type: ignore[attr-defined]
     text = caplog.text + repr([vars(r) for r in caplog.records])
     assert TOKEN not in text and "wrong" not in text and "Bearer" not in text
+
+
+# ------------------------------------------------------------------ the open-file limit
+
+
+def test_a_connection_limit_over_the_open_file_limit_stops_the_boot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (1024, 4096))
+    check_fd_limit(1024 - SPARE_FDS)
+    with pytest.raises(BootError) as info:
+        check_fd_limit(1024 - SPARE_FDS + 1)
+    assert "api.connection_limit 961" in str(info.value) and "ulimit -n" in str(info.value)
