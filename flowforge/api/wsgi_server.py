@@ -236,8 +236,9 @@ class JsonErrorServer(TcpWSGIServer):  # type: ignore[misc]
         if len(self._map) < self.adj.connection_limit:
             return True
         channels = list(self.active_channels.values())
-        # one at a time: a connection told to close is gone by the end of this loop pass
-        if not any(c.will_close for c in channels):
+        # one at a time: a connection told to close with nothing left to send is gone by the
+        # end of this loop pass (one with output pending may wait on a client that never reads)
+        if not any(c.will_close and not c.total_outbufs_len for c in channels):
             self._close_one_waiting(channels, "limit")
         return False
 
