@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,69 @@ class ProcessesConfig:
         _positive(self.restart_limit, "restart_limit")
 
 
+class ReadAccess(Enum):
+    """Who may read the api: ``token`` holders only, or anyone who can reach the port."""
+
+    TOKEN = "token"
+    OPEN = "open"
+
+
+#: An ``api.allowed_hosts`` entry: ``*``, or a host name / IPv4 / [IPv6] with an optional port.
+_ALLOWED_HOST = re.compile(r"\*|(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::[0-9]{1,5})?")
+
+
 @dataclass(frozen=True)
 class ApiConfig:
-    """The HTTP api child. The bearer token is read from the ``token_env`` variable."""
+    """The HTTP api child. The bearer token is read from the ``token_env`` variable.
+
+    ``allowed_hosts`` None means the listen address's host and localhost (see
+    :meth:`hosts`). Time limits are in seconds; ``max_connections_per_client`` 0 means no cap;
+    ``ready_cache_s`` 0 means every ``/health/ready`` checks afresh.
+    """
 
     listen: str = "127.0.0.1:8080"
     token_env: str = "FLOWFORGE_API_TOKEN"
     max_body_bytes: int = 1024 * 1024
+    read_access: ReadAccess = ReadAccess.TOKEN
+    allowed_hosts: tuple[str, ...] | None = None
+    # a request head (request line and headers) must arrive whole within this, counted from
+    # the connection's accept or the first byte of a later request on it
+    request_head_timeout_s: float = 5.0
+    request_body_timeout_s: float = 60.0  # then its body, within this of the head
+    max_connections_per_client: int = 20
+    connection_limit: int = 200  # open connections in all; waitress's own limit
+    threads: int = 4  # requests served at once
+    ready_cache_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        _positive(self.max_body_bytes, "max_body_bytes")
+        _positive(self.request_head_timeout_s, "request_head_timeout_s")
+        _positive(self.request_body_timeout_s, "request_body_timeout_s")
+        _positive(self.connection_limit, "connection_limit")
+        _positive(self.threads, "threads")
+        if self.max_connections_per_client < 0:
+            raise ValueError("max_connections_per_client must be 0 (no cap) or more")
+        if not 0 <= self.ready_cache_s < math.inf:
+            raise ValueError("ready_cache_s must be 0 (no cache) or a positive number")
+        if self.allowed_hosts is not None:
+            if not self.allowed_hosts:
+                raise ValueError('allowed_hosts needs at least one host ("*" allows any)')
+            for host in self.allowed_hosts:
+                if not _ALLOWED_HOST.fullmatch(host):
+                    raise ValueError(
+                        f"allowed_hosts: {host!r} is not a host name or address with an"
+                        ' optional port (no scheme, no path), nor "*"'
+                    )
+
+    def hosts(self) -> tuple[str, ...]:
+        """The allowed ``Host`` values, lower case: ``allowed_hosts``, or by default the
+        listen address's host and ``localhost``, ``127.0.0.1`` and ``[::1]``, each with and
+        without the listen port."""
+        if self.allowed_hosts is not None:
+            return tuple(h.lower() for h in self.allowed_hosts)
+        host, _, port = self.listen.rpartition(":")
+        names = dict.fromkeys([host.lower(), "localhost", "127.0.0.1", "[::1]"])
+        return tuple(n for name in names if name for n in (name, f"{name}:{port}"))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The falcon application: routes, authentication, CSRF checks, body limits, JSON errors."""
+"""The falcon application: routes, the Host check, authentication, CSRF checks, the access
+log, body limits, JSON errors."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import falcon
 from flowforge.api import dead, errors, health, overview, runs, tasks
 from flowforge.api.graph import RunGraph
 from flowforge.api.metrics import Metrics
-from flowforge.api.security import CsrfGuard, SecurityHeaders, TokenAuth
+from flowforge.api.security import AccessLog, CsrfGuard, HostCheck, SecurityHeaders, TokenAuth
 from flowforge.client import Client
+from flowforge.config import ApiConfig
 from flowforge.dashboard import pages
 from flowforge.dashboard.graph import LayoutCache
 from flowforge.errors import FlowForgeError
@@ -19,19 +21,24 @@ from flowforge.errors import FlowForgeError
 def create_app(
     client: Client,
     token: str | None,
-    max_body: int,
+    api: ApiConfig,
     tree: Callable[[], dict[str, tuple[int, int]]] | None = None,
 ) -> falcon.App[falcon.Request, falcon.Response]:
     """The WSGI app: the JSON api, health, metrics and the dashboard pages.
 
-    Reads are open; every mutation must come from this origin (no cross-site request, no form
-    body) and carry the bearer ``token``.
+    Only the ``api.hosts()`` may be addressed (health probes excepted). Every mutation must
+    come from this origin (no cross-site request, no form body) and carry the bearer
+    ``token``; so must every read of ``/api/...`` and ``/metrics`` unless ``api.read_access``
+    is ``open``.
     """
-    # the CSRF checks run before authentication: a forged request is refused, token or not
-    middleware: list[SecurityHeaders | CsrfGuard | TokenAuth] = [
+    # in order: the Host check before anything, the CSRF checks before authentication (a
+    # forged request is refused, token or not); responses pass them in reverse order
+    middleware: list[AccessLog | SecurityHeaders | HostCheck | CsrfGuard | TokenAuth] = [
+        AccessLog(),
         SecurityHeaders(),
+        HostCheck(api.hosts()),
         CsrfGuard(),
-        TokenAuth(token),
+        TokenAuth(token, api.read_access),
     ]
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
@@ -39,6 +46,7 @@ def create_app(
     app.add_error_handler(Exception, errors.handle_unexpected)
     app.add_error_handler(FlowForgeError, errors.handle_flowforge_error)
     repo = client.repository
+    max_body = api.max_body_bytes
     app.add_route("/api/v1/runs", runs.Runs(client, max_body))
     app.add_route("/api/v1/runs/{run_id}", runs.OneRun(client))
     app.add_route("/api/v1/runs/{run_id}/cancel", runs.CancelRun(client))
@@ -50,7 +58,8 @@ def create_app(
     app.add_route("/api/v1/overview", overview.Overview(client))
     app.add_route("/api/v1/processes", overview.Processes(client))
     app.add_route("/health/live", health.Live())
-    app.add_route("/health/ready", health.Ready(repo, client.config.broker, tree))
+    ready = health.Ready(health.Checks(repo, client.config.broker), tree, api.ready_cache_s)
+    app.add_route("/health/ready", ready)
     app.add_route("/metrics", Metrics(repo))
     pages.add_routes(app)
     return app

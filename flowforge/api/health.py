@@ -2,11 +2,18 @@
 
 Ready means: PostgreSQL answers, RabbitMQ accepts a connection and knows the task queue, and a
 scheduler, a publisher and at least one worker of some tree are alive in the process registry.
-Any failure is a 503 whose body names the component in error (``"rabbitmq": "error"``).
+Any failure is a 503 whose body names the component in error (``"rabbitmq": "error"``) and
+nothing more: the probes are open to anyone who can reach the port, so no error text, URL or
+host name is ever in a body.
+
+The checks' result is kept for ``api.ready_cache_s``: a storm of probes runs them (and opens a
+broker connection) at most once per interval, never once per request.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 import falcon
@@ -32,20 +39,29 @@ class Live:
 
 
 class Ready:
-    """Runs every check on each request; ``tree`` adds this tree's own child readiness."""
+    """``/health/ready``: ``check`` (see :class:`Checks`) run at most once per ``cache_s``
+    seconds of ``clock`` (0: on every request); ``tree`` adds this tree's own child readiness.
+
+    Concurrent probes wait for the one check in flight and share its result.
+    """
 
     def __init__(
         self,
-        repo: Repository,
-        broker: BrokerConfig,
+        check: Callable[[], dict[str, str]],
         tree: Callable[[], dict[str, tuple[int, int]]] | None = None,
+        cache_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._repo = repo
-        self._broker = broker
+        self._check = check
         self._tree = tree
+        self._cache_s = cache_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cached: dict[str, str] | None = None
+        self._checked_at = 0.0
 
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
-        checks = self.check()
+        checks = self.checks()
         ok = all(v == "ok" for k, v in checks.items() if k != "tree")
         resp.status = falcon.HTTP_200 if ok else falcon.HTTP_503
         resp.content_type = falcon.MEDIA_JSON
@@ -54,7 +70,23 @@ class Ready:
             body["tree"] = {name: f"{have}/{want}" for name, (have, want) in self._tree().items()}
         resp.text = dumps(body)
 
-    def check(self) -> dict[str, str]:
+    def checks(self) -> dict[str, str]:
+        """The checks' result, run afresh only when the kept one is ``cache_s`` old."""
+        with self._lock:
+            if self._cached is None or self._clock() - self._checked_at >= self._cache_s:
+                self._cached = self._check()
+                self._checked_at = self._clock()
+            return dict(self._cached)
+
+
+class Checks:
+    """PostgreSQL, RabbitMQ and the process registry, each ``"ok"`` or ``"error"``."""
+
+    def __init__(self, repo: Repository, broker: BrokerConfig) -> None:
+        self._repo = repo
+        self._broker = broker
+
+    def __call__(self) -> dict[str, str]:
         checks = {"postgres": "ok", "rabbitmq": self._check_broker()}
         try:
             self._repo.ping()

@@ -1,17 +1,30 @@
-"""Bearer-token authentication and cross-site request forgery checks for mutating requests,
-security headers on every response, and the request-body limit."""
+"""Who may use the api: the ``Host`` check (DNS rebinding), bearer-token authentication of
+mutations (and of reads under ``api.read_access: token``), cross-site request forgery checks,
+the access log, security headers on every response, and the request-body limit."""
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 from typing import Any
 
 import falcon
 
 from flowforge.api.errors import json_error
+from flowforge.config import ReadAccess
+
+access_log = logging.getLogger("flowforge.api.access")
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Under ``read_access: token`` a read of these needs the token too (the dashboard's shell,
+#: its assets and the health probes stay open: they hold no data).
+READ_PROTECTED_PREFIXES = ("/api/",)
+READ_PROTECTED_PATHS = frozenset({"/metrics"})
+#: Probes address the api by whatever name or address the orchestrator uses (a pod's IP):
+#: they answer nothing secret, so the ``Host`` check lets them through.
+HOST_EXEMPT_PATHS = frozenset({"/health/live", "/health/ready"})
+MISDIRECTED = "421 Misdirected Request"
 #: Bodies a browser may send cross-site without a CORS preflight (an HTML form can).
 FORM_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
 CROSS_SITE = frozenset({"cross-site", "same-site"})
@@ -29,18 +42,56 @@ SECURITY_HEADERS = {
 }
 
 
-class TokenAuth:
-    """Middleware: a non-GET request needs ``Authorization: Bearer <token>``.
+class HostCheck:
+    """Middleware, first of all: refuse (421, JSON) a request whose ``Host`` header is not one
+    of ``hosts`` — a page on another name that resolves to this address (DNS rebinding) must
+    not read the api through the victim's browser.
 
-    Missing credentials → 401; a wrong token → 403. Tokens are compared in constant time. With
-    no token configured every mutation is refused (403), never allowed.
+    An entry with a port must match exactly; one without matches that host on any port; ``*``
+    allows every host. A request with no ``Host`` header at all (HTTP/1.0) passes: a browser
+    always sends one. The health probes are exempt (``HOST_EXEMPT_PATHS``).
     """
 
-    def __init__(self, token: str | None) -> None:
-        self._token = token.encode() if token else None
+    def __init__(self, hosts: tuple[str, ...]) -> None:
+        self._any = "*" in hosts
+        self._hosts = frozenset(h.lower() for h in hosts)
+
+    def allows(self, host: str) -> bool:
+        """Whether the ``Host`` header value ``host`` is allowed."""
+        host = host.strip().lower()
+        if self._any or host in self._hosts:
+            return True
+        name, sep, port = host.rpartition(":")
+        return bool(sep) and port.isdigit() and not name.endswith(":") and name in self._hosts
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if req.method in SAFE_METHODS:
+        host = req.get_header("Host")
+        if host is None or req.path in HOST_EXEMPT_PATHS or self.allows(host):
+            return
+        raise json_error(MISDIRECTED, f'host "{printable(host[:100])}" is not served here')
+
+
+class TokenAuth:
+    """Middleware: a non-GET request needs ``Authorization: Bearer <token>``; so does a read of
+    ``/api/...`` or ``/metrics`` when ``read_access`` is ``token``.
+
+    Missing credentials → 401; a wrong token → 403. Tokens are compared in constant time. With
+    no token configured every request that needs one is refused (403), never allowed.
+    """
+
+    def __init__(self, token: str | None, read_access: ReadAccess = ReadAccess.TOKEN) -> None:
+        self._token = token.encode() if token else None
+        self._reads = read_access is ReadAccess.TOKEN
+
+    def needs_token(self, req: falcon.Request) -> bool:
+        if req.method not in SAFE_METHODS:
+            return True
+        if not self._reads or req.method == "OPTIONS":
+            return False
+        return req.path in READ_PROTECTED_PATHS or req.path.startswith(READ_PROTECTED_PREFIXES)
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not self.needs_token(req):
             return
         header = req.get_header("Authorization") or ""
         scheme, _, given = header.partition(" ")
@@ -48,9 +99,53 @@ class TokenAuth:
             resp.set_header("WWW-Authenticate", 'Bearer realm="flowforge"')
             raise json_error(falcon.HTTP_401, "a bearer token is required")
         if self._token is None:
-            raise json_error(falcon.HTTP_403, "mutations are disabled: no api token is configured")
+            what = "mutations are" if req.method not in SAFE_METHODS else "reads are"
+            raise json_error(falcon.HTTP_403, f"{what} disabled: no api token is configured")
         if not hmac.compare_digest(given.strip().encode(), self._token):
             raise json_error(falcon.HTTP_403, "invalid token")
+
+
+class AccessLog:
+    """Middleware: one INFO line on ``flowforge.api.access`` per mutating request and per
+    refused authentication (401/403): method, path (never the query string), status and the
+    client's address — never a header. Control characters in the path are escaped (a request
+    must not be able to forge log lines)."""
+
+    def process_response(
+        self,
+        req: falcon.Request,
+        resp: falcon.Response,
+        resource: object,
+        req_succeeded: bool,
+    ) -> None:
+        status = resp.status_code
+        if req.method in SAFE_METHODS and status not in (401, 403):
+            return
+        method, path, client = printable(req.method), printable(req.path), req.remote_addr
+        access_log.info(
+            "%s %s %d from %s",
+            method,
+            path,
+            status,
+            client,
+            extra={
+                "action": "api_access",
+                "method": method,
+                "path": path,
+                "status": status,
+                "client": client,
+            },
+        )
+
+
+def printable(text: str) -> str:
+    """``text`` as one unambiguous line: every character that is not printable (controls,
+    newlines, terminal escapes, format characters such as bidi overrides, line separators) in
+    its Python escape form (``\\n``, ``\\x1b``, ``\\u202e``), and ``\\`` doubled."""
+    return "".join(
+        c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
 
 
 class CsrfGuard:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,18 +17,20 @@ from typing import Any
 from waitress import wasyncore
 
 from flowforge.api.app import create_app
-from flowforge.api.wsgi_server import make_server
+from flowforge.api.wsgi_server import ClientRules, make_server
 from flowforge.client import Client
-from flowforge.config import Config
+from flowforge.config import Config, ReadAccess
 from flowforge.errors import BootError, DatabaseUnavailableError
 from flowforge.roles.presence import Presence
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
-THREADS = 4
 SLICE_S = 0.5
-CHANNEL_TIMEOUT_S = 30
+CHANNEL_TIMEOUT_S = 30  # a kept-alive connection idle this long is closed
+#: File descriptors the process needs besides the api's connections (pools, logs, pipes).
+SPARE_FDS = 64
+WILDCARDS = frozenset({"0.0.0.0", "::"})
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -35,6 +38,16 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise BootError(f"api.listen must be HOST:PORT, got {listen!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def check_fd_limit(connection_limit: int) -> None:
+    """Refuse to boot when ``api.connection_limit`` cannot fit under ``RLIMIT_NOFILE``."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and connection_limit + SPARE_FDS > soft:
+        raise BootError(
+            f"api.connection_limit {connection_limit} does not fit the open-file limit"
+            f" {soft} (ulimit -n) with {SPARE_FDS} to spare: lower it or raise the limit"
+        )
 
 
 class ApiServer:
@@ -66,34 +79,56 @@ class ApiServer:
         self._register()
 
     def _listen(self) -> Any:
-        host, port = parse_listen(self._api.listen)
-        token = os.environ.get(self._api.token_env) or None
+        api = self._api
+        host, port = parse_listen(api.listen)
+        token = os.environ.get(api.token_env) or None
         if token is None:
+            reads = (
+                " and every read of /api and /metrics"
+                if api.read_access is ReadAccess.TOKEN
+                else ""
+            )
             logger.warning(
-                "$%s is not set: every mutating request will be refused",
-                self._api.token_env,
+                "$%s is not set: every mutating request%s will be refused",
+                api.token_env,
+                reads,
                 extra={"action": "api_no_token"},
             )
-        app = create_app(self._client, token, self._api.max_body_bytes, self._tree)
+        if api.allowed_hosts is None and host in WILDCARDS:
+            logger.warning(
+                "api.listen %s listens on every address but only localhost names are allowed"
+                " in the Host header: set api.allowed_hosts to the names clients use",
+                api.listen,
+                extra={"action": "api_hosts_default"},
+            )
+        check_fd_limit(api.connection_limit)
+        app = create_app(self._client, token, api, self._tree)
         try:
             server = make_server(
                 app,
                 self._map,
-                self._api.max_body_bytes,
+                api.max_body_bytes,
+                ClientRules(
+                    api.request_head_timeout_s,
+                    api.request_body_timeout_s,
+                    api.max_connections_per_client,
+                ),
                 host=host,
                 port=port,
-                threads=THREADS,
+                threads=api.threads,
+                connection_limit=api.connection_limit,
                 ident="flowforge",
                 channel_timeout=CHANNEL_TIMEOUT_S,
             )
         except OSError as exc:
-            raise BootError(f"api cannot listen on {self._api.listen}: {exc.strerror}") from exc
+            raise BootError(f"api cannot listen on {api.listen}: {exc.strerror}") from exc
         logger.info("api listening on http://%s:%d", host, port, extra={"action": "api_listening"})
         return server
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         while not stop.is_set():
-            wasyncore.loop(timeout=SLICE_S, map=self._map, count=1)
+            # poll(2), not select(2): no FD_SETSIZE ceiling on the connection limit
+            wasyncore.loop(timeout=SLICE_S, map=self._map, use_poll=True, count=1)
             beat()
             self._register(tick=True)
 

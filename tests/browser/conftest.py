@@ -9,7 +9,10 @@
   ``<test name>--<label>.png`` on the way.
 - ``dashboard``: a live stack for one test — scheduler, publisher, two workers and the ``api``
   role with a bearer token, on a fresh queue and the session database — with the dashboard's
-  base URL and token, and a small HTTP client for setting up runs.
+  base URL and token, and a small HTTP client for setting up runs. Reads need the token
+  (``api.read_access: token``, the default): ``dashboard.sign_in(page)`` puts it in the page's
+  ``sessionStorage`` as the token field would. Indirect parametrization adds api settings:
+  ``@pytest.mark.parametrize("dashboard", [{"read_access": "open"}], indirect=True)``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
 TOKEN_ENV = "FLOWFORGE_API_TOKEN"
+#: Where the dashboard keeps the token (flowforge/dashboard/static/app.js).
+TOKEN_KEY = "flowforge.api-token"
 #: Playwright's waits (actions, ``expect``): long enough for a 2 s live refresh and a busy CI.
 UI_TIMEOUT_MS = 20_000
 BOOT_TIMEOUT_S = 30.0
@@ -181,6 +186,15 @@ class Dashboard:
     def url(self, path: str) -> str:
         return self.base_url + path
 
+    def sign_in(self, page: Page) -> None:
+        """Every page of the dashboard opened in ``page``'s context from now on starts with the
+        token in ``sessionStorage`` (where the token field saves it), before its scripts run."""
+        script = (
+            f"if (location.origin === {json.dumps(self.base_url)}) "
+            f"sessionStorage.setItem({json.dumps(TOKEN_KEY)}, {json.dumps(self.token)});"
+        )
+        page.context.add_init_script(script)
+
     def request(
         self, method: str, path: str, body: Any = None, token: bool = True
     ) -> tuple[int, Any]:
@@ -232,8 +246,12 @@ def _serving(port: int, api: RoleProcess) -> bool:
 
 
 @pytest.fixture
-def dashboard(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[Dashboard]:
-    """Scheduler, publisher, two workers and the api (with a token) on the session database."""
+def dashboard(
+    tmp_path: Path, clean_database_url: str, broker_url: str, request: pytest.FixtureRequest
+) -> Iterator[Dashboard]:
+    """Scheduler, publisher, two workers and the api (with a token) on the session database;
+    an indirect parameter adds api settings."""
+    extra_api: dict[str, Any] = getattr(request, "param", {})
     token = f"ui-test-{uuid.uuid4().hex}"
     stack = Stack(tmp_path, clean_database_url, broker_url)
     stack.extra_env = {TOKEN_ENV: token}
@@ -241,7 +259,7 @@ def dashboard(tmp_path: Path, clean_database_url: str, broker_url: str) -> Itera
     port = free_ports(1)[0]
     settings: dict[str, Any] = {
         "workflows": [str(write_workflows(tmp_path))],
-        "api": {"listen": f"127.0.0.1:{port}", "token_env": TOKEN_ENV},
+        "api": {"listen": f"127.0.0.1:{port}", "token_env": TOKEN_ENV, **extra_api},
     }
     try:
         api = stack.start("api", **settings)

@@ -4,6 +4,8 @@ Each test starts scheduler, publisher, two workers and the api (``dashboard`` fi
 pages only through the selectors of docs/dashboard-contract.md, and checks what the page shows
 against the database. Proven here:
 
+- a page opened without the token (reads need it by default) asks for it in the token field
+  instead of showing a broken page, and shows its data once the token is saved;
 - ``/`` leads to the overview, whose run and task counts are the database's;
 - the runs list filters by workflow (and state), shows new runs live, a run opens from it, and
   its DAG shows each task's state and edges, and follows the run live;
@@ -12,7 +14,8 @@ against the database. Proven here:
 - a dead task is requeued from the dead page with a reason (audited) and runs again;
 - requeue-all's dry run counts exactly the filtered dead tasks and changes nothing until
   confirmed; the confirmed requeue touches those and no others;
-- without the token an action shows an error and changes nothing;
+- with ``api.read_access: open``, without the token an action shows an error and changes
+  nothing;
 - forged requests from another origin, same-site and cross-site (url-encoded and text/plain
   forms, a no-cors fetch), are refused by the CSRF guard (403/415) and cancel nothing;
 - the processes page lists the stack's processes (pid, role, host), as registered.
@@ -198,12 +201,52 @@ def expect_dag_matches(page: Page, sql: Sql, run_id: str) -> dict[str, str]:
     return states
 
 
+# ------------------------------------------------------------------ the token to read
+
+
+def test_a_page_without_the_token_asks_for_it_and_shows_its_data_once_given(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    run_id = dashboard.trigger("ui-pair")
+    wait_run(sql, run_id, "SUCCEEDED")
+    reads: list[int] = []
+    page.on(
+        "response",
+        lambda r: reads.append(r.status) if "/api/v1/runs?" in r.url else None,
+    )
+    page.goto(dashboard.url("/ui/runs"))
+    flash = page.locator("[data-testid=flash]")
+    field = page.locator("input[data-testid=token]")
+    expect(flash).to_contain_text("This page needs the API token")
+    expect(flash).to_contain_text("Error 401: a bearer token is required")
+    expect(flash).to_have_attribute("data-kind", "error")
+    expect(field).to_have_attribute("aria-invalid", "true")
+    expect(field).to_be_focused()
+    expect(page.locator("tr[data-run-id]")).to_have_count(0)
+    expect(page.locator("[data-testid=runs-table]")).to_be_visible()  # the page itself is whole
+    screenshot("asks-for-the-token")
+    assert reads and set(reads) == {401}, reads
+
+    save_token(page, "not-the-token")
+    expect(flash).to_contain_text("the saved token was refused")
+    expect(flash).to_contain_text("Error 403: invalid token")
+    expect(field).to_have_attribute("aria-invalid", "true")
+
+    save_token(page, dashboard.token)
+    expect(page.locator(f'tr[data-run-id="{run_id}"]')).to_be_visible()
+    expect(field).not_to_have_attribute("aria-invalid", "true")
+    expect(flash).to_have_text("Token saved for this browser tab.")
+    assert reads[-1] == 200, reads
+    screenshot("token-given")
+
+
 # ------------------------------------------------------------------ overview and runs
 
 
 def test_overview_counts_match_the_database(
     page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
 ) -> None:
+    dashboard.sign_in(page)
     pairs = [dashboard.trigger("ui-pair") for _ in range(3)]
     failed = dashboard.trigger("ui-fail")
     gated = dashboard.trigger("ui-gate", {"gate": str(dashboard.gate)})
@@ -244,6 +287,7 @@ def test_overview_counts_match_the_database(
 def test_runs_list_filters_by_workflow_and_a_run_shows_its_dag(
     page: Page, dashboard: Dashboard, sql: Sql, tmp_path: Path, screenshot: Shot
 ) -> None:
+    dashboard.sign_in(page)
     gate, opened = dashboard.gate, tmp_path / "open"
     opened.touch()
     others = [dashboard.trigger("ui-pair") for _ in range(2)]
@@ -298,6 +342,7 @@ def test_runs_list_filters_by_workflow_and_a_run_shows_its_dag(
 def test_a_dead_tasks_panel_shows_its_traceback_as_text(
     page: Page, dashboard: Dashboard, sql: Sql, tmp_path: Path, screenshot: Shot
 ) -> None:
+    dashboard.sign_in(page)
     # the error names this file: markup in it must be shown, never rendered or run
     payload = "<img src=x onerror=\"alert('xss')\"><b data-testid=injected>bold</b>"
     missing = tmp_path / payload
@@ -344,8 +389,8 @@ def test_cancel_a_running_run_from_its_page(
     wait_task(sql, run_id, "only", "RUNNING")
 
     page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    save_token(page, dashboard.token)  # the page asks for it: reading needs it too
     expect(page.locator("[data-testid=run-state]")).to_have_text("RUNNING")
-    save_token(page, dashboard.token)
     wait_for(
         lambda: dashboard.token in page.evaluate("() => Object.values(sessionStorage)"),
         timeout=UI_TIMEOUT_S,
@@ -464,6 +509,7 @@ def test_requeue_all_dry_run_counts_the_matches_and_changes_nothing_until_confir
 # ------------------------------------------------------------------ refusals
 
 
+@pytest.mark.parametrize("dashboard", [{"read_access": "open"}], indirect=True)
 def test_without_the_token_an_action_shows_an_error_and_changes_nothing(
     page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
 ) -> None:
@@ -584,6 +630,7 @@ def test_forged_cross_site_requests_cancel_nothing(
 def test_the_processes_page_lists_the_stack_processes(
     page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
 ) -> None:
+    dashboard.sign_in(page)
     started = {process.pid: process.role for process in dashboard.processes}
 
     def registered() -> dict[int, str]:

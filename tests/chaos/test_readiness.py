@@ -38,6 +38,8 @@ WATCH_S = 2.0
 #: The api's ``database.connect_timeout_s`` (also how long it waits for a pooled connection).
 API_DB_TIMEOUT_S = 1.0
 POLL_S = 0.2
+TOKEN_ENV = "FLOWFORGE_API_TOKEN"
+TOKEN = "chaos-readiness-token"
 
 
 @dataclass
@@ -59,7 +61,7 @@ class ApiProcess:
         started = time.monotonic()
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers={"Authorization": f"Bearer {TOKEN}"})
             response = conn.getresponse()
             return Reply(response.status, response.read(), time.monotonic() - started)
         finally:
@@ -75,6 +77,7 @@ class ApiProcess:
 def start_ready_tree(stack: Stack) -> tuple[ApiProcess, list[RoleProcess]]:
     """An api plus a scheduler, a publisher and a worker; returns once ready says 200."""
     (port,) = free_ports(1)
+    stack.extra_env = {**stack.extra_env, TOKEN_ENV: TOKEN}  # reads need it (api.read_access)
     api = ApiProcess(
         stack.start(
             "api",

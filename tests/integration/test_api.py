@@ -125,7 +125,8 @@ class Api:
             conn.close()
 
     def get(self, path: str) -> Reply:
-        return self.request("GET", path, auth=False)
+        """A read with the token (``api.read_access: token``, the default, needs it)."""
+        return self.request("GET", path)
 
     def post(self, path: str, body: Any = None, **kwargs: Any) -> Reply:
         return self.request("POST", path, body, **kwargs)
@@ -306,7 +307,7 @@ def test_mutations_need_the_bearer_token(api: Api, sql: Sql) -> None:
         assert_json_error(api.post(path, auth=False), 401)
         assert_json_error(api.post(path, headers={"Authorization": "Bearer wrong"}), 403)
     assert count_runs(sql) == 0
-    # reads are open
+    # reads with the token (tests/integration/test_api_hardening.py: without it)
     for path in ("/api/v1/runs", "/api/v1/dead", "/health/live", "/metrics"):
         assert api.get(path).status == 200, path
     assert api.post("/api/v1/runs", body).status == 201
@@ -324,7 +325,12 @@ def test_without_a_configured_token_every_mutation_is_refused(api_stack: Stack, 
         api.post(f"/api/v1/runs/{UNKNOWN_ID}/cancel", headers={"Authorization": "Bearer x"}), 403
     )
     assert count_runs(sql) == 0
-    assert api.get("/api/v1/runs").status == 200
+    # reads need the token too, so with none configured only the probes and pages answer
+    assert_json_error(api.get("/api/v1/runs"), 401)
+    assert "reads are disabled" in assert_json_error(
+        api.request("GET", "/api/v1/runs", headers={"Authorization": "Bearer x"}), 403
+    )
+    assert api.get("/health/live").status == 200
 
 
 # ------------------------------------------------------------------ bad requests

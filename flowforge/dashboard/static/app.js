@@ -1,8 +1,11 @@
 // Shared by every dashboard page: building DOM nodes (text only: data never becomes HTML),
-// the JSON api (the bearer token from sessionStorage on mutations), the token field, the
-// status line and polling.
+// the JSON api (the bearer token from sessionStorage on every request), the token field, the
+// status line and polling. A read refused for want of a token (api.read_access: token) pauses
+// the page's polling and asks for the token; saving one resumes it.
 
 const TOKEN_KEY = "flowforge.api-token";
+// dispatched on window when a token is saved or cleared
+const TOKEN_EVENT = "flowforge:token";
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 export class ApiError extends Error {
@@ -53,13 +56,11 @@ export function token() {
 async function call(method, path, body) {
   const headers = { Accept: "application/json" };
   const init = { method, headers, credentials: "same-origin", cache: "no-store" };
-  if (method !== "GET") {
-    const saved = token();
-    if (saved) headers.Authorization = `Bearer ${saved}`;
-    if (body !== undefined) {
-      headers["Content-Type"] = "application/json";
-      init.body = JSON.stringify(body);
-    }
+  const saved = token();
+  if (saved) headers.Authorization = `Bearer ${saved}`;
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
   }
   let response;
   try {
@@ -81,6 +82,7 @@ async function call(method, path, body) {
   return data;
 }
 
+/** GET with the saved token (reads need it unless the api runs with read_access: open). */
 export function getJSON(path) {
   return call("GET", path);
 }
@@ -88,6 +90,24 @@ export function getJSON(path) {
 /** POST with the saved token; without one the api answers 401 and the error says so. */
 export function postJSON(path, body) {
   return call("POST", path, body);
+}
+
+/** Whether a read failed for want of a (valid) token: 401, or 403 on a GET. */
+function needsToken(err) {
+  return err instanceof ApiError && (err.status === 401 || err.status === 403);
+}
+
+/** Ask for the token: the status line says why, the token field is marked and focused. */
+function askForToken(err) {
+  const input = $("input[data-testid=token]");
+  input.setAttribute("aria-invalid", "true");
+  const why = token() ? "the saved token was refused" : "no token is saved";
+  flash(
+    `This page needs the API token (${why}: ${describe(err)}). ` +
+      "Enter it in the API token field and press Save token.",
+    "error",
+  );
+  input.focus();
 }
 
 /** An error as one line for the status line. */
@@ -192,7 +212,8 @@ export function renderRows(tbody, items, keyOf, rowOf) {
 /**
  * Run work() now and then every intervalMs after it ended. now() runs it at once (a run in
  * flight is followed by another). An error goes to the status line until the next success
- * (only that error is cleared: an action's result stays visible).
+ * (only that error is cleared: an action's result stays visible). A read refused for want of a
+ * token asks for it and pauses until a token is saved.
  */
 export function poller(intervalMs, work) {
   let timer = null;
@@ -206,13 +227,16 @@ export function poller(intervalMs, work) {
       return;
     }
     busy = true;
+    let paused = false;
     try {
       await work();
       if (shown !== null && $("[data-testid=flash]").textContent === shown) flash("");
       shown = null;
     } catch (err) {
-      shown = describe(err);
-      flash(shown, "error");
+      paused = needsToken(err);
+      if (paused) askForToken(err);
+      else flash(describe(err), "error");
+      shown = $("[data-testid=flash]").textContent;
     } finally {
       busy = false;
     }
@@ -221,8 +245,9 @@ export function poller(intervalMs, work) {
       run();
       return;
     }
-    timer = setTimeout(run, intervalMs);
+    if (!paused) timer = setTimeout(run, intervalMs);
   }
+  window.addEventListener(TOKEN_EVENT, run);
   return { start: run, now: run };
 }
 
@@ -232,6 +257,7 @@ export function initChrome() {
   input.value = token();
   const save = () => {
     const value = input.value.trim();
+    input.removeAttribute("aria-invalid");
     if (value) {
       sessionStorage.setItem(TOKEN_KEY, value);
       flash("Token saved for this browser tab.", "ok");
@@ -239,6 +265,7 @@ export function initChrome() {
       sessionStorage.removeItem(TOKEN_KEY);
       flash("Token cleared.", "ok");
     }
+    window.dispatchEvent(new Event(TOKEN_EVENT)); // the page reads again, with the token
   };
   $("[data-testid=save-token]").addEventListener("click", save);
   input.addEventListener("keydown", (event) => {
