@@ -16,7 +16,9 @@ from typing import NoReturn
 from flowforge.cli import commands, exitcodes
 from flowforge.errors import (
     ConfigError,
+    DatabaseConstraintError,
     DatabaseUnavailableError,
+    DatabaseValueError,
     DefinitionError,
     FlowForgeError,
     InputError,
@@ -30,17 +32,21 @@ from flowforge.errors import (
 
 logger = logging.getLogger(__name__)
 
-#: First match wins: the exit code for each kind of failure.
+#: First match wins: the exit code for each kind of failure. A database that refuses the config
+#: (no such database or role, bad password, not migrated) is a ConfigError: exit 2; only an
+#: outage is exit 7; any other database error is exit 1 with the server's message.
 ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ConfigError, exitcodes.USAGE),
     (DefinitionError, exitcodes.USAGE),
     (InputError, exitcodes.USAGE),
     (InvalidIdError, exitcodes.USAGE),
     (UnknownWorkflowError, exitcodes.USAGE),
+    (DatabaseValueError, exitcodes.USAGE),
     (NotFoundError, exitcodes.NOT_FOUND),
     (NotDeadError, exitcodes.REFUSED),
     (TriggerConflictError, exitcodes.REFUSED),
     (MigrationError, exitcodes.REFUSED),
+    (DatabaseConstraintError, exitcodes.REFUSED),
     (DatabaseUnavailableError, exitcodes.UNAVAILABLE),
     (FlowForgeError, exitcodes.INTERNAL),
 )
