@@ -24,7 +24,7 @@ from flowforge.errors import (
     StoreError,
     TransactionConflictError,
 )
-from flowforge.store.pgerrors import translate, translate_errors
+from flowforge.store.pgerrors import check_url, translate, translate_errors
 
 __all__ = ["Database", "connect_once", "session_options", "translate_errors"]
 
@@ -48,6 +48,7 @@ def session_options(config: DatabaseConfig) -> str:
 @contextmanager
 def connect_once(url: str, connect_timeout_s: float = 5.0) -> Iterator[psycopg.Connection[Any]]:
     """A single autocommit connection for one-off work (migrations, CLI checks)."""
+    check_url(url)
     with translate_errors(url):
         conn = psycopg.connect(url, autocommit=True, connect_timeout=_timeout(connect_timeout_s))
     try:
@@ -73,6 +74,7 @@ class Database:
         """Create the pool. Call after fork: a pool never crosses a process boundary."""
         if self._pool is not None:
             return
+        check_url(self._config.url)
         self._pool = ConnectionPool(
             self._config.url,
             min_size=self._config.pool_min,

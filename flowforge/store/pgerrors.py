@@ -56,6 +56,21 @@ _NOT_MIGRATED_STATES = frozenset({"42P01", "42703"})  # undefined table, undefin
 _CONFIG_STATES = re.compile(r"^(28|3D000|42501)")  # authorization, no database, no privilege
 
 
+def check_url(url: str) -> None:
+    """Raise :class:`DatabaseConfigError` if libpq cannot parse ``url``, without echoing it.
+
+    libpq's own message quotes the fragment it choked on (``invalid percent-encoded token:
+    "hunt%zz"``), which may be part of the password; a pool would log it on every attempt.
+    """
+    try:
+        conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        reason = re.sub(r'"[^"]*"', '"..."', _first_line(exc))
+        raise DatabaseConfigError(
+            f"database.url is not a valid PostgreSQL URL or connection string ({reason})"
+        ) from None
+
+
 def translate(exc: BaseException, url: str | None = None) -> FlowForgeError:
     """The FlowForge error that says what ``exc`` (from psycopg) means; ``url`` names the target.
 

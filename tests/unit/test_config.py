@@ -267,8 +267,7 @@ def test_redact_url_never_contains_the_password(url: str) -> None:
 
 
 def test_redact_url_hides_password_given_as_query_parameter() -> None:
-    # BUG: libpq URIs accept `?password=...`; redact_url only looks at the userinfo part,
-    # so this password is returned verbatim.
+    # libpq URIs accept `?password=...`: a query parameter carries a secret too
     assert "s3cret" not in redact_url("postgresql://ff@db/flowforge?password=s3cret")
 
 

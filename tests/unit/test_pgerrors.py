@@ -8,12 +8,16 @@ is a DatabaseConfigError (a ConfigError: exit 2, a boot failure).
 
 from __future__ import annotations
 
+import logging
+import re
+
+import falcon
 import psycopg
 import pytest
 from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
-from flowforge.api.errors import STATUSES
+from flowforge.api.errors import STATUSES, handle_flowforge_error
 from flowforge.cli import exitcodes
 from flowforge.cli.main import exit_code_for
 from flowforge.errors import (
@@ -27,7 +31,7 @@ from flowforge.errors import (
     StoreError,
     TransactionConflictError,
 )
-from flowforge.store.pgerrors import translate, translate_errors
+from flowforge.store.pgerrors import check_url, translate, translate_errors
 
 URL = "postgresql://ff:s3cret@db.example:5433/orders"
 AT = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
@@ -258,3 +262,31 @@ def test_a_pool_timeout_is_explained_by_the_diagnosis() -> None:
         translate_errors(URL),
     ):
         raise PoolTimeout("couldn't get a connection after 5.00 sec")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://ff:hunt%zz@db/x", "host=db password=hunt er2", "host=db password='hunter2"],
+)
+def test_a_malformed_url_is_refused_without_echoing_any_of_it(url: str) -> None:
+    # libpq's own message quotes the fragment it choked on: part of the password here
+    with pytest.raises(DatabaseConfigError, match="not a valid PostgreSQL URL") as raised:
+        check_url(url)
+    assert "hunt" not in str(raised.value) and raised.value.__cause__ is None
+    check_url("postgresql://ff:hunt%41@db:5432/x?sslmode=require")  # control: a valid one
+
+
+def test_any_other_database_error_is_a_500_whose_id_is_logged_with_the_detail(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    error = translate(pg_errors.SyntaxError('syntax error at or near "SELEC"'))
+    with (
+        caplog.at_level(logging.ERROR, logger="flowforge.api.errors"),
+        pytest.raises(falcon.HTTPError) as raised,
+    ):
+        handle_flowforge_error(None, None, error, None)  # type: ignore[arg-type]
+    assert raised.value.status == falcon.HTTP_500
+    found = re.fullmatch(r"internal error \(id ([0-9a-f]{12})\)", str(raised.value.title))
+    assert found, raised.value.title
+    (record,) = [r for r in caplog.records if found[1] in r.getMessage()]
+    assert 'syntax error at or near "SELEC"' in record.getMessage() and record.exc_info
