@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from flowforge.errors import ConfigError
 from flowforge.schema import SchemaError, build
+from flowforge.yamlfile import YamlError
+from flowforge.yamlfile import load as load_yaml
 
 ENV_CONFIG = "FLOWFORGE_CONFIG"
 ENV_DATABASE_URL = "FLOWFORGE_DATABASE_URL"
@@ -209,13 +209,16 @@ def _read_yaml(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: cannot read config file: not UTF-8 text") from exc
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{at}") from exc
-    return {} if data is None else data
+        doc = load_yaml(text)
+    except YamlError as exc:
+        raise ConfigError(f"{path}{exc.where}: not valid YAML: {exc}") from exc
+    if doc.duplicates:  # the shared loader refuses what safe_load would silently overwrite
+        line, message = doc.duplicates[0]
+        raise ConfigError(f"{path}:{line}: {message}")
+    return {} if doc.data is None else doc.data
 
 
 def _normalise(data: dict[str, Any]) -> dict[str, Any]:

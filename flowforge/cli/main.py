@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flowforge.cli import commands, exitcodes
+from flowforge.cli import commands, exitcodes, output
 from flowforge.errors import (
     ConfigError,
     DatabaseConstraintError,
@@ -56,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"flowforge: error: {message} (see --help)\n")
+        sys.stderr.write(f"flowforge: error: {output.one_line(message)} (see --help)\n")
         raise SystemExit(exitcodes.USAGE)
 
 
@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=commands.dead_show)
     p.add_argument("task_run_id")
     json_flag(p)
+    p.add_argument(
+        "--full", action="store_true", help="print each attempt's whole error and traceback"
+    )
     p = dead.add_parser(
         "requeue", help="send a dead task back to be run (audited)", parents=[common]
     )
@@ -191,8 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
+    return output.one_line(str(exc)) or type(exc).__name__
 
 
 def entry_point() -> NoReturn:
