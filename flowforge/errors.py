@@ -135,8 +135,10 @@ class BootError(FlowForgeError):
     """A role cannot start for a reason that retrying will not fix (config, imports, topology)."""
 
 
-#: Failures that a role survives by reconnecting with backoff.
+#: Failures that a role survives by reconnecting with backoff (a transaction conflict only
+#: gets here after ``Database.run`` retried it several times: contention, not a bug).
 TRANSIENT_ERRORS: tuple[type[FlowForgeError], ...] = (
     DatabaseUnavailableError,
     BrokerUnavailableError,
+    TransactionConflictError,
 )
