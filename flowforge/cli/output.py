@@ -30,30 +30,16 @@ __all__ = [
     "to_dict",
 ]
 
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-#: Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts every
-#: escape sequence, CSI is also the single C1 byte U+009B), DEL, line and paragraph separators,
-#: and the bidirectional overrides that reorder what is displayed.
-_UNSAFE = {
-    code: _NAMED.get(chr(code), f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-    for code in (
-        *range(0x00, 0x20),
-        *range(0x7F, 0xA0),
-        0x2028,
-        0x2029,
-        *range(0x202A, 0x202F),
-        *range(0x2066, 0x206A),
-        0x200E,
-        0x200F,
-        0x061C,
-    )
-}
-
 
 def escape(text: str) -> str:
-    """``text`` with every control character shown as an escape (``\\x1b``, ``\\n``): one line,
-    nothing a terminal would act on."""
-    return text.translate(_UNSAFE)
+    """``text`` with every non-printable character — C0 and C1 controls (ESC starts every
+    escape sequence; CSI is also the single C1 character U+009B), DEL, line and paragraph
+    separators, format characters such as bidi overrides, lone surrogates — written as a Python
+    escape (``\\x1b``, ``\\n``, ``\\u202e``): one line, nothing a terminal would act on. Printable
+    text, spaces included, is unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def one_line(text: str) -> str:

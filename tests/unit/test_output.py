@@ -23,6 +23,8 @@ def test_every_c0_c1_and_del_character_is_escaped() -> None:
         assert is_safe(escaped) and escaped.startswith("a\\") and escaped.endswith("b"), char
     assert output.escape("\x1b[2J\n\t\r") == "\\x1b[2J\\n\\t\\r"
     assert output.escape("\x9b") == "\\x9b" and output.escape("\u202e") == "\\u202e"
+    # a lone surrogate (an undecodable byte of the command line) would make the write fail
+    assert output.escape("a\udcffb") == "a\\udcffb"
 
 
 def test_printable_text_is_unchanged() -> None:
