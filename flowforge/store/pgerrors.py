@@ -112,17 +112,18 @@ def connection_failure(message: str, url: str | None = None) -> FlowForgeError:
         reason = _SEVERITY.sub("", match["reason"].strip())
     else:
         where, reason = _target(url), _SEVERITY.sub("", text.splitlines()[0] if text else "")
+    at = f" at {where}" if where else ""
     if _CONFIG_REASON.search(reason):
-        return DatabaseConfigError(f"cannot use the database at {where}: {reason}")
+        return DatabaseConfigError(f"cannot use the database{at}: {reason}")
     lower = reason.lower()
     if "connection refused" in lower:
-        said = f"connection refused by {where}"
+        said = f"connection refused by {where or 'the server'}"
     elif "timeout expired" in lower:
-        said = f"no answer from {where} (connection timeout expired)"
+        said = f"no answer from {where or 'the server'} (connection timeout expired)"
     elif "resolve host" in lower or "translate host name" in lower:
         said = reason
     else:
-        said = f"{reason or 'connection lost'} ({where})"
+        said = f"{reason or 'connection lost'}" + (f" ({where})" if where else "")
     return DatabaseUnavailableError(f"database unavailable: {said}")
 
 
@@ -170,7 +171,10 @@ def _dbname(url: str | None) -> str:
     return f'"{name}"' if name else "(unnamed)"
 
 
-def _target(url: str | None) -> str:
+def _target(url: str | None) -> str | None:
+    """``host:port`` of ``url`` (libpq's defaults filled in), or None without a URL."""
+    if not url:
+        return None
     info = _conninfo(url)
     host = str(info.get("host") or "localhost")
     return f"{host}:{info.get('port') or 5432}"

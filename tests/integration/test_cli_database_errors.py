@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ import pytest
 
 from flowforge.cli import exitcodes
 from flowforge.testing.resources import create_database, drop_database, free_ports
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -171,3 +173,56 @@ def test_a_bad_password_is_a_config_error(tmp_path: Path, password_server: int) 
         assert_one_line(result, exitcodes.USAGE, expected)
         assert "wrong" not in result.stderr
     assert_up_fails_to_boot(config, expected)
+
+
+def test_a_role_that_has_run_logs_a_refused_password_each_time_and_recovers(
+    tmp_path: Path, password_server: int
+) -> None:
+    """After its first start a role rides out a password change (a rotation, say) as it rides
+    out an outage, but says what is wrong on every attempt, at ERROR; it resumes once the
+    server accepts it again."""
+    port = password_server
+    config = write_config(tmp_path, f"postgresql://ff:right@127.0.0.1:{port}/flowforge")
+    assert flowforge(config, "migrate").returncode == 0
+    admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    log = tmp_path / "scheduler.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWFORGE_", "PG"))}
+    with log.open("wb") as out:
+        role = subprocess.Popen(
+            [sys.executable, "-m", "flowforge.cli", "-c", str(config), "role", "scheduler"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    refused = 'password authentication failed for user "ff"'
+
+    def refusals() -> int:
+        return sum(
+            " ERROR " in line and "cannot use the database" in line and refused in line
+            for line in log.read_text().splitlines()
+        )
+
+    try:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+
+            def connected() -> bool:
+                row = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE usename = 'ff'"
+                ).fetchone()
+                return "Scheduler starting" in log.read_text() and bool(row and row[0])
+
+            wait_for(connected, 30, 0.1, "the scheduler to connect")
+            admin.execute("ALTER ROLE ff PASSWORD 'rotated'")
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'ff'"
+            )
+            wait_for(lambda: refusals() >= 2, 30, 0.1, "two logged refusals")
+            assert role.poll() is None, log.read_text()[-3000:]
+            admin.execute("ALTER ROLE ff PASSWORD 'right'")
+            wait_for(lambda: "Scheduler recovered" in log.read_text(), 60, 0.1, "a recovery")
+    finally:
+        role.send_signal(signal.SIGTERM)
+        code = role.wait(30)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "Traceback" not in text and "rotated" not in text and "right@" not in text

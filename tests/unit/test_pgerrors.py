@@ -290,3 +290,13 @@ def test_any_other_database_error_is_a_500_whose_id_is_logged_with_the_detail(
     assert found, raised.value.title
     (record,) = [r for r in caplog.records if found[1] in r.getMessage()]
     assert 'syntax error at or near "SELEC"' in record.getMessage() and record.exc_info
+
+
+def test_without_a_url_no_server_is_made_up() -> None:
+    error = translate(op("consuming input failed: server closed the connection unexpectedly"))
+    assert str(error) == (
+        "database unavailable: consuming input failed: server closed the connection unexpectedly"
+    )
+    assert str(translate(op("connection timeout expired"))) == (
+        "database unavailable: no answer from the server (connection timeout expired)"
+    )
