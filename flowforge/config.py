@@ -17,10 +17,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from flowforge.errors import ConfigError
 from flowforge.schema import SchemaError, build
+from flowforge.yamlfile import YamlError
+from flowforge.yamlfile import load as load_yaml
 
 ENV_CONFIG = "FLOWFORGE_CONFIG"
 ENV_DATABASE_URL = "FLOWFORGE_DATABASE_URL"
@@ -28,7 +28,14 @@ ENV_BROKER_URL = "FLOWFORGE_BROKER_URL"
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/flowforge"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_QUEUE = "flowforge.tasks"
-_PASSWORD_PARAM = re.compile(r"((?:^|[?&\s])password=)[^&\s]*", re.IGNORECASE)
+#: A parameter whose value is a secret, in a URL query or a libpq ``key=value`` string; the value
+#: runs to the next ``&``, ``#`` or blank, or is a quoted string.
+_SECRET_PARAM = re.compile(
+    r"((?:^|[?&;\s]))(\w*(?:pass|secret|token)\w*)\s*=\s*(?:'(?:[^'\\]|\\.)*'?|[^&#\s]*)",
+    re.IGNORECASE,
+)
+#: Where a comma starts another URL (a list of broker nodes), not another host of the same URL.
+_URL_START = re.compile(r",(?=\s*[a-z][a-z0-9+.-]*://)", re.IGNORECASE)
 
 
 def _positive(value: float, name: str) -> None:
@@ -277,13 +284,16 @@ def _read_yaml(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: cannot read config file: not UTF-8 text") from exc
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{at}") from exc
-    return {} if data is None else data
+        doc = load_yaml(text)
+    except YamlError as exc:
+        raise ConfigError(f"{path}{exc.where}: not valid YAML: {exc}") from exc
+    if doc.duplicates:  # the shared loader refuses what safe_load would silently overwrite
+        line, message = doc.duplicates[0]
+        raise ConfigError(f"{path}:{line}: {message}")
+    return {} if doc.data is None else doc.data
 
 
 def _normalise(data: dict[str, Any]) -> dict[str, Any]:
@@ -308,11 +318,30 @@ def _apply_env(config: Config, env: Mapping[str, str], where: str) -> Config:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password (in the authority or a ``password=`` parameter) as ``***``."""
-    url = _PASSWORD_PARAM.sub(r"\1***", url)
+    """``url`` with every secret shown as ``***``: safe to print or log.
+
+    Handles a URL (``postgresql://``, ``amqp://``, ...; the password of its userinfo and any
+    query parameter whose name holds ``pass``, ``secret`` or ``token``: ``password``,
+    ``sslpassword``, ``oauth_client_secret``), several URLs separated by commas (a broker
+    list), and a libpq ``key=value`` connection string (quoted values too). The user name, hosts,
+    ports, database and other parameters stay visible.
+    """
+    urls = _URL_START.split(url)
+    return ",".join(_SECRET_PARAM.sub(r"\1\2=***", _redact_userinfo(u)) for u in urls)
+
+
+def _redact_userinfo(url: str) -> str:
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if not sep:
         return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+    # the userinfo ends at the last "@" of the authority; a password holding a raw "/", "?" or
+    # "#" (not percent-encoded) pushes that "@" further: then the last "@" of all is taken, so a
+    # malformed URL is redacted too much rather than too little
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    at = authority.rfind("@")
+    if at < 0:
+        at = rest.rfind("@")
+    if at < 0 or ":" not in rest[:at]:
+        return url
+    user = rest[:at].split(":", 1)[0]
+    return f"{scheme}://{user}:***@{rest[at + 1 :]}"

@@ -1,32 +1,37 @@
 """Loading workflow definitions from YAML files (or folders of them).
 
-The YAML shape is the one of SPEC 5.1; it is read with the same schema builder as the config,
-so an unknown key or a bad value is reported with the file and the key path.
+The YAML shape is the one of SPEC 5.1; it is read with the same schema builder and the same
+YAML loader (duplicate keys refused) as the config, so an unknown key or a bad value is
+reported with the file, the line and the key path. :func:`check_paths` finds every problem of
+every file, one line each (``flowforge workflows validate``); the loaders raise the first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from flowforge.domain.dag import WorkflowDef
 from flowforge.errors import DefinitionError
 from flowforge.schema import SchemaError, build
+from flowforge.yamlfile import Document, YamlError, load
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def workflow_from_mapping(data: Any, source: str = "workflow") -> WorkflowDef:
     """A validated :class:`WorkflowDef` from parsed YAML/JSON; errors name ``source``."""
+    try:
+        return _build(data)
+    except SchemaError as exc:
+        raise DefinitionError(f"{source}: {exc}") from exc
+
+
+def _build(data: Any) -> WorkflowDef:
     if isinstance(data, Mapping) and isinstance(data.get("tasks"), list):
         data = {**data, "tasks": [_normalise_task(t) for t in data["tasks"]]}
-    try:
-        return build(WorkflowDef, data, "")
-    except SchemaError as exc:
-        raise DefinitionError(f"{source}: {str(exc).lstrip(': ')}") from exc
+    return build(WorkflowDef, data, "")
 
 
 def _normalise_task(task: Any) -> Any:
@@ -36,39 +41,107 @@ def _normalise_task(task: Any) -> Any:
     return task
 
 
-def load_file(path: Path) -> WorkflowDef:
+def check_file(
+    path: Path, handlers: Collection[str] | None = None
+) -> tuple[WorkflowDef | None, list[str]]:
+    """The workflow in ``path`` (None if it has a problem) and every problem found in it.
+
+    Each problem is one line, ``file:line: key.path: message`` where a line is known.
+    ``handlers``, when given, are the registered handler names every task's handler must be
+    among (a worker of this config could run no other).
+    """
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DefinitionError(f"{path}: cannot read workflow file: {exc.strerror or exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        return None, [f"{path}: cannot read workflow file: {reason or exc}"]
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        raise DefinitionError(f"{path}: not valid YAML{at}") from exc
-    return workflow_from_mapping(data, str(path))
+        doc = load(text)
+    except YamlError as exc:
+        return None, [f"{path}{exc.where}: not valid YAML: {exc}"]
+    found: list[tuple[int, str]] = list(doc.duplicates)
+    if handlers is not None:
+        found += _located(doc, _unregistered(doc.data, handlers))
+    workflow: WorkflowDef | None = None
+    try:
+        workflow = _build(doc.data)
+    except SchemaError as exc:
+        found += _located(doc, exc.errors)
+    problems = [f"{path}:{line}: {message}" for line, message in sorted(found, key=_line)]
+    return (None if problems else workflow), problems
 
 
-def load_paths(paths: Iterable[Path]) -> dict[str, WorkflowDef]:
-    """Every workflow in the given files and folders (``*.yaml``/``*.yml``, sorted), by name.
+def _line(problem: tuple[int, str]) -> int:
+    return problem[0]
 
-    Two files defining the same workflow name are refused.
+
+def _located(doc: Document, errors: Iterable[tuple[str, str]]) -> list[tuple[int, str]]:
+    return [(doc.line_of(key) or 1, SchemaError.line(key, message)) for key, message in errors]
+
+
+def _unregistered(data: Any, handlers: Collection[str]) -> list[tuple[str, str]]:
+    tasks = data.get("tasks") if isinstance(data, Mapping) else None
+    if not isinstance(tasks, list):
+        return []
+    return [
+        (f"tasks[{i}].handler", f"no configured handler module registers {task['handler']!r}")
+        for i, task in enumerate(tasks)
+        if isinstance(task, Mapping)
+        and isinstance(task.get("handler"), str)
+        and task["handler"] not in handlers
+    ]
+
+
+def load_file(path: Path) -> WorkflowDef:
+    """The workflow in ``path``; :class:`DefinitionError` names its first problem."""
+    workflow, problems = check_file(path)
+    _raise_first(problems)
+    assert workflow is not None
+    return workflow
+
+
+def check_paths(
+    paths: Iterable[Path], handlers: Collection[str] | None = None
+) -> tuple[dict[str, WorkflowDef], list[str]]:
+    """Every valid workflow in the given files and folders (``*.yaml``/``*.yml``, sorted) by
+    name, and every problem of every file (see :func:`check_file`).
+
+    Two files defining the same workflow name are a problem of the second.
     """
     found: dict[str, tuple[WorkflowDef, Path]] = {}
+    problems: list[str] = []
     for path in paths:
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.suffix in YAML_SUFFIXES and p.is_file())
         elif path.exists():
             files = [path]
         else:
-            raise DefinitionError(f"{path}: no such workflow file or folder")
+            problems.append(f"{path}: no such workflow file or folder")
+            continue
         for file in files:
-            workflow = load_file(file)
+            workflow, more = check_file(file, handlers)
+            problems += more
+            if workflow is None:
+                continue
             if workflow.name in found:
-                raise DefinitionError(
+                problems.append(
                     f"{file}: workflow {workflow.name!r} is already defined in "
                     f"{found[workflow.name][1]}"
                 )
+                continue
             found[workflow.name] = (workflow, file)
-    return {name: wf for name, (wf, _) in found.items()}
+    return {name: wf for name, (wf, _) in found.items()}, problems
+
+
+def load_paths(paths: Iterable[Path]) -> dict[str, WorkflowDef]:
+    """Every workflow in the given files and folders, by name; the first problem raises
+    :class:`DefinitionError` (``flowforge workflows validate`` lists them all)."""
+    found, problems = check_paths(paths)
+    _raise_first(problems)
+    return found
+
+
+def _raise_first(problems: list[str]) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DefinitionError(problems[0] + more)

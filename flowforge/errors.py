@@ -93,6 +93,26 @@ class MigrationError(StoreError):
     """The schema cannot be brought to the expected version."""
 
 
+class DatabaseConfigError(ConfigError):
+    """PostgreSQL refuses this configuration: no such database or role, authentication failed,
+    no access, or the schema is not migrated. Not an outage — retrying cannot fix it: exit 2
+    from the CLI, and a role that meets it before it ever started fails to boot (exit 3).
+    """
+
+
+class DatabaseNotMigratedError(DatabaseConfigError):
+    """FlowForge's tables (or this version's columns) are missing: run ``flowforge migrate``."""
+
+
+class DatabaseValueError(StoreError):
+    """PostgreSQL refused a value (SQLSTATE class 22 data exception, 54 too large): the caller's
+    input, so an HTTP 400 / exit 2 — never "unavailable"."""
+
+
+class DatabaseConstraintError(StoreError):
+    """A statement broke an integrity constraint (SQLSTATE class 23): HTTP 409 / exit 6."""
+
+
 # --- broker ------------------------------------------------------------------------------------
 
 
@@ -115,8 +135,10 @@ class BootError(FlowForgeError):
     """A role cannot start for a reason that retrying will not fix (config, imports, topology)."""
 
 
-#: Failures that a role survives by reconnecting with backoff.
+#: Failures that a role survives by reconnecting with backoff (a transaction conflict only
+#: gets here after ``Database.run`` retried it several times: contention, not a bug).
 TRANSIENT_ERRORS: tuple[type[FlowForgeError], ...] = (
     DatabaseUnavailableError,
     BrokerUnavailableError,
+    TransactionConflictError,
 )

@@ -3,6 +3,7 @@
 One mechanism serves the config file and workflow files alike: every field's type hint says
 how to read it, unknown keys are refused, and a dataclass's own ``__post_init__`` checks
 (``ValueError`` or a FlowForge error) are reported with the path of the offending section.
+Every problem of a document is collected, not just the first: :attr:`SchemaError.errors`.
 """
 
 from __future__ import annotations
@@ -21,30 +22,58 @@ T = TypeVar("T")
 
 
 class SchemaError(ValueError):
-    """A value does not fit its declared type; ``str()`` starts with the key path."""
+    """Values that do not fit their declared types.
+
+    ``errors`` holds every problem found as ``(key path, message)``; ``str()`` is the first,
+    as ``path: message``, followed by how many more there are.
+    """
+
+    def __init__(self, path: str, message: str | None = None) -> None:
+        self.errors: list[tuple[str, str]] = [] if message is None else [(path, message)]
+        super().__init__()
+
+    @classmethod
+    def of(cls, errors: list[tuple[str, str]]) -> SchemaError:
+        exc = cls("")
+        exc.errors = errors
+        return exc
+
+    @staticmethod
+    def line(path: str, message: str) -> str:
+        return f"{path}: {message}" if path else message
+
+    def __str__(self) -> str:
+        if not self.errors:
+            return "invalid"
+        first = self.line(*self.errors[0])
+        more = len(self.errors) - 1
+        return f"{first} (and {more} more)" if more else first
 
 
 def build(cls: type[T], data: Any, path: str) -> T:
     """Instantiate dataclass ``cls`` from ``data``; raise :class:`SchemaError` naming ``path``."""
     if not isinstance(data, Mapping):
-        raise SchemaError(f"{path}: expected a mapping, got {_kind(data)}")
+        raise SchemaError(path, f"expected a mapping, got {_kind(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(str(k) for k in data if k not in fields)
-    if unknown:
-        raise SchemaError(f"{_join(path, unknown[0])}: unknown key")
+    errors = [(_join(path, str(k)), "unknown key") for k in data if k not in fields]
     kwargs: dict[str, Any] = {}
     for name, spec in fields.items():
         if name in data:
-            kwargs[name] = _convert(hints[name], data[name], _join(path, name))
+            try:
+                kwargs[name] = _convert(hints[name], data[name], _join(path, name))
+            except SchemaError as exc:
+                errors.extend(exc.errors)
         elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-            raise SchemaError(f"{_join(path, name)}: required key is missing")
+            errors.append((_join(path, name), "required key is missing"))
+    if errors:
+        raise SchemaError.of(errors)
     try:
         return cls(**kwargs)
     except (ValueError, FlowForgeError) as exc:
         if isinstance(exc, SchemaError):
             raise
-        raise SchemaError(f"{path}: {exc}") from exc
+        raise SchemaError(path, str(exc)) from exc
 
 
 _SCALARS: dict[type, tuple[Callable[[Any], bool], str]] = {
@@ -66,14 +95,14 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
     if isinstance(hint, type) and issubclass(hint, Enum):
         allowed = [str(m.value) for m in hint]
         if value not in allowed:
-            raise SchemaError(f"{path}: must be one of {', '.join(allowed)}, got {value!r}")
+            raise SchemaError(path, f"must be one of {', '.join(allowed)}, got {value!r}")
         return hint(value)
     if hint in _SCALARS:
         accepts, expected = _SCALARS[hint]
         if not accepts(value):
-            raise SchemaError(f"{path}: expected {expected}, got {_kind(value)}")
+            raise SchemaError(path, f"expected {expected}, got {_kind(value)}")
         if hint is float and not math.isfinite(value):
-            raise SchemaError(f"{path}: must be a finite number, got {value!r}")
+            raise SchemaError(path, f"must be a finite number, got {value!r}")
         return float(value) if hint is float else value
     raise TypeError(f"{path}: unsupported field type {hint!r}")
 
@@ -89,8 +118,16 @@ def _convert_optional(hint: Any, value: Any, path: str) -> Any:
 def _convert_tuple(hint: Any, value: Any, path: str) -> tuple[Any, ...]:
     inner = typing.get_args(hint)[0]
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
-        raise SchemaError(f"{path}: expected a list, got {_kind(value)}")
-    return tuple(_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value))
+        raise SchemaError(path, f"expected a list, got {_kind(value)}")
+    items, errors = [], []
+    for i, v in enumerate(value):
+        try:
+            items.append(_convert(inner, v, f"{path}[{i}]"))
+        except SchemaError as exc:
+            errors.extend(exc.errors)
+    if errors:
+        raise SchemaError.of(errors)
+    return tuple(items)
 
 
 def _join(path: str, key: str) -> str:

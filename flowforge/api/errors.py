@@ -1,26 +1,31 @@
-"""Every error is a JSON body ``{"error": ...}`` with a 4xx (or 503) status — never a 500.
+"""Every error is a JSON body ``{"error": ...}``: a 4xx for what the caller sent, a 503 only for
+an outage, a 500 for the rest.
 
 FlowForge's own errors are mapped to statuses here; falcon's (404, 405, 413, ...) go through
-the same serializer; anything unexpected is logged and answered as a JSON 500 with no detail.
+the same serializer. A value PostgreSQL refuses is a 400, a broken constraint a 409. Anything
+else (a database error that is no outage, a misconfigured database, a bug) is a 500 whose body
+carries only an error id; the same id is logged with the full error and its traceback.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any
 
 import falcon
 
 from flowforge.errors import (
     BrokerUnavailableError,
+    DatabaseConstraintError,
     DatabaseUnavailableError,
+    DatabaseValueError,
     FlowForgeError,
     InputError,
     InvalidIdError,
     NotDeadError,
     NotFoundError,
-    StoreError,
     TriggerConflictError,
     UnknownWorkflowError,
 )
@@ -35,9 +40,10 @@ STATUSES: tuple[tuple[type[FlowForgeError], str], ...] = (
     (NotFoundError, falcon.HTTP_404),
     (NotDeadError, falcon.HTTP_409),
     (TriggerConflictError, falcon.HTTP_409),
+    (DatabaseValueError, falcon.HTTP_400),
+    (DatabaseConstraintError, falcon.HTTP_409),
     (DatabaseUnavailableError, falcon.HTTP_503),
     (BrokerUnavailableError, falcon.HTTP_503),
-    (StoreError, falcon.HTTP_503),
 )
 
 
@@ -57,8 +63,7 @@ def handle_flowforge_error(
     for kind, status in STATUSES:
         if isinstance(exc, kind):
             raise json_error(status, str(exc))
-    logger.exception("unexpected engine error", exc_info=exc)
-    raise json_error(falcon.HTTP_500, "internal error")
+    raise internal_error(exc)
 
 
 def handle_unexpected(
@@ -66,5 +71,18 @@ def handle_unexpected(
 ) -> None:
     if isinstance(exc, falcon.HTTPError):
         raise exc
-    logger.exception("unexpected error in the api", exc_info=exc)
-    raise json_error(falcon.HTTP_500, "internal error")
+    raise internal_error(exc)
+
+
+def internal_error(exc: BaseException) -> falcon.HTTPError:
+    """A 500 naming a fresh error id; the id is logged with ``exc`` and its traceback."""
+    error_id = uuid.uuid4().hex[:12]
+    logger.error(
+        "internal error %s: %s: %s",
+        error_id,
+        type(exc).__name__,
+        exc,
+        exc_info=exc,
+        extra={"action": "internal_error", "error_id": error_id},
+    )
+    return json_error(falcon.HTTP_500, f"internal error (id {error_id})")

@@ -8,7 +8,7 @@ import getpass
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
 from flowforge.config import Config, load_config
-from flowforge.definitions import load_paths
+from flowforge.definitions import check_paths
 from flowforge.domain.states import RunState, TaskState
-from flowforge.errors import InputError
+from flowforge.errors import ConfigError, InputError
+from flowforge.handlers import collect
 
 if TYPE_CHECKING:  # imported where used: the other commands need none of the client
     from flowforge.client import Client
@@ -45,7 +46,7 @@ def migrate(args: argparse.Namespace) -> int:
     from flowforge.store.migrate import migrate as apply_migrations
 
     applied = apply_migrations(config.database.url)
-    print(
+    output.line(
         f"applied migrations: {', '.join(map(str, applied))}" if applied else "schema is up to date"
     )
     return exitcodes.OK
@@ -62,7 +63,9 @@ def up(args: argparse.Namespace) -> int:
         try:
             become_tree(path, label)  # the same pid, without the command line's modules
         except OSError as exc:
-            sys.stderr.write(f"flowforge: no fresh interpreter ({exc}); running the tree here\n")
+            output.line(
+                f"flowforge: no fresh interpreter ({exc}); running the tree here", sys.stderr
+            )
     logging.disable(logging.NOTSET)
     return tree.run(config, label)
 
@@ -88,7 +91,7 @@ def trigger(args: argparse.Namespace) -> int:
         raise InputError("--input must be a JSON object")
     with _client(args) as client:
         result = client.trigger(args.workflow, run_input, args.idempotency_key)
-    print(result.run_id)
+    output.line(str(result.run_id))
     return exitcodes.OK
 
 
@@ -98,8 +101,8 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         output.emit_json(output.run_dict(run))
         return exitcodes.OK
-    print(f"run {run.id}  workflow {run.workflow}  state {run.state}")
-    print(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  finished {run.finished_at or '-'}")
+    output.line(f"run {run.id}  workflow {run.workflow}  state {run.state}")
+    output.line(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  finished {run.finished_at or '-'}")
     output.table(
         ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID"),
         [
@@ -146,7 +149,7 @@ def cancel(args: argparse.Namespace) -> int:
         running = sum(t.state == TaskState.RUNNING for t in run.tasks)
         print(f"run {run.id} is {run.state}: cancel requested, {running} running task(s) to stop")
     else:
-        print(f"run {run.id} is {run.state}")
+        output.line(f"run {run.id} is {run.state}")
     return exitcodes.OK
 
 
@@ -175,7 +178,7 @@ def dead_show(args: argparse.Namespace) -> int:
             {**output.task_dict(task), "attempts": [output.attempt_dict(a) for a in attempts]}
         )
         return exitcodes.OK
-    print(
+    output.line(
         f"task run {task.id}  {task.name} ({task.handler})  state {task.state}  "
         f"reason {task.failure_reason or '-'}"
     )
@@ -189,18 +192,25 @@ def dead_show(args: argparse.Namespace) -> int:
                 a.failure_reason,
                 a.started_at,
                 a.finished_at,
-                (a.error or "")[:60],
+                output.first_line(a.error),
             )
             for a in attempts
         ],
     )
+    if args.full:
+        for a in attempts:
+            for what, text in (("error", a.error), ("traceback", a.traceback)):
+                if text:
+                    print()
+                    output.line(f"attempt {a.attempt} {what}:")
+                    output.block(text)
     return exitcodes.OK
 
 
 def dead_requeue(args: argparse.Namespace) -> int:
     with _client(args) as client:
         task = client.requeue(args.task_run_id, args.by or getpass.getuser(), args.reason)
-    print(f"task run {task.id} requeued: {task.state}")
+    output.line(f"task run {task.id} requeued: {task.state}")
     return exitcodes.OK
 
 
@@ -219,9 +229,26 @@ def workflows_list(args: argparse.Namespace) -> int:
 
 
 def workflows_validate(args: argparse.Namespace) -> int:
-    paths = tuple(Path(p) for p in args.paths) or _config(args).workflow_paths()
-    found = load_paths(paths)
-    print(f"{len(found)} workflow(s) valid: {', '.join(sorted(found)) or '-'}")
+    """Every problem of every file, one line each on stderr (exit 2), or a one-line summary.
+
+    Task handlers are checked against what the configured ``handlers`` modules register:
+    they are imported, as a worker would.
+    """
+    config = _config(args)
+    paths = tuple(Path(p) for p in args.paths) or config.workflow_paths()
+    problems: list[str] = []
+    handlers: Collection[str] | None = None
+    try:
+        handlers = collect(config.handlers, config.base_dir)
+    except ConfigError as exc:  # reported, and the handler names cannot be checked
+        problems.append(str(exc))
+    found, more = check_paths(paths, handlers)
+    problems += more
+    for problem in problems:
+        output.line(f"flowforge: {problem}", sys.stderr)
+    if problems:
+        return exitcodes.USAGE
+    output.line(f"{len(found)} workflow(s) valid: {', '.join(sorted(found)) or '-'}")
     return exitcodes.OK
 
 
@@ -233,16 +260,19 @@ def stats(args: argparse.Namespace) -> int:
     if args.json:
         output.emit_json(data)
         return exitcodes.OK
-    print("attempts used per task run:")
+    output.line("attempts used per task run:")
     output.table(("ATTEMPTS", "TASK RUNS"), sorted(data["attempts"].items()))
-    print("\nfailure reasons (all attempts):")
+    print()
+    output.line("failure reasons (all attempts):")
     output.table(("REASON", "ATTEMPTS"), list(data["failure_reasons"].items()))
     backlog = data["retry_backlog"]
-    print(
-        f"\nretry backlog: {backlog['n']} waiting, next {backlog['next_at'] or '-'}, "
+    print()
+    output.line(
+        f"retry backlog: {backlog['n']} waiting, next {backlog['next_at'] or '-'}, "
         f"latest {backlog['latest_at'] or '-'}"
     )
-    print(f"\npoison candidates (>= {args.poison_threshold} attempts, unfinished):")
+    print()
+    output.line(f"poison candidates (>= {args.poison_threshold} attempts, unfinished):")
     output.table(
         ("ID", "WORKFLOW", "TASK", "STATE", "ATTEMPT", "REASON"),
         [
@@ -250,7 +280,8 @@ def stats(args: argparse.Namespace) -> int:
             for p in data["poison_candidates"]
         ],
     )
-    print("\ndead tasks:")
+    print()
+    output.line("dead tasks:")
     output.table(
         ("WORKFLOW", "HANDLER", "REASON", "COUNT"),
         [(d["workflow"], d["handler"], d["reason"], d["n"]) for d in data["dead"]],

@@ -13,10 +13,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flowforge.cli import commands, exitcodes, purge
+from flowforge.cli import commands, exitcodes, output, purge
 from flowforge.errors import (
     ConfigError,
+    DatabaseConstraintError,
     DatabaseUnavailableError,
+    DatabaseValueError,
     DefinitionError,
     FlowForgeError,
     InputError,
@@ -30,17 +32,21 @@ from flowforge.errors import (
 
 logger = logging.getLogger(__name__)
 
-#: First match wins: the exit code for each kind of failure.
+#: First match wins: the exit code for each kind of failure. A database that refuses the config
+#: (no such database or role, bad password, not migrated) is a ConfigError: exit 2; only an
+#: outage is exit 7; any other database error is exit 1 with the server's message.
 ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ConfigError, exitcodes.USAGE),
     (DefinitionError, exitcodes.USAGE),
     (InputError, exitcodes.USAGE),
     (InvalidIdError, exitcodes.USAGE),
     (UnknownWorkflowError, exitcodes.USAGE),
+    (DatabaseValueError, exitcodes.USAGE),
     (NotFoundError, exitcodes.NOT_FOUND),
     (NotDeadError, exitcodes.REFUSED),
     (TriggerConflictError, exitcodes.REFUSED),
     (MigrationError, exitcodes.REFUSED),
+    (DatabaseConstraintError, exitcodes.REFUSED),
     (DatabaseUnavailableError, exitcodes.UNAVAILABLE),
     (FlowForgeError, exitcodes.INTERNAL),
 )
@@ -50,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"flowforge: error: {message} (see --help)\n")
+        sys.stderr.write(f"flowforge: error: {output.one_line(message)} (see --help)\n")
         raise SystemExit(exitcodes.USAGE)
 
 
@@ -119,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=commands.dead_show)
     p.add_argument("task_run_id")
     json_flag(p)
+    p.add_argument(
+        "--full", action="store_true", help="print each attempt's whole error and traceback"
+    )
     p = dead.add_parser(
         "requeue", help="send a dead task back to be run (audited)", parents=[common]
     )
@@ -186,8 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
+    return output.one_line(str(exc)) or type(exc).__name__
 
 
 def entry_point() -> NoReturn:

@@ -18,9 +18,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from flowforge.domain.policy import Jitter, RetryPolicy
-from flowforge.errors import TRANSIENT_ERRORS
+from flowforge.errors import TRANSIENT_ERRORS, DatabaseConfigError, FlowForgeError
 
 logger = logging.getLogger(__name__)
+
+#: What a role survives by backing off; a DatabaseConfigError only once it has started.
+_SURVIVABLE: tuple[type[FlowForgeError], ...] = (*TRANSIENT_ERRORS, DatabaseConfigError)
 
 #: Reconnection backoff: 0.5 s doubling to 30 s, equal jitter (never a zero wait).
 #: Longest stretch without calling ``beat`` while backing off (seconds).
@@ -59,27 +62,40 @@ def run_role(
 
     ``beat`` is called at least every :data:`BEAT_INTERVAL_S` while the role is healthy or
     backing off (a supervisor's liveness check); ``ready`` after each successful initialize.
+
+    A :class:`DatabaseConfigError` (no such database, authentication failed, not migrated)
+    before the first successful initialize propagates: the role fails to boot, so a wrong URL
+    stops ``flowforge up`` at once. Once the role has run, the same configuration worked, so
+    the server changed (a restore, a password rotation): it is logged as an error on every
+    attempt and retried like an outage, and the role resumes when the server is fixed.
     """
     failures = 0
+    started = False
     try:
         while not stop.is_set():
             try:
                 role.initialize()
+                started = True
                 ready()
                 if failures:
                     logger.info("%s recovered", role.title, extra={"action": "recovered"})
                     failures = 0
                 role.loop(stop, beat)
                 return
-            except TRANSIENT_ERRORS as exc:
+            except _SURVIVABLE as exc:
+                refused = isinstance(exc, DatabaseConfigError)
+                if refused and not started:
+                    raise
                 failures += 1
                 delay = backoff.delay(failures, rand)
-                logger.warning(
-                    "%s lost a connection (%s); reconnecting in %.1fs",
+                logger.log(
+                    logging.ERROR if refused else logging.WARNING,
+                    "%s %s (%s); reconnecting in %.1fs",
                     role.title,
+                    "cannot use the database" if refused else "lost a connection",
                     exc,
                     delay,
-                    extra={"action": "reconnecting"},
+                    extra={"action": "database_refused" if refused else "reconnecting"},
                 )
                 role.reset()
                 on_reconnect()

@@ -14,12 +14,19 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from flowforge.config import DatabaseConfig
-from flowforge.errors import DatabaseUnavailableError, StoreError, TransactionConflictError
+from flowforge.errors import (
+    DatabaseUnavailableError,
+    FlowForgeError,
+    StoreError,
+    TransactionConflictError,
+)
+from flowforge.store.pgerrors import check_url, translate, translate_errors
+
+__all__ = ["Database", "connect_once", "session_options", "translate_errors"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,32 +46,13 @@ def session_options(config: DatabaseConfig) -> str:
 
 
 @contextmanager
-def translate_errors() -> Iterator[None]:
-    """Translate psycopg's errors into FlowForge's at the storage boundary.
-
-    Connection-level failures become :class:`DatabaseUnavailableError` (transient); a deadlock
-    or serialization failure becomes :class:`TransactionConflictError` (try again); anything
-    else from the server is a :class:`StoreError`.
-    """
-    try:
-        yield
-    except pg_errors.TransactionRollback as exc:
-        raise TransactionConflictError(_first_line(exc)) from exc
-    except pg_errors.QueryCanceled as exc:
-        raise StoreError(f"statement cancelled: {_first_line(exc)}") from exc
-    except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
-        raise DatabaseUnavailableError(f"database unavailable: {_first_line(exc)}") from exc
-    except psycopg.Error as exc:
-        raise StoreError(f"database error: {_first_line(exc)}") from exc
-
-
-@contextmanager
 def connect_once(url: str, connect_timeout_s: float = 5.0) -> Iterator[psycopg.Connection[Any]]:
     """A single autocommit connection for one-off work (migrations, CLI checks)."""
-    with translate_errors():
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(connect_timeout_s)))
+    check_url(url)
+    with translate_errors(url):
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=_timeout(connect_timeout_s))
     try:
-        with translate_errors():
+        with translate_errors(url):
             yield conn
     finally:
         conn.close()
@@ -86,6 +74,7 @@ class Database:
         """Create the pool. Call after fork: a pool never crosses a process boundary."""
         if self._pool is not None:
             return
+        check_url(self._config.url)
         self._pool = ConnectionPool(
             self._config.url,
             min_size=self._config.pool_min,
@@ -97,7 +86,7 @@ class Database:
                 "row_factory": dict_row,
                 "application_name": self._application_name,
                 "options": session_options(self._config),
-                "connect_timeout": max(1, int(self._config.connect_timeout_s)),
+                "connect_timeout": _timeout(self._config.connect_timeout_s),
                 # never server-side prepared: a prepared statement soon runs a generic plan
                 # made once, and one made while a table was small (a fresh install, a burst
                 # after a quiet spell) scanned the whole table per row of a 10,000-task
@@ -132,7 +121,7 @@ class Database:
         if self._pool is None:
             raise StoreError("database pool is not open")
         with (
-            translate_errors(),
+            translate_errors(self._config.url, self._diagnose),
             self._pool.connection() as conn,
             conn.transaction(),
             conn.cursor() as cur,
@@ -155,8 +144,32 @@ class Database:
     def _statement(self) -> Iterator[Cursor]:
         if self._pool is None:
             raise StoreError("database pool is not open")
-        with translate_errors(), self._pool.connection() as conn, conn.cursor() as cur:
+        with (
+            translate_errors(self._config.url, self._diagnose),
+            self._pool.connection() as conn,
+            conn.cursor() as cur,
+        ):
             yield cur
+
+    def _diagnose(self) -> FlowForgeError:
+        """Why the pool gave no connection in time: psycopg_pool's ``PoolTimeout`` hides it.
+
+        One direct attempt with the pool's URL names the cause (refused, no such database,
+        authentication failed, ...). If that attempt succeeds, the server is fine and every
+        pooled connection stayed busy for the whole wait.
+        """
+        try:
+            psycopg.connect(
+                self._config.url,
+                connect_timeout=_timeout(self._config.connect_timeout_s),
+                application_name=self._application_name,
+            ).close()
+        except (psycopg.Error, UnicodeEncodeError) as exc:
+            return translate(exc, self._config.url)
+        return DatabaseUnavailableError(
+            f"database busy: all {self._config.pool_max} pooled connection(s) stayed in use "
+            f"for {self._config.connect_timeout_s:g} s"
+        )
 
     def run(self, work: Callable[..., T], *args: Any) -> T:
         """Run ``work(cursor, *args)`` in a transaction, retrying deadlocks/serialization."""
@@ -174,6 +187,6 @@ class Database:
         raise AssertionError("unreachable")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _timeout(seconds: float) -> int:
+    """libpq's ``connect_timeout``: whole seconds, at least 1."""
+    return max(1, int(seconds))

@@ -15,8 +15,9 @@ from importlib import resources
 
 import psycopg
 
-from flowforge.errors import MigrationError
+from flowforge.errors import DatabaseConfigError, DatabaseUnavailableError, MigrationError
 from flowforge.store.db import connect_once
+from flowforge.store.pgerrors import translate
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +86,21 @@ def _apply_pending(
     for migration in migrations:
         if migration.version in applied:
             continue
-        with conn.transaction():
-            conn.execute(migration.sql.encode())
-            conn.execute(
-                "INSERT INTO flowforge_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                (migration.version, migration.name, migration.checksum),
-            )
+        try:
+            with conn.transaction():
+                conn.execute(migration.sql.encode())
+                conn.execute(
+                    "INSERT INTO flowforge_migrations (version, name, checksum) "
+                    "VALUES (%s, %s, %s)",
+                    (migration.version, migration.name, migration.checksum),
+                )
+        except psycopg.Error as exc:  # say which migration failed (an outage stays an outage)
+            error = translate(exc)
+            if isinstance(error, DatabaseUnavailableError | DatabaseConfigError):
+                raise error from exc
+            raise MigrationError(
+                f"migration {migration.version:04d}_{migration.name} failed: {error}"
+            ) from exc
         logger.info(
             "applied migration %04d_%s",
             migration.version,

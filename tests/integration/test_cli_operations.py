@@ -487,9 +487,22 @@ BAD_WORKFLOWS = {
 }
 
 
+@pytest.fixture
+def handler_config(tmp_path: Path) -> Path:
+    """A config whose handler module (next to it) registers the handler ``x``."""
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    (folder / "ff_validate_handlers.py").write_text(
+        "from flowforge import task\n\n\n@task('x')\ndef x(ctx):\n    return None\n"
+    )
+    path = folder / "flowforge.yaml"
+    path.write_text("handlers: [ff_validate_handlers]\nworkflows: []\n")
+    return path
+
+
 @pytest.mark.parametrize("kind", sorted(BAD_WORKFLOWS))
 def test_workflows_validate_a_bad_file_gives_one_line_and_exit_2(
-    tmp_path: Path, config: Path, kind: str
+    tmp_path: Path, handler_config: Path, kind: str
 ) -> None:
     text, fragment = BAD_WORKFLOWS[kind]
     path = tmp_path / f"{kind}.yaml"
@@ -499,12 +512,15 @@ def test_workflows_validate_a_bad_file_gives_one_line_and_exit_2(
         good = tmp_path / "good.yaml"
         good.write_text("name: good\ntasks:\n  - name: a\n    handler: x\n")
         paths.insert(0, good)
-    result = flowforge("workflows", "validate", *map(str, paths), url=None, config=config)
+    result = flowforge("workflows", "validate", *map(str, paths), url=None, config=handler_config)
     assert_operator_error(result, exitcodes.USAGE, fragment)
     assert str(path) in result.stderr
 
 
-def test_workflows_validate_good_files_and_a_missing_one(tmp_path: Path, config: Path) -> None:
+def test_workflows_validate_good_files_and_a_missing_one(
+    tmp_path: Path, handler_config: Path
+) -> None:
+    config = handler_config
     folder = tmp_path / "workflows"
     folder.mkdir()
     for name in ("one", "two"):
@@ -533,3 +549,147 @@ def test_trigger_input_the_database_cannot_store_is_a_usage_error(
     result = flowforge("trigger", "hello", "--input", text, url=clean_database_url, config=example)
     assert_operator_error(result, exitcodes.USAGE, "input")
     assert sql.execute("SELECT count(*) FROM workflow_runs").fetchone() == (0,)
+
+
+# ------------------------------------------------------------------ every validation error
+
+MANY_PROBLEMS = """\
+name: many
+tasks:
+  - name: a
+    handler: x
+    timeout: soon
+  - name: b
+    handler: not.registered
+    retries: 3
+  - name: c
+    handler: x
+    handler: x
+"""
+
+
+def test_workflows_validate_reports_every_problem_one_line_each(
+    tmp_path: Path, handler_config: Path
+) -> None:
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    many = folder / "a-many.yaml"
+    many.write_text(MANY_PROBLEMS)
+    broken = folder / "b-broken.yaml"
+    broken.write_text("name: broken\ntasks: [\n")
+    (folder / "c-good.yaml").write_text("name: good\ntasks:\n  - {name: a, handler: x}\n")
+    result = flowforge("workflows", "validate", str(folder), url=None, config=handler_config)
+    assert result.returncode == exitcodes.USAGE and result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"flowforge: {many}:5: tasks[0].timeout: expected a number, got a string",
+        f"flowforge: {many}:7: tasks[1].handler: no configured handler module registers "
+        "'not.registered'",
+        f"flowforge: {many}:8: tasks[1].retries: unknown key",
+        f"flowforge: {many}:11: duplicate key 'handler' (first at line 10)",
+        f"flowforge: {broken}:3:1: not valid YAML: expected the node content, but found "
+        "'<stream end>' (while parsing a flow node)",
+    ]
+
+
+def test_workflows_validate_checks_handlers_against_the_configured_modules(
+    tmp_path: Path, handler_config: Path, config: Path
+) -> None:
+    path = tmp_path / "wf.yaml"
+    path.write_text("name: w\ntasks:\n  - {name: a, handler: x}\n")
+    ok(flowforge("workflows", "validate", str(path), url=None, config=handler_config))
+    # the same file with a config that imports no handler module: nothing could run it
+    result = flowforge("workflows", "validate", str(path), url=None, config=config)
+    assert_operator_error(result, exitcodes.USAGE, "no configured handler module registers 'x'")
+    broken = handler_config.with_name("broken.yaml")
+    broken.write_text("handlers: [ff_no_such_module]\n")
+    result = flowforge("workflows", "validate", str(path), url=None, config=broken)
+    assert_operator_error(result, exitcodes.USAGE, "cannot import 'ff_no_such_module'")
+
+
+# ------------------------------------------------------------------ stored text on a terminal
+
+#: An error a handler could raise: terminal escapes (colour, clear screen, window title, the
+#: one-byte C1 CSI), a carriage return that would overwrite the line, DEL, a bidi override.
+HOSTILE_FIRST_LINE = (
+    "\x1b[31mred\x1b[0m \x1b[2J\x1b]0;pwned\x07 \x9b1A \rforged\x7f \u202eeman "
+    + "long " * 20
+    + "end-of-first-line"
+)
+HOSTILE_ERROR = HOSTILE_FIRST_LINE + "\nsecond line\n\x1b[1mthird\x1b[0m"
+TRACEBACK = 'Traceback (most recent call last):\n  File "h.py", line 3, in h\nValueError: \x1b[5mx'
+
+
+def dead_with_hostile_error(repo: Repository, sql: Sql) -> UUID:
+    task_id = start(repo, PERMANENT, {"hostile": 1})
+    claim = claim_task(repo, sql, task_id)
+    assert repo.finish(
+        task_id,
+        claim.fencing_token,
+        TaskState.FAILED,
+        reason=FailureReason.PERMANENT_ERROR,
+        error=HOSTILE_ERROR,
+        traceback=TRACEBACK,
+    )
+    drain(repo)
+    assert repo.get_task(task_id).state is TaskState.DEAD
+    return task_id
+
+
+def assert_terminal_safe(text: str) -> None:
+    unsafe = [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+    assert not unsafe, unsafe
+    assert "\u202e" not in text
+
+
+def test_dead_show_prints_the_whole_first_line_and_full_prints_everything_escaped(
+    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+) -> None:
+    task_id = str(dead_with_hostile_error(repo, sql))
+    shown = ok(flowforge("dead", "show", task_id, url=clean_database_url, config=config))
+    assert_terminal_safe(shown)
+    escaped = (
+        "\\x1b[31mred\\x1b[0m \\x1b[2J\\x1b]0;pwned\\x07 \\x9b1A \\rforged\\x7f \\u202eeman "
+        + "long " * 20
+        + "end-of-first-line"
+    )
+    assert shown.splitlines()[-1].endswith(escaped)  # the whole first line, not 60 characters
+    assert "second line" not in shown
+    full = ok(flowforge("dead", "show", task_id, "--full", url=clean_database_url, config=config))
+    assert_terminal_safe(full)
+    assert full.startswith(shown)
+    assert full[len(shown) :].splitlines() == [
+        "",
+        "attempt 1 error:",
+        "  " + escaped,
+        "  second line",
+        "  \\x1b[1mthird\\x1b[0m",
+        "",
+        "attempt 1 traceback:",
+        "  Traceback (most recent call last):",
+        '    File "h.py", line 3, in h',
+        "  ValueError: \\x1b[5mx",
+    ]
+    # JSON stays raw JSON: the exact text, escaped by JSON itself
+    data = ok_json(
+        flowforge("dead", "show", task_id, "--json", url=clean_database_url, config=config)
+    )
+    assert data["attempts"][0]["error"] == HOSTILE_ERROR
+
+
+def test_every_table_and_message_escapes_stored_text(
+    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+) -> None:
+    task_id = dead_with_hostile_error(repo, sql)
+    for args in (
+        ("dead", "list"),
+        ("stats",),
+        ("runs",),
+        ("status", str(repo.get_task(task_id).run_id)),
+    ):
+        assert_terminal_safe(ok(flowforge(*args, url=clean_database_url, config=config)))
+    # an error message built from what the operator typed is escaped too
+    result = flowforge("trigger", "no-such-\x1b[2J-workflow", url=clean_database_url, config=config)
+    assert result.returncode == exitcodes.USAGE
+    assert_terminal_safe(result.stderr)
+    assert "\\x1b[2J" in result.stderr

@@ -162,8 +162,26 @@ def test_nan_lease_is_refused(tmp_path: Path) -> None:
 
 
 def test_invalid_yaml_is_one_line_with_its_line_number(tmp_path: Path) -> None:
-    message = config_error(tmp_path / "c.yaml", "database:\n  url: [unclosed\nbroker: {}\n")
-    assert "not valid YAML" in message and "(line " in message
+    path = tmp_path / "c.yaml"
+    message = config_error(path, "database:\n  url: [unclosed\nbroker: {}\n")
+    # the position and the parser's own reason
+    assert message.startswith(f"{path}:3:7: not valid YAML: ") and "expected ','" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "key"),
+    [
+        ("database:\n  url: a\ndatabase:\n  url: b\n", ":3:", "database"),
+        ("database:\n  url: a\n  url: b\n", ":3:", "url"),
+        ("broker:\n  url: [a, b]\n  queue: q\n  queue: r\n", ":4:", "queue"),
+    ],
+)
+def test_a_duplicate_key_is_refused_with_its_line(
+    tmp_path: Path, text: str, where: str, key: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    message = config_error(path, text)
+    assert message.startswith(f"{path}{where} duplicate key {key!r} (first at line ")
 
 
 def test_missing_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
@@ -267,8 +285,7 @@ def test_redact_url_never_contains_the_password(url: str) -> None:
 
 
 def test_redact_url_hides_password_given_as_query_parameter() -> None:
-    # BUG: libpq URIs accept `?password=...`; redact_url only looks at the userinfo part,
-    # so this password is returned verbatim.
+    # libpq URIs accept `?password=...`: a query parameter carries a secret too
     assert "s3cret" not in redact_url("postgresql://ff@db/flowforge?password=s3cret")
 
 

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 import yaml
 
-from flowforge.definitions import load_file, load_paths, workflow_from_mapping
+from flowforge.definitions import (
+    check_file,
+    check_paths,
+    load_file,
+    load_paths,
+    workflow_from_mapping,
+)
 from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.errors import DefinitionError
@@ -169,12 +175,13 @@ def test_load_file_reports_invalid_yaml_with_path_and_line(tmp_path: Path) -> No
     path = write(tmp_path, "bad.yaml", "name: x\ntasks: [unclosed\n")
     with pytest.raises(DefinitionError) as info:
         load_file(path)
-    assert str(path) in str(info.value) and "(line " in str(info.value)
+    # the parser's reason and position, not just "not valid YAML"
+    assert str(info.value).startswith(f"{path}:3:1: not valid YAML: expected ',' or ']'")
 
 
 def test_load_file_errors_name_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, "bad.yaml", simple("w") + "    timeout: zero\n")
-    with pytest.raises(DefinitionError, match=r"bad\.yaml: tasks\[0\]\.timeout"):
+    with pytest.raises(DefinitionError, match=r"bad\.yaml:5: tasks\[0\]\.timeout"):
         load_file(path)
 
 
@@ -208,3 +215,65 @@ def test_load_paths_refuses_missing_path(tmp_path: Path) -> None:
 
 def test_load_paths_of_empty_folder_is_empty(tmp_path: Path) -> None:
     assert load_paths([tmp_path]) == {}
+
+
+# ------------------------------------------------------------------ every problem, with its line
+
+MANY_PROBLEMS = """\
+name: many
+tasks:
+  - name: a
+    handler: h.a
+    timeout: soon
+  - name: b
+    handler: h.unknown
+    retry: {max_attempts: 0.5, jitter: some}
+    retries: 3
+  - name: c
+    handler: h.c
+    handler: h.c2
+"""
+
+
+def test_check_file_reports_every_problem_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "many.yaml", MANY_PROBLEMS)
+    workflow, problems = check_file(path, handlers={"h.a", "h.c", "h.c2"})
+    assert workflow is None
+    assert problems == [
+        f"{path}:5: tasks[0].timeout: expected a number, got a string",
+        f"{path}:7: tasks[1].handler: no configured handler module registers 'h.unknown'",
+        f"{path}:8: tasks[1].retry.max_attempts: expected an integer, got float",
+        f"{path}:8: tasks[1].retry.jitter: must be one of full, equal, none, got 'some'",
+        f"{path}:9: tasks[1].retries: unknown key",
+        f"{path}:12: duplicate key 'handler' (first at line 11)",
+    ]
+
+
+def test_a_duplicate_key_is_refused_even_when_the_rest_is_valid(tmp_path: Path) -> None:
+    path = write(tmp_path, "dup.yaml", simple("w") + "name: w2\n")
+    with pytest.raises(DefinitionError, match=r"dup\.yaml:5: duplicate key 'name' \(first at"):
+        load_file(path)
+
+
+def test_handler_names_are_checked_only_when_handlers_are_given(tmp_path: Path) -> None:
+    path = write(tmp_path, "w.yaml", simple("w"))
+    assert check_file(path)[1] == []
+    assert check_file(path, handlers={"h.a"})[1] == []
+    assert check_file(path, handlers=set())[1] == [
+        f"{path}:4: tasks[0].handler: no configured handler module registers 'h.a'"
+    ]
+
+
+def test_check_paths_goes_on_past_a_bad_file(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", "name: [\n")
+    write(tmp_path, "b.yaml", simple("good"))
+    write(tmp_path, "c.yaml", simple("good"))
+    missing = tmp_path / "missing.yaml"
+    found, problems = check_paths([tmp_path, missing])
+    assert list(found) == ["good"]
+    assert [p.split(": ", 1)[0] for p in problems] == [
+        f"{tmp_path / 'a.yaml'}:2:1",
+        f"{tmp_path / 'c.yaml'}",
+        f"{missing}",
+    ]
+    assert "already defined in" in problems[1] and "no such workflow" in problems[2]

@@ -1,0 +1,185 @@
+"""psycopg's errors translated into FlowForge's, saying truly what went wrong.
+
+Only an outage — the server cannot be reached, refuses connections for now, restarts — is a
+:class:`DatabaseUnavailableError` (roles back off, HTTP 503, exit 7). A connection PostgreSQL
+refuses for a reason retrying cannot fix (no such database or role, failed authentication, no
+``pg_hba.conf`` entry, no privilege) is a :class:`DatabaseConfigError`; a missing table or
+column is a :class:`DatabaseNotMigratedError`; a refused value (SQLSTATE class 22, 54) is a
+:class:`DatabaseValueError`; a broken constraint (class 23) a :class:`DatabaseConstraintError`;
+a deadlock or serialization failure a :class:`TransactionConflictError`; anything else a plain
+:class:`StoreError` carrying the server's first line.
+
+libpq gives no SQLSTATE for a failed connection attempt, only its message (``connection to
+server at "h", port p failed: FATAL:  database "x" does not exist``): those are classified by
+the server's reason, which names the problem in a stable form. An unrecognised reason counts as
+an outage, so a role keeps retrying rather than giving up on something that may pass.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import PoolTimeout
+
+from flowforge.errors import (
+    DatabaseConfigError,
+    DatabaseConstraintError,
+    DatabaseNotMigratedError,
+    DatabaseUnavailableError,
+    DatabaseValueError,
+    FlowForgeError,
+    StoreError,
+    TransactionConflictError,
+)
+
+#: ``connection to server at "h" (addr), port p failed: REASON`` or ``... on socket "s" failed``.
+_ATTEMPT = re.compile(
+    r'connection to server (?:at "(?P<host>[^"]*)"(?: \([^)]*\))?, port (?P<port>\d+)'
+    r'|on socket "(?P<socket>[^"]*)") failed: (?P<reason>[^\n]*)'
+)
+_SEVERITY = re.compile(r"^(?:FATAL|ERROR):\s+")
+#: Reasons a server gives when it refuses *this* configuration (retrying cannot help).
+_CONFIG_REASON = re.compile(
+    r"does not exist|authentication failed|no password supplied|password is required"
+    r"|no pg_hba\.conf entry|permission denied|does not support SSL|certificate",
+    re.IGNORECASE,
+)
+#: SQLSTATEs of a connection-level trouble: class 08, 53 (too many clients, disk full, out of
+#: memory), 57P01-57P05 (shut down, crashed, starting up, ...).
+_OUTAGE_STATES = re.compile(r"^(08|53|57P0\d)")
+_NOT_MIGRATED_STATES = frozenset({"42P01", "42703"})  # undefined table, undefined column
+_CONFIG_STATES = re.compile(r"^(28|3D000|42501)")  # authorization, no database, no privilege
+
+
+def check_url(url: str) -> None:
+    """Raise :class:`DatabaseConfigError` if libpq cannot parse ``url``, without echoing it.
+
+    libpq's own message quotes the fragment it choked on (``invalid percent-encoded token:
+    "hunt%zz"``), which may be part of the password; a pool would log it on every attempt.
+    """
+    try:
+        conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        reason = re.sub(r'"[^"]*"', '"..."', _first_line(exc))
+        raise DatabaseConfigError(
+            f"database.url is not a valid PostgreSQL URL or connection string ({reason})"
+        ) from None
+
+
+def translate(exc: BaseException, url: str | None = None) -> FlowForgeError:
+    """The FlowForge error that says what ``exc`` (from psycopg) means; ``url`` names the target.
+
+    ``url`` is only used to name the server and the database in the message (never a password).
+    """
+    state = getattr(exc, "sqlstate", None) or ""
+    if isinstance(exc, UnicodeEncodeError):  # a lone surrogate psycopg could not encode
+        return DatabaseValueError(f"value refused: a string is not valid Unicode ({exc.reason})")
+    # by SQLSTATE class: psycopg's DeadlockDetected and SerializationFailure do not derive from
+    # its TransactionRollback (class 40), so an isinstance test misses them
+    if state.startswith("40") or isinstance(exc, pg_errors.TransactionRollback):
+        return TransactionConflictError(_first_line(exc))
+    if state in _NOT_MIGRATED_STATES:
+        return DatabaseNotMigratedError(
+            f"database {_dbname(url)} is not migrated ({_server_message(exc)}): "
+            "run `flowforge migrate`"
+        )
+    if state.startswith(("22", "54")) or (isinstance(exc, psycopg.DataError) and not state):
+        return DatabaseValueError(f"value refused by the database: {_server_message(exc)}")
+    if state.startswith("23"):
+        return DatabaseConstraintError(f"constraint violated: {_server_message(exc)}")
+    if _CONFIG_STATES.match(state):
+        return DatabaseConfigError(f"cannot use the database {_dbname(url)}: {_first_line(exc)}")
+    if _OUTAGE_STATES.match(state) or (
+        not state and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    ):
+        return connection_failure(str(exc), url)
+    if isinstance(exc, pg_errors.QueryCanceled):
+        return StoreError(f"statement cancelled: {_first_line(exc)}")
+    return StoreError(f"database error: {_first_line(exc)}")
+
+
+def connection_failure(message: str, url: str | None = None) -> FlowForgeError:
+    """Classify a failed connection (or a connection lost) from libpq's message."""
+    text = re.sub(r"^(?:connection failed|connection is bad): ", "", message.strip())
+    match = _ATTEMPT.search(text)
+    if match:
+        where = match["socket"] or f"{match['host']}:{match['port']}"
+        reason = _SEVERITY.sub("", match["reason"].strip())
+    else:
+        where, reason = _target(url), _SEVERITY.sub("", text.splitlines()[0] if text else "")
+    at = f" at {where}" if where else ""
+    if _CONFIG_REASON.search(reason):
+        return DatabaseConfigError(f"cannot use the database{at}: {reason}")
+    lower = reason.lower()
+    if "connection refused" in lower:
+        said = f"connection refused by {where or 'the server'}"
+    elif "timeout expired" in lower:
+        said = f"no answer from {where or 'the server'} (connection timeout expired)"
+    elif "resolve host" in lower or "translate host name" in lower:
+        said = reason
+    else:
+        said = f"{reason or 'connection lost'}" + (f" ({where})" if where else "")
+    return DatabaseUnavailableError(f"database unavailable: {said}")
+
+
+@contextmanager
+def translate_errors(
+    url: str | None = None, diagnose: Callable[[], FlowForgeError] | None = None
+) -> Iterator[None]:
+    """Translate psycopg's errors raised inside the block (see :func:`translate`).
+
+    A pool's :class:`PoolTimeout` hides why it has no connection; ``diagnose`` (the pool's
+    owner) finds the real cause.
+    """
+    try:
+        yield
+    except PoolTimeout as exc:
+        if diagnose is None:
+            raise DatabaseUnavailableError(f"database unavailable: {_first_line(exc)}") from exc
+        raise diagnose() from exc
+    except (psycopg.Error, UnicodeEncodeError) as exc:
+        raise translate(exc, url) from exc
+
+
+def _server_message(exc: BaseException) -> str:
+    """The server's primary message and its detail (not the query text, nor its context)."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    if not primary:
+        return _first_line(exc)
+    detail = getattr(diag, "message_detail", None)
+    return f"{primary} ({detail.rstrip('.')})" if detail else str(primary)
+
+
+def _conninfo(url: str | None) -> Mapping[str, object]:
+    if not url:
+        return {}
+    try:
+        return conninfo_to_dict(url)
+    except psycopg.Error:
+        return {}
+
+
+def _dbname(url: str | None) -> str:
+    info = _conninfo(url)
+    name = info.get("dbname") or info.get("user")
+    return f'"{name}"' if name else "(unnamed)"
+
+
+def _target(url: str | None) -> str | None:
+    """``host:port`` of ``url`` (libpq's defaults filled in), or None without a URL."""
+    if not url:
+        return None
+    info = _conninfo(url)
+    host = str(info.get("host") or "localhost")
+    return f"{host}:{info.get('port') or 5432}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
