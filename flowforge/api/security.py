@@ -13,6 +13,7 @@ import falcon
 
 from flowforge.api.errors import json_error
 from flowforge.config import ReadAccess
+from flowforge.text import escape
 
 access_log = logging.getLogger("flowforge.api.access")
 
@@ -68,7 +69,7 @@ class HostCheck:
         host = req.get_header("Host")
         if host is None or req.path in HOST_EXEMPT_PATHS or self.allows(host):
             return
-        raise json_error(MISDIRECTED, f'host "{printable(host[:100])}" is not served here')
+        raise json_error(MISDIRECTED, f'host "{escape(host[:100])}" is not served here')
 
 
 class TokenAuth:
@@ -121,7 +122,7 @@ class AccessLog:
         status = resp.status_code
         if req.method in SAFE_METHODS and status not in (401, 403):
             return
-        method, path, client = printable(req.method), printable(req.path), req.remote_addr
+        method, path, client = escape(req.method), escape(req.path), req.remote_addr
         access_log.info(
             "%s %s %d from %s",
             method,
@@ -136,16 +137,6 @@ class AccessLog:
                 "client": client,
             },
         )
-
-
-def printable(text: str) -> str:
-    """``text`` as one unambiguous line: every character that is not printable (controls,
-    newlines, terminal escapes, format characters such as bidi overrides, line separators) in
-    its Python escape form (``\\n``, ``\\x1b``, ``\\u202e``), and ``\\`` doubled."""
-    return "".join(
-        c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii")
-        for c in text
-    )
 
 
 class CsrfGuard:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from flowforge.text import escape
 from flowforge.views import attempt_dict, dumps, run_dict, task_dict, to_dict
 
 __all__ = [
@@ -29,17 +30,6 @@ __all__ = [
     "task_dict",
     "to_dict",
 ]
-
-
-def escape(text: str) -> str:
-    """``text`` with every non-printable character — C0 and C1 controls (ESC starts every
-    escape sequence; CSI is also the single C1 character U+009B), DEL, line and paragraph
-    separators, format characters such as bidi overrides, lone surrogates — written as a Python
-    escape (``\\x1b``, ``\\n``, ``\\u202e``): one line, nothing a terminal would act on. Printable
-    text, spaces included, is unchanged."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def one_line(text: str) -> str:

@@ -113,18 +113,18 @@ def _purge_all(repo: Repository, args: argparse.Namespace, age_s: float) -> tupl
 def _print_report(args: argparse.Namespace, report: dict[str, Any], total: DeadPurge) -> None:
     scope = f" of workflow {args.workflow!r}" if args.workflow else ""
     verb = "dry run: would purge" if args.dry_run else "purged"
-    print(
+    output.line(
         f"{verb} {report['dead_tasks']} dead task(s){scope} older than {args.older_than} "
         f"in {report['runs']} run(s) ({report['tasks']} task run(s) in all)"
         + ("" if args.dry_run else f", {report['batches']} batch(es)")
     )
     released = "would release" if args.dry_run else "released"
-    print(
+    output.line(
         f"{released} {report['streams_released']} ordering stream(s) held by on_dead: block "
         "(their next tasks can now run; --json lists them)"
     )
     if report["kept"]:
-        print(
+        output.line(
             f"kept {report['kept']} dead task(s) as old whose run still has work that can "
             "change: cancel the run, or requeue, first"
         )
@@ -144,4 +144,4 @@ def _print_report(args: argparse.Namespace, report: dict[str, Any], total: DeadP
             ],
         )
         if len(total.shown) < report["dead_tasks"]:
-            print(f"... and {report['dead_tasks'] - len(total.shown)} more")
+            output.line(f"... and {report['dead_tasks'] - len(total.shown)} more")

@@ -20,20 +20,11 @@ from uuid import UUID
 
 from flowforge.domain.model import Claim, Finish, Routed
 from flowforge.domain.states import TaskState
+from flowforge.text import escape
 
 #: Longest first line of an error that a log line carries (characters, before escaping).
 MAX_LOGGED_ERROR_CHARS = 500
 ELLIPSIS = "…"
-
-
-def escape(text: str) -> str:
-    """``text`` with every non-printable character (C0/C1 controls, DEL, line and paragraph
-    separators, format characters such as bidi overrides, lone surrogates) written as a
-    Python escape (``\\x1b``, ``\\n``, ``\\u202e``); printable text, spaces included, is
-    unchanged."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def first_line(text: str | None) -> str:
