@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -16,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flowforge.config import WorkerConfig, load_config
 from flowforge.domain.model import Claim, Finish, Finished
 from flowforge.domain.reasons import RETRYABLE_REASONS, FailureReason
 from flowforge.domain.states import TaskState
@@ -30,6 +33,7 @@ from flowforge.domain.values import (
     to_json,
 )
 from flowforge.errors import (
+    ConfigError,
     DatabaseUnavailableError,
     InputError,
     PermanentError,
@@ -169,8 +173,17 @@ def job(result: Any = None, error: BaseException | None = None, cancelled: bool 
 
 @pytest.mark.parametrize(
     "result",
-    [{"v": math.nan}, {"v": math.inf}, "a\x00b", {"\ud800": 1}, ["\udc00"], {1, 2}, b"x"],
-    ids=["nan", "inf", "nul", "surrogate-key", "surrogate", "set", "bytes"],
+    [
+        {"v": math.nan},
+        {"v": math.inf},
+        "a\x00b",
+        {"\ud800": 1},
+        ["\udc00"],
+        {1, 2},
+        b"x",
+        {"d": Decimal("NaN")},
+    ],
+    ids=["nan", "inf", "nul", "surrogate-key", "surrogate", "set", "bytes", "decimal-nan"],
 )
 def test_an_unstorable_result_fails_the_task_unserializable_and_not_retried(result: Any) -> None:
     finish = classify(job(result), 1024)
@@ -271,3 +284,16 @@ def test_nesting_measured_on_the_text_is_the_values_own(value: Any) -> None:
     assert _nesting(to_json(value, "v").encode()) == depth(value)
     tricky = {'a]]"\\': ["[[", {"}\\\\": ['"]]']}]}
     assert _nesting(to_json(tricky, "v").encode()) == 4
+
+
+def test_worker_max_result_bytes_is_one_mib_by_default_and_must_be_positive(
+    tmp_path: Path,
+) -> None:
+    assert WorkerConfig().max_result_bytes == 1024 * 1024
+    example = Path(__file__).resolve().parents[2] / "config" / "flowforge.example.yaml"
+    assert load_config(example, env={}).worker.max_result_bytes == 1048576
+    for bad in ("0", "-5", "1.5", "lots"):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"worker:\n  max_result_bytes: {bad}\n")
+        with pytest.raises(ConfigError, match=r"worker\.max_result_bytes"):
+            load_config(path, env={})
