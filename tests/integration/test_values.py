@@ -352,3 +352,24 @@ def test_cli_trigger_with_an_unstorable_input_or_key_exits_2_with_one_line(
     result = flowforge("trigger", "hello", *args, url=clean_database_url, config=example)
     assert_operator_error(result, 2, fragment)
     assert count(sql, "workflow_runs") == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("runs", "--workflow", "w\udcff"), "the workflow filter: lone surrogate U+DCFF"),
+        (
+            ("dead", "requeue", str(UUID(int=1)), "--reason", "r\udcfe"),
+            "the requeue reason: lone surrogate U+DCFE",
+        ),
+        (("dead", "requeue", str(UUID(int=1)), "--by", "\udcff"), "requested_by: lone surrogate"),
+    ],
+    ids=["runs-filter", "requeue-reason", "requeue-by"],
+)
+def test_cli_text_that_is_not_utf8_is_refused_with_exit_2_not_a_database_error(
+    clean_database_url: str, args: tuple[str, ...], fragment: str
+) -> None:
+    """Bytes that are not UTF-8 reach Python's argv as lone surrogates (surrogateescape)."""
+    example = REPO / "config" / "flowforge.example.yaml"
+    result = flowforge(*args, url=clean_database_url, config=example)
+    assert_operator_error(result, 2, fragment)
