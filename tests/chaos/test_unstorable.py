@@ -114,6 +114,18 @@ def test_unstorable_values_beside_normal_runs_keep_every_process_and_run_each_ta
             wrong[f"{kind} {task}"] = (state, reason, attempt, executions[task], error[:120])
     assert not wrong, f"tasks that did not end as expected, executed once: {wrong}"
 
+    # started_at is the claim statement's now(): bad and normal tasks were claimed together,
+    # so they were finished together too (one statement per batch)
+    claimed = {
+        UUID(str(t)): s
+        for t, s in sql.execute(
+            "SELECT id, started_at FROM task_runs WHERE run_id = ANY(%s)", (run_ids,)
+        ).fetchall()
+    }
+    bad_batches = {claimed[by_run[r]] for r, kind in kinds.items() if kind != "ok"}
+    normal_batches = {claimed[by_run[r]] for r, kind in kinds.items() if kind == "ok"}
+    assert bad_batches & normal_batches, "no bad task shared a batch with a normal one"
+
     errors = [rows[by_run[r]][3] for r, kind in kinds.items() if kind == "nul_error"]
     assert errors and all(e == "PermanentError: broken \ufffd text \ufffd here" for e in errors)
     # every process of the tree is the one that was there before: nothing exited or restarted
