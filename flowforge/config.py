@@ -212,10 +212,14 @@ class WorkerConfig:
     # LISTEN): it arrives at the next lease renewal, within heartbeat_s.
     listen_for_cancel: bool = True
 
+    # A handler's result larger than this as JSON (bytes) ends its task DEAD result_too_large.
+    max_result_bytes: int = 1024 * 1024
+
     def __post_init__(self) -> None:
         _positive(self.lease_s, "lease_s")
         _positive(self.fast_handler_ms, "fast_handler_ms")
         _positive(self.heartbeat_s, "heartbeat_s")
+        _positive(self.max_result_bytes, "max_result_bytes")
         if self.heartbeat_s >= self.lease_s:
             raise ValueError("heartbeat_s must be shorter than lease_s")
 

@@ -71,6 +71,16 @@ class NotDeadError(RequestError):
     """A requeue was asked for a task run that is not DEAD."""
 
 
+class UnstorableValueError(InputError):
+    """A value PostgreSQL cannot store as given (NaN, ±Infinity, a NUL character, a lone
+    surrogate, nesting or size over a bound, a non-JSON type). The message says what and where
+    (a JSON path such as ``$.items[3].name``). Raised before any SQL runs."""
+
+
+class ValueTooLargeError(UnstorableValueError):
+    """An otherwise storable value whose encoded size is over its bound."""
+
+
 # --- storage -----------------------------------------------------------------------------------
 
 

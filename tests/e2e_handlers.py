@@ -214,3 +214,38 @@ def gate_then_fail(ctx: TaskContext) -> None:
     record(ctx, "e2e.gate_then_fail")
     _wait(ctx, lambda: Path(ctx.input["gate"]).exists())
     raise PermanentError("the gate opened: failing for good")
+
+
+# ------------------------------------------------------------------ values PostgreSQL cannot store
+
+
+def _deep(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+#: What ``e2e.unstorable`` returns, by ``input.kind``: each is refused by PostgreSQL as given.
+UNSTORABLE_RESULTS: dict[str, Any] = {
+    "nan": lambda: {"v": float("nan")},
+    "inf": lambda: {"v": [1, float("-inf")]},
+    "nul": lambda: {"s": "a\x00b"},
+    "surrogate": lambda: {"s": "\ud800"},
+    "surrogate_key": lambda: {"\udfff": 1},
+    "deep": lambda: _deep(500),
+    "big": lambda: {"s": "x" * 100_000},
+}
+
+
+@task("e2e.unstorable")
+def unstorable(ctx: TaskContext) -> Any:
+    """Returns what ``input.kind`` names (see UNSTORABLE_RESULTS); for ``nul_error`` raises an
+    error whose text holds a NUL and a lone surrogate; for ``ok`` returns a normal result."""
+    record(ctx, "e2e.unstorable")
+    kind = ctx.input["kind"]
+    if kind == "ok":
+        return {"i": ctx.input.get("i")}
+    if kind == "nul_error":
+        raise PermanentError("broken \x00 text \ud800 here")
+    return UNSTORABLE_RESULTS[kind]()

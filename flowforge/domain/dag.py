@@ -17,7 +17,8 @@ from enum import StrEnum
 from typing import Any
 
 from flowforge.domain.policy import RetryPolicy
-from flowforge.errors import DefinitionError, InputError
+from flowforge.domain.values import check_text
+from flowforge.errors import DefinitionError, InputError, UnstorableValueError
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 #: Longest per-task time limit accepted (one week), in seconds.
@@ -184,8 +185,11 @@ def check_template(template: str, label: str) -> None:
     """
     try:
         parsed = list(string.Formatter().parse(template))
+        check_text(template, label)  # its literal text reaches PostgreSQL in every key
     except ValueError as exc:
         raise DefinitionError(f"{label}: malformed template {template!r}: {exc}") from exc
+    except UnstorableValueError as exc:
+        raise DefinitionError(str(exc)) from exc
     for _, name, spec, _ in parsed:
         if name is None:
             continue

@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.domain.dag import WorkflowDef, render_key
+from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
 
 TASK_COLUMNS = (
@@ -39,7 +40,7 @@ class RunPlan:
     """Columns for ``insert_runs``, ``insert_tasks`` and ``insert_edges``."""
 
     run_ids: list[UUID] = field(default_factory=list)
-    inputs: list[Mapping[str, Any]] = field(default_factory=list)
+    inputs: list[JsonText] = field(default_factory=list)
     keys: list[str | None] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     tasks: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in TASK_COLUMNS})
@@ -61,27 +62,14 @@ class RunPlan:
         return [u for u, _ in pairs], [d for _, d in pairs]
 
 
-def request_digest(workflow: str, run_input: Mapping[str, Any]) -> str:
-    """What a trigger idempotency key stands for: the workflow and the input."""
-    try:
-        canonical = json.dumps(
-            {"workflow": workflow, "input": run_input}, sort_keys=True, allow_nan=False
-        )
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InputError(f"the run input is not storable JSON: {str(exc)[:200]}") from exc
-    if _has_nul(run_input):  # PostgreSQL's jsonb cannot hold a NUL character
-        raise InputError("the run input is not storable JSON: it contains a NUL character")
+def request_digest(workflow: str, stored: JsonText) -> str:
+    """What a trigger idempotency key stands for: the workflow and the input, as stored.
+
+    Keys are sorted so that the order an input was written in does not matter; read back from
+    its stored text, every key is a string, so keys of mixed types (``{0: 1, "a": 2}``) sort.
+    """
+    canonical = json.dumps({"workflow": workflow, "input": json.loads(stored)}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, Mapping):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False
 
 
 def plan_runs(
@@ -99,11 +87,15 @@ def plan_runs(
         run_input = {} if raw is None else raw
         if not isinstance(run_input, Mapping):
             raise InputError(_where(index, len(inputs)) + "the run input must be a JSON object")
+        where = _where(index, len(inputs))
+        stored = to_json(run_input, f"{where}the run input")
+        if key is not None:
+            key = check_text(key, f"{where}the idempotency key")
         run_id = uuid.uuid4()
         plan.run_ids.append(run_id)
-        plan.inputs.append(run_input)
+        plan.inputs.append(stored)
         plan.keys.append(key)
-        plan.digests.append(request_digest(workflow.name, run_input))
+        plan.digests.append(request_digest(workflow.name, stored))
         ids = {t.name: uuid.uuid4() for t in ordered}
         for task in ordered:
             label = f"{_where(index, len(inputs))}task {task.name!r}"
@@ -131,7 +123,10 @@ def plan_runs(
 
 
 def _render(template: str | None, run_input: Mapping[str, Any], label: str) -> str | None:
-    return None if template is None else render_key(template, run_input, label)
+    """A task's key from its template; refused if PostgreSQL could not store or index it."""
+    if template is None:
+        return None
+    return check_text(render_key(template, run_input, label), label)
 
 
 def _where(index: int, total: int) -> str:

@@ -17,6 +17,7 @@ class FailureReason(StrEnum):
     UNKNOWN_HANDLER = "unknown_handler"
     UNSERIALIZABLE_RESULT = "unserializable_result"
     MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
+    RESULT_TOO_LARGE = "result_too_large"
 
 
 #: Attempt outcomes worth another attempt while the retry budget lasts. The others are

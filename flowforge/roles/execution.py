@@ -10,7 +10,6 @@ worker replaces itself.
 from __future__ import annotations
 
 import collections
-import json
 import threading
 import time
 import traceback
@@ -21,13 +20,10 @@ from typing import Any
 from flowforge.domain.model import Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
-from flowforge.errors import PermanentError
+from flowforge.domain.values import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS, clean_text, to_json
+from flowforge.errors import PermanentError, UnstorableValueError, ValueTooLargeError
 from flowforge.roles.context import TaskContext
 from flowforge.roles.output import attributed
-
-#: Longest error text stored for an attempt (characters).
-MAX_ERROR_CHARS = 4000
-MAX_TRACEBACK_CHARS = 20_000
 
 
 @dataclass
@@ -47,7 +43,7 @@ class Job:
             self.result = self.fn(self.ctx)
         except BaseException as exc:  # a handler's failure is data, whatever it raised
             self.error = exc
-            self.traceback = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]
+            self.traceback = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]  # cleaned by classify
         finally:
             self.done.set()
 
@@ -86,37 +82,56 @@ class HandlerThread:
                 job.run()
 
 
-def classify(job: Job) -> Finish:
-    """The finish for a completed job: failure, cancellation, or success with a JSON result."""
+def classify(job: Job, max_result_bytes: int) -> Finish:
+    """The finish for a completed job: failure, cancellation, or success with a JSON result.
+
+    Whatever the handler returned or raised, the finish holds only what PostgreSQL can store:
+    the result as checked JSON text (:func:`~flowforge.domain.values.to_json`), error text and
+    traceback cleaned. A result it cannot store fails the task with ``unserializable_result``,
+    one over ``max_result_bytes`` with ``result_too_large`` (neither is retried); a cancelled
+    task's unstorable result is dropped.
+    """
     if job.error is not None:
         reason = (
             FailureReason.PERMANENT_ERROR
             if isinstance(job.error, PermanentError)
             else FailureReason.HANDLER_ERROR
         )
-        return Finish(
-            TaskState.FAILED, reason=reason, error=describe(job.error), traceback=job.traceback
-        )
-    if job.ctx.cancelled.is_set():
-        return Finish(TaskState.CANCELLED, result=_jsonable_or_none(job.result))
-    try:
-        json.dumps(job.result)
-    except (TypeError, ValueError) as exc:
+        tb = job.traceback
         return Finish(
             TaskState.FAILED,
-            reason=FailureReason.UNSERIALIZABLE_RESULT,
-            error=f"the handler's result is not JSON-serialisable: {exc}"[:MAX_ERROR_CHARS],
+            reason=reason,
+            error=describe(job.error),
+            traceback=None if tb is None else clean_text(tb, MAX_TRACEBACK_CHARS, keep_end=True),
         )
-    return Finish(TaskState.SUCCEEDED, result=job.result)
+    if job.result is None:
+        result = None
+    else:
+        try:
+            result = to_json(job.result, "the handler's result", max_bytes=max_result_bytes)
+        except UnstorableValueError as exc:
+            if job.ctx.cancelled.is_set():
+                return Finish(TaskState.CANCELLED)
+            too_large = isinstance(exc, ValueTooLargeError)
+            return Finish(
+                TaskState.FAILED,
+                reason=(
+                    FailureReason.RESULT_TOO_LARGE
+                    if too_large
+                    else FailureReason.UNSERIALIZABLE_RESULT
+                ),
+                error=clean_text(str(exc), MAX_ERROR_CHARS),
+            )
+    if job.ctx.cancelled.is_set():
+        return Finish(TaskState.CANCELLED, result=result)
+    return Finish(TaskState.SUCCEEDED, result=result)
 
 
 def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-
-
-def _jsonable_or_none(value: Any) -> Any:
+    """``Type: message``, cleaned for PostgreSQL and cut to MAX_ERROR_CHARS; a ``__str__``
+    that fails does not fail the worker."""
     try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return None
-    return value
+        message = str(exc)
+    except Exception:  # a handler's exception type may be broken in any way
+        message = "<str() of the exception failed>"
+    return clean_text(f"{type(exc).__name__}: {message}", MAX_ERROR_CHARS)

@@ -24,6 +24,10 @@
   renews the leases it holds; a thread LISTENs for cancellations (roles/lease.py).
 * Finishing a batch that cannot reach the database is retried until it commits or the leases
   have lapsed (the reaper then retries the tasks); it is never dropped silently.
+* Results, error text and tracebacks are made storable before any finish (see
+  :func:`~flowforge.roles.execution.classify`). Should PostgreSQL still refuse a batch's finish
+  for a reason that is not an outage, its tasks are finished one by one so that only the
+  culprit fails (:mod:`flowforge.roles.apart`); the worker never exits for it.
 """
 
 from __future__ import annotations
@@ -43,12 +47,13 @@ from uuid import UUID
 from flowforge.broker.consume import Consumer, Delivery
 from flowforge.broker.messages import MessageError, decode
 from flowforge.config import Config
-from flowforge.domain.model import Claim, ClaimOutcome, Continuation, Finish
+from flowforge.domain.model import Claim, ClaimOutcome, Continuation, Finish, Finished
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError
 from flowforge.handlers import collect
 from flowforge.roles import tasklog
+from flowforge.roles.apart import finish_apart, refused
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import HandlerThread, Job, classify
 from flowforge.roles.lease import CancelWatch, Leases
@@ -326,7 +331,7 @@ class Worker:
         self._telemetry.task_duration.labels(handler=task.claim.handler).observe(
             time.monotonic() - job.started
         )
-        self._outcomes.append((task.claim, classify(job)))
+        self._outcomes.append((task.claim, classify(job, self._config.worker.max_result_bytes)))
         return fast
 
     def _slow_budget(self) -> float:
@@ -397,16 +402,34 @@ class Worker:
         if not outcomes:
             return
         batch = [(c.task_run_id, c.fencing_token, f) for c, f in outcomes]
+        try:
+            finished = self._commit(batch, continue_here)
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            finished = finish_apart(outcomes, self._commit)
+        if finished is None:
+            return
+        self._leases.drop([c.task_run_id for c, _ in outcomes])
+        claimed = {claim.task_run_id for claim in finished.claimed}
+        self._claimed_next.extend(finished.claimed)
+        self._continuations.extend(pair for pair in finished.ready if pair[0] not in claimed)
+        self.tasks_done += len(outcomes)
+        for claim, finish in outcomes:
+            self._count(claim, finish, claim.task_run_id in finished.committed)
+
+    def _commit(
+        self, batch: Sequence[tuple[UUID, int, Finish]], continue_here: bool = False
+    ) -> Finished | None:
+        """Finish ``batch`` in one statement, retried while the database is away; None once
+        the leases have lapsed meanwhile (given up: the reaper retries the tasks)."""
         failures = 0
         while True:
             # decided per attempt: serving the broker between retries may have found it broken
-            then = self._continuation(len(outcomes)) if continue_here else None
+            then = self._continuation(len(batch)) if continue_here else None
             try:
                 # only what one window can take comes back; the rest go out as messages
-                finished = self._repo.finish_many(
-                    batch, offer=self._config.broker.prefetch, then=then
-                )
-                break
+                return self._repo.finish_many(batch, offer=self._config.broker.prefetch, then=then)
             except DatabaseUnavailableError as exc:
                 failures += 1
                 if self._leases.expired_locally() and failures > FINISH_ATTEMPTS_BEFORE_GIVING_UP:
@@ -417,8 +440,8 @@ class Worker:
                         exc,
                         extra={"action": "finish_abandoned"},
                     )
-                    self._leases.drop([c.task_run_id for c, _ in outcomes])
-                    return
+                    self._leases.drop([task_run_id for task_run_id, _, _ in batch])
+                    return None
                 delay = RECONNECT_BACKOFF.delay(failures, self._rand)
                 logger.warning(
                     "finish failed (%s); retrying in %.1fs",
@@ -429,13 +452,6 @@ class Worker:
                 self._db.reset()
                 self._beat()
                 self._serve_broker(delay)
-        self._leases.drop([c.task_run_id for c, _ in outcomes])
-        claimed = {claim.task_run_id for claim in finished.claimed}
-        self._claimed_next.extend(finished.claimed)
-        self._continuations.extend(pair for pair in finished.ready if pair[0] not in claimed)
-        self.tasks_done += len(outcomes)
-        for claim, finish in outcomes:
-            self._count(claim, finish, claim.task_run_id in finished.committed)
 
     def _continuation(self, finishing: int) -> Continuation | None:
         """Claim the next steps inside the finish, unless the worker is stopping or due to

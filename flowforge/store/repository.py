@@ -57,9 +57,17 @@ from flowforge.domain.policy import (
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.runstate import RunFacts, derive
 from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, RunState, TaskState
+from flowforge.domain.values import (
+    MAX_ERROR_CHARS,
+    MAX_NOTE_BYTES,
+    MAX_TRACEBACK_CHARS,
+    JsonText,
+    check_text,
+    clean_text,
+    to_json,
+)
 from flowforge.errors import (
     IllegalTransitionError,
-    InputError,
     NotDeadError,
     NotFoundError,
     TriggerConflictError,
@@ -149,7 +157,7 @@ class Repository:
                 "ids": plan.run_ids,
                 "workflow": workflow.name,
                 "digest": workflow.digest,
-                "inputs": [Jsonb(dict(i)) for i in plan.inputs],
+                "inputs": [_jsonb(i) for i in plan.inputs],
                 "fail_fast": workflow.fail_fast,
                 "keys": plan.keys,
                 "digests": plan.digests,
@@ -834,7 +842,7 @@ class Repository:
         """
         params = {
             "state": state,
-            "workflow": workflow,
+            "workflow": _filter(workflow, "workflow"),
             "since": since,
             "until": until,
             "limit": limit,
@@ -932,7 +940,8 @@ class Repository:
         scheduler, since a released ``on_dead: block`` stream's next task can now run. An empty
         result means nothing (more) to purge.
         """
-        _check_operator_text(requested_by, workflow)
+        check_text(requested_by, "requested_by", MAX_NOTE_BYTES)
+        _filter(workflow, "workflow")
         select = {"age_s": age_s, "workflow": workflow}
 
         def work(cur: Cursor) -> DeadPurge:
@@ -982,7 +991,7 @@ class Repository:
     ) -> DeadPurge:
         """What :meth:`purge_dead` would delete in all its batches together, changing nothing;
         ``shown`` lists up to ``show`` of the dead tasks, oldest death first."""
-        _check_operator_text(workflow)
+        _filter(workflow, "workflow")
         params = {"age_s": age_s, "workflow": workflow, "only": None, "limit": None}
 
         def work(cur: Cursor) -> DeadPurge:
@@ -992,7 +1001,7 @@ class Repository:
 
     def count_old_dead(self, age_s: float, workflow: str | None = None) -> int:
         """DEAD tasks that died over ``age_s`` seconds ago (of ``workflow`` or of all)."""
-        _check_operator_text(workflow)
+        _filter(workflow, "workflow")
         rows = self._db.execute(self._q["count_old_dead"], {"age_s": age_s, "workflow": workflow})
         return int(rows[0]["n"])
 
@@ -1017,29 +1026,34 @@ def _dead_params(match: DeadFilter) -> dict[str, Any]:
     """The filter parameters shared by ``list_dead``, ``count_dead`` and ``dead_ids_matching``."""
     return {
         "reason": str(match.reason) if match.reason else None,
-        "workflow": match.workflow,
-        "handler": match.handler,
+        "workflow": _filter(match.workflow, "workflow"),
+        "handler": _filter(match.handler, "handler"),
     }
 
 
-def _check_operator_text(*texts: str | None) -> None:
-    """An operator's name or filter that PostgreSQL text cannot hold (NUL, a lone surrogate
-    from undecodable bytes) is the caller's mistake: refuse it before any statement."""
-    for text in texts:
-        if text is None:
-            continue
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InputError(f"not valid text: {text!a}") from None
-        if "\x00" in text:
-            raise InputError(f"text cannot contain a NUL character: {text!a}")
+def _filter(value: str | None, name: str) -> str | None:
+    """A text filter PostgreSQL can take as a parameter, or the caller's mistake."""
+    return None if value is None else check_text(value, f"the {name} filter")
 
 
 def _check_requeue_text(requested_by: str, reason: str | None) -> None:
-    """PostgreSQL text cannot hold NUL: refuse it as the caller's mistake, before any change."""
-    if "\x00" in requested_by or (reason is not None and "\x00" in reason):
-        raise InputError("the requeue reason and requester cannot contain a NUL character")
+    """What the operator wrote for the audit, refused (never altered) before any change if
+    PostgreSQL text could not hold it: NUL, a lone surrogate, over MAX_NOTE_BYTES."""
+    check_text(requested_by, "requested_by", MAX_NOTE_BYTES)
+    if reason is not None:
+        check_text(reason, "the requeue reason", MAX_NOTE_BYTES)
+
+
+def _jsonb(text: JsonText) -> Jsonb:
+    """Text :func:`to_json` made, sent as ``jsonb`` without encoding it a second time."""
+    return Jsonb(text, dumps=str)
+
+
+def _stored_result(result: Any) -> Jsonb | None:
+    """A finish's result as a parameter: checked here unless the worker has (a JsonText)."""
+    if result is None:
+        return None
+    return _jsonb(result if isinstance(result, JsonText) else to_json(result, "the result"))
 
 
 def _policy(row: Mapping[str, Any]) -> RetryPolicy:
@@ -1149,9 +1163,13 @@ def _finish_columns(
         columns["ids"].append(task_run_id)
         columns["tokens"].append(token)
         columns["states"].append(str(finish.state))
-        columns["results"].append(None if finish.result is None else Jsonb(finish.result))
+        columns["results"].append(_stored_result(finish.result))
         columns["reasons"].append(None if reason is None else str(reason))
-        columns["errors"].append(finish.error)
-        columns["tracebacks"].append(finish.traceback)
+        # free text from handlers: cleaned (NUL, lone surrogates → U+FFFD) and cut, never refused
+        error, tb = finish.error, finish.traceback
+        columns["errors"].append(None if error is None else clean_text(error, MAX_ERROR_CHARS))
+        columns["tracebacks"].append(
+            None if tb is None else clean_text(tb, MAX_TRACEBACK_CHARS, keep_end=True)
+        )
         columns["outcomes"].append(label or _OUTCOMES[finish.state])
     return columns
