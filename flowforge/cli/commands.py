@@ -102,7 +102,8 @@ def status(args: argparse.Namespace) -> int:
         output.emit_json(output.run_dict(run))
         return exitcodes.OK
     output.line(f"run {run.id}  workflow {run.workflow}  state {run.state}")
-    output.line(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  finished {run.finished_at or '-'}")
+    finished = f"{run.finished_at:%Y-%m-%d %H:%M:%S}" if run.finished_at else "-"
+    output.line(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  finished {finished}")
     output.table(
         ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID"),
         [
