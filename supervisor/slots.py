@@ -10,16 +10,23 @@ from __future__ import annotations
 import ctypes
 import mmap
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 FREE = -1
 
 
 class SlotTable:
-    """``capacity`` slots of (spec index, pid, last beat, ready)."""
+    """``capacity`` slots of (spec index, pid, last beat, ready).
 
-    def __init__(self, capacity: int, spec_count: int) -> None:
+    ``clock`` gives the beats' times (seconds): the system-wide monotonic clock, or the fake
+    clock of a test whose "children" beat in its own process.
+    """
+
+    def __init__(
+        self, capacity: int, spec_count: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.capacity = capacity
+        self._clock = clock
         # One anonymous MAP_SHARED mapping (zeroed), so forked children write the parent's
         # copy. Plain mmap rather than multiprocessing's shared arrays: the multiprocessing
         # package would be imported here and inherited by every child (~0.9 MiB of RSS each).
@@ -48,7 +55,7 @@ class SlotTable:
                 self._spec[slot] = spec_index
                 self._pid[slot] = 0
                 self._ready[slot] = 0
-                self._beat[slot] = time.monotonic()
+                self._beat[slot] = self._clock()
                 return slot
         raise RuntimeError("no free child slot: raise the supervisor's capacity")
 
@@ -66,10 +73,10 @@ class SlotTable:
     # ------------------------------------------------------------------ child side
 
     def beat(self, slot: int) -> None:
-        self._beat[slot] = time.monotonic()
+        self._beat[slot] = self._clock()
 
     def mark_ready(self, slot: int) -> None:
-        self._beat[slot] = time.monotonic()
+        self._beat[slot] = self._clock()
         self._ready[slot] = 1
 
     # ------------------------------------------------------------------ readers

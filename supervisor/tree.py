@@ -5,24 +5,24 @@ and the main loop — sleeping in ``select`` on that pipe — reads the numbers 
 Every turn of the loop reaps with ``waitpid(-1, WNOHANG)`` until nothing is left (unknown pids
 too, so the supervisor is a correct PID 1) and starts whatever the desired set is missing,
 after each slot's backoff.
+
+Every system call and every reading of the clock goes through ``Supervisor.system`` (an
+:class:`~supervisor.osapi.OsApi`): the real one by default, an in-memory fake in the tests of
+this loop, which call :meth:`Supervisor.turn` one turn at a time.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
-import os
-import select
 import signal
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 from supervisor import exitcodes
-from supervisor.child import ChildContext, release_free_memory, set_child_subreaper, spawn
+from supervisor.child import ChildContext
+from supervisor.osapi import OsApi, RealOs
 from supervisor.restart import IntensityLimit, SlotBackoff
 from supervisor.slots import SlotTable
 from supervisor.spec import ChildSpec, Restart
@@ -80,6 +80,7 @@ class Supervisor:
 
     ``child_setup(label)`` runs first in every child (e.g. logging with the child's label).
     ``on_ready`` is called once each time every spec has its desired number of ready children.
+    ``system``: the operating system as the loop sees it (a fake in tests).
     """
 
     specs: Sequence[ChildSpec]
@@ -92,11 +93,13 @@ class Supervisor:
     capacity: int = 256
     child_setup: Callable[[str], None] = lambda _label: None
     on_ready: Callable[[dict[str, tuple[int, int]]], None] = lambda _readiness: None
-    clock: Callable[[], float] = time.monotonic
+    system: OsApi = field(default_factory=RealOs)
 
     def __post_init__(self) -> None:
         self._desired = [s.count for s in self.specs]
-        self._table = SlotTable(self.capacity, len(self.specs))
+        self._table = SlotTable(self.capacity, len(self.specs), self.system.monotonic)
+        for index, count in enumerate(self._desired):
+            self._table.set_desired(index, count)
         self._children: dict[int, Child] = {}
         self._slots: dict[SlotKey, _Slot] = {}
         self._mode = Mode.RUNNING
@@ -105,64 +108,43 @@ class Supervisor:
         self._rolling: deque[int] = deque()
         self._surge: int | None = None
         self._ready = False
-        self._pipe: tuple[int, int] = (-1, -1)
 
     # ------------------------------------------------------------------ the main loop
 
     def run(self) -> int:
         """Start the tree and supervise it; return the supervisor's exit code."""
-        set_child_subreaper()
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(read_fd, False)
-        os.set_blocking(write_fd, False)
-        self._pipe = (read_fd, write_fd)
-        previous = {s: signal.signal(s, _queued) for s in HANDLED_SIGNALS}
-        old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        for index, count in enumerate(self._desired):
-            self._table.set_desired(index, count)
-        release_free_memory()  # before the first fork: every child inherits what stays resident
-        try:
-            return self._loop()
-        finally:
-            signal.set_wakeup_fd(old_wakeup)
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            os.close(read_fd)
-            os.close(write_fd)
+        with self.system.supervising(HANDLED_SIGNALS):
+            while (code := self.turn()) is None:
+                pass
+            return code
 
-    def _loop(self) -> int:
-        while True:
-            now = self.clock()
-            if self._mode is Mode.RUNNING:
-                self._reconcile(now)
-            for signum in self._wait_for_signals(TICK_S):
-                self._on_signal(signum)
-            now = self.clock()
-            self._reap(now)
-            if self._mode is Mode.RUNNING:
-                self._check_liveness(now)
-                self._advance_rolling()
-                self._report_readiness()
-            else:
-                self._drive_stop(now)
-                if not self._children:
-                    logger.info("all children stopped; exiting with %d", self._exit_code)
-                    return self._exit_code
-            self._enforce_shutdown_timeouts(now)
-
-    def _wait_for_signals(self, timeout: float) -> list[int]:
-        read_fd = self._pipe[0]
-        with contextlib.suppress(InterruptedError):
-            select.select([read_fd], [], [], timeout)
-        try:
-            return list(os.read(read_fd, 512))
-        except BlockingIOError:
-            return []
+    def turn(self) -> int | None:
+        """One turn of the main loop: start what is missing, wait (at most :data:`TICK_S`) for
+        signals and act on them, reap, then check liveness and rolling restarts — or, once
+        stopping, drive the stop. The exit code once every child has stopped, else None."""
+        now = self.system.monotonic()
+        if self._mode is Mode.RUNNING:
+            self._reconcile(now)
+        for signum in self.system.wait_for_signals(TICK_S):
+            self._on_signal(signum)
+        now = self.system.monotonic()
+        self._reap(now)
+        if self._mode is Mode.RUNNING:
+            self._check_liveness(now)
+            self._advance_rolling()
+            self._report_readiness()
+        else:
+            self._drive_stop(now)
+            if not self._children:
+                logger.info("all children stopped; exiting with %d", self._exit_code)
+                return self._exit_code
+        self._enforce_shutdown_timeouts(now)
+        return None
 
     # ------------------------------------------------------------------ signals
 
     def _on_signal(self, signum: int) -> None:
-        now = self.clock()
+        now = self.system.monotonic()
         if signum in (signal.SIGTERM, signal.SIGINT):
             if self._mode is Mode.RUNNING:
                 self._begin_drain(exitcodes.CLEAN, now, f"received {signal.Signals(signum).name}")
@@ -242,7 +224,7 @@ class Supervisor:
             self.child_setup(label)
             return spec.target(context)
 
-        pid = spawn(target, ctx, HANDLED_SIGNALS, self._pipe)
+        pid = self.system.spawn(target, ctx)
         self._table.assign_pid(slot, pid)
         self._children[pid] = Child(index, instance, slot, pid, now)
         logger.info("started %s (pid %d)", label, pid, extra={"action": "child_started"})
@@ -251,13 +233,8 @@ class Supervisor:
     # ------------------------------------------------------------------ exits
 
     def _reap(self, now: float) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        while (exited := self.system.reap()) is not None:
+            pid, code = exited
             child = self._children.pop(pid, None)
             if child is None:
                 logger.debug(
@@ -267,7 +244,7 @@ class Supervisor:
             was_ready = self._table.is_ready(child.slot)
             self._table.release(child.slot)
             self._ready = False if self._mode is Mode.RUNNING else self._ready
-            self._on_exit(child, os.waitstatus_to_exitcode(status), was_ready, now)
+            self._on_exit(child, code, was_ready, now)
 
     def _on_exit(self, child: Child, code: int, was_ready: bool, now: float) -> None:
         spec = self.specs[child.spec_index]
@@ -361,12 +338,12 @@ class Supervisor:
     def _terminate(self, child: Child, now: float) -> None:
         if child.term_sent_at is None:
             child.term_sent_at = now
-            _send(child.pid, signal.SIGTERM)
+            self.system.kill(child.pid, signal.SIGTERM)
 
     def _kill(self, child: Child) -> None:
         if not child.killed:
             child.killed = True
-            _send(child.pid, signal.SIGKILL)
+            self.system.kill(child.pid, signal.SIGKILL)
 
     def _enforce_shutdown_timeouts(self, now: float) -> None:
         for child in self._children.values():
@@ -395,7 +372,7 @@ class Supervisor:
                     extra={"action": "child_hung"},
                 )
                 child.abort_sent_at = now
-                _send(child.pid, signal.SIGABRT)
+                self.system.kill(child.pid, signal.SIGABRT)
             elif child.abort_sent_at is not None and now - child.abort_sent_at > ABORT_GRACE_S:
                 self._kill(child)
 
@@ -405,14 +382,14 @@ class Supervisor:
             if surge is not None and self._table.is_ready(surge.slot):
                 old = self._children.get(self._rolling.popleft()) if self._rolling else None
                 if old is not None:
-                    self._retire(old, self.clock())
+                    self._retire(old, self.system.monotonic())
                 self._surge = None
             return
         while self._rolling and self._rolling[0] not in self._children:
             self._rolling.popleft()
         if self._rolling:
             old = self._children[self._rolling[0]]
-            self._surge = self._start(old.spec_index, old.instance, self.clock())
+            self._surge = self._start(old.spec_index, old.instance, self.system.monotonic())
 
     def readiness(self) -> dict[str, tuple[int, int]]:
         """For every spec: (children ready, children desired)."""
@@ -443,18 +420,6 @@ class Supervisor:
         logger.info(
             "status (%s):\n%s", self._mode.value, "\n".join(lines), extra={"action": "status"}
         )
-
-
-def _queued(_signum: int, _frame: object) -> None:
-    """Does nothing: the wakeup fd already queued the signal number for the main loop."""
-
-
-def _send(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except OSError as exc:
-        if exc.errno != errno.ESRCH:
-            raise
 
 
 def describe_exit(code: int) -> str:
