@@ -167,6 +167,19 @@ def test_every_exit_is_reaped_in_one_turn_and_unknown_pids_too(
     assert sorted(c.ctx.instance for c in loop.alive()) == [1, 2, 3]
 
 
+def test_a_child_killed_by_a_signal_without_a_name_is_restarted(
+    logged: Callable[[str], list[str]],
+) -> None:
+    loop = Loop(spec("idle"))
+    loop.turn()
+    child = loop.one("idle")
+    loop.os.exit(child.pid, -(signal.SIGRTMIN + 1))  # not a member of signal.Signals
+    loop.until(lambda: loop.alive("idle"))
+    (died,) = logged("child_died")
+    assert f"(pid {child.pid}) killed by signal {signal.SIGRTMIN + 1};" in died
+    assert loop.code is None
+
+
 # ------------------------------------------------------------------ restarts
 
 
