@@ -2,7 +2,7 @@
 
 The loop (``tree.py``) never calls ``os.fork``, ``os.waitpid``, ``os.kill``, ``select`` or
 the clock itself; it calls an :class:`OsApi`. :class:`RealOs` is the system (the default);
-``supervisor/fakeos.py`` is an in-memory stand-in with a clock that tests move, children that
+``tests/fakeos.py`` is an in-memory stand-in with a clock that tests move, children that
 exit when a test says so and signals a test delivers, so the loop is tested in-process without
 processes or sleeps (tests/unit/test_supervisor_loop.py), in the way gunicorn's tests drive its
 ``Arbiter`` with ``os.waitpid`` mocked.

@@ -1,6 +1,6 @@
 """The supervisor's main loop, in-process: no process is forked, no signal sent, no time slept.
 
-The tree runs over ``supervisor.fakeos.FakeOs`` (the OS seam): each test turns the loop
+The tree runs over ``tests.fakeos.FakeOs`` (the OS seam): each test turns the loop
 (``Supervisor.turn``), says when a fake child exits, beats or becomes ready and which signals
 reach the supervisor, and reads what the loop did from the fake (children started, signals
 sent) and from its log records (their ``action``). Every quiet turn takes the loop's tick of
@@ -19,10 +19,10 @@ import pytest
 
 from supervisor import exitcodes
 from supervisor.child import ChildContext
-from supervisor.fakeos import FakeChild, FakeOs
 from supervisor.restart import IntensityLimit
 from supervisor.spec import ChildSpec, Restart
 from supervisor.tree import ABORT_GRACE_S, HANDLED_SIGNALS, TICK_S, Supervisor
+from tests.fakeos import FakeChild, FakeOs
 
 SIGTERM, SIGKILL, SIGABRT = signal.SIGTERM, signal.SIGKILL, signal.SIGABRT
 EPSILON = 1e-6
