@@ -19,10 +19,9 @@ from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
-from flowforge.testing.resources import create_database, drop_database
 from tests.e2e import Stack
+from tests.harness.resources import create_database, drop_database
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 TABLES = (
@@ -58,12 +57,12 @@ def pg_server_url() -> Iterator[str]:
     if url:
         yield url
         return
-    from flowforge.testing.services import PrivatePostgres, ServiceUnavailable
+    from tests.harness import services
 
-    pg = PrivatePostgres(REPO_ROOT / ".services", port=55432)
+    pg = services.PrivatePostgres(services.DEFAULT_BASE_DIR, port=services.DEFAULT_PG_PORT)
     try:
         pg.start()
-    except ServiceUnavailable as exc:
+    except services.ServiceUnavailable as exc:
         _unavailable(str(exc))
     yield pg.url
 
@@ -89,12 +88,17 @@ def broker_url() -> Iterator[str]:
     if url:
         yield url
         return
-    from flowforge.testing.services import PrivateRabbitMQ, ServiceUnavailable
+    from tests.harness import services
 
-    rabbit = PrivateRabbitMQ(REPO_ROOT / ".services", 55672, 55673, "flowforge-dev")
+    rabbit = services.PrivateRabbitMQ(
+        services.DEFAULT_BASE_DIR,
+        services.DEFAULT_AMQP_PORT,
+        services.DEFAULT_DIST_PORT,
+        services.DEFAULT_NODE_NAME,
+    )
     try:
         rabbit.start()
-    except ServiceUnavailable as exc:
+    except services.ServiceUnavailable as exc:
         _unavailable(str(exc))
     yield rabbit.url
 

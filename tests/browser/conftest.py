@@ -32,8 +32,8 @@ import yaml
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
-from flowforge.testing.resources import free_ports
 from tests.e2e import REPO, RoleProcess, Stack
+from tests.harness.resources import free_ports
 from tests.helpers import wait_for
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -19,8 +19,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flowforge.testing.resources import free_ports
-from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ, ServiceUnavailable
 from tests.chaos.support import (
     CONSUMER_TIMEOUT_MS,
     NODE_NAME,
@@ -31,6 +29,8 @@ from tests.chaos.support import (
 )
 from tests.conftest import TABLES
 from tests.e2e import Stack
+from tests.harness.resources import free_ports
+from tests.harness.services import PrivatePostgres, PrivateRabbitMQ, ServiceUnavailable
 
 
 @pytest.fixture(scope="session")

@@ -32,10 +32,10 @@ from flowforge.errors import DatabaseUnavailableError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
-from flowforge.testing import resources
-from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ
 from tests.conftest import TEST_EXECUTIONS_DDL
 from tests.e2e import RoleProcess
+from tests.harness import resources
+from tests.harness.services import PrivatePostgres, PrivateRabbitMQ
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -36,13 +36,13 @@ from flowforge.errors import FlowForgeError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
-from flowforge.testing.cluster import PrivateRabbitCluster
-from flowforge.testing.replication import PrivateReplicatedPostgres
-from flowforge.testing.resources import child_pids, free_ports
-from flowforge.testing.services import ServiceUnavailable
 from tests.chaos.support import unavailable
 from tests.conftest import TABLES, TEST_EXECUTIONS_DDL
 from tests.e2e import HANDLERS_MODULE, REPO
+from tests.harness.cluster import PrivateRabbitCluster
+from tests.harness.replication import PrivateReplicatedPostgres
+from tests.harness.resources import child_pids, free_ports
+from tests.harness.services import ServiceUnavailable
 from tests.helpers import wait_for
 
 #: Room for the module's cluster to start plus every wait below (seconds).

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from flowforge.testing.resources import free_ports
 from tests.chaos.support import ChaosDb, ChaosServices
 from tests.e2e import RoleProcess, Stack
+from tests.harness.resources import free_ports
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.chaos

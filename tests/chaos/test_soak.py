@@ -21,7 +21,7 @@ def test_a_short_chaos_soak_keeps_every_invariant(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "flowforge.testing.chaos",
+            "tests.harness.chaos",
             "--duration",
             "45",
             "--seed",

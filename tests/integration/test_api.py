@@ -39,8 +39,8 @@ from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.repository import Repository
-from flowforge.testing.resources import free_ports
 from tests.e2e import REPO, RoleProcess, Stack
+from tests.harness.resources import free_ports
 from tests.helpers import claim_task, drain, task_ids, wait_for
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ import pytest
 from flowforge.api.app import create_app
 from flowforge.client import Client
 from flowforge.config import ApiConfig, Config, DatabaseConfig
-from flowforge.testing.resources import create_database, drop_database
+from tests.harness.resources import create_database, drop_database
 from tests.helpers import single
 
 pytestmark = pytest.mark.integration

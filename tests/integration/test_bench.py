@@ -33,7 +33,7 @@ def test_a_quick_bench_run_reports_every_figure(
         [
             sys.executable,
             "-m",
-            "flowforge.testing.bench",
+            "tests.harness.bench",
             "--quick",
             "--workers",
             "2",

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from flowforge.cli import exitcodes
-from flowforge.testing.resources import create_database, drop_database, free_ports
+from tests.harness.resources import create_database, drop_database, free_ports
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -140,7 +140,7 @@ host all all 127.0.0.1/32 scram-sha-256
 @pytest.fixture(scope="module")
 def password_server() -> Iterator[int]:
     """A private PostgreSQL where role ``ff`` (password ``right``) must give its password."""
-    from flowforge.testing.services import PrivatePostgres, ServiceUnavailable
+    from tests.harness.services import PrivatePostgres, ServiceUnavailable
 
     base_dir = Path(tempfile.mkdtemp(prefix="ff-pgauth-"))
     base_dir.chmod(0o755)  # the postgres account must traverse it

@@ -31,7 +31,7 @@ from flowforge.store import queries
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
-from flowforge.testing.resources import create_database, drop_database
+from tests.harness.resources import create_database, drop_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import pytest
 
 from flowforge.errors import MigrationError
 from flowforge.store.migrate import available_migrations, current_version, migrate
-from flowforge.testing.resources import create_database, drop_database
+from tests.harness.resources import create_database, drop_database
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The private 3-node RabbitMQ cluster harness (``flowforge.testing.cluster``).
+"""The private 3-node RabbitMQ cluster harness (``tests.harness.cluster``).
 
 One cluster for the module, on free ports in a fresh temporary directory, always stopped at
 the end. It proves what failover tests rely on: all nodes run and are clustered, a quorum
@@ -20,9 +20,9 @@ import pika
 import pytest
 from pika.exceptions import AMQPError
 
-from flowforge.testing.cluster import PrivateRabbitCluster
-from flowforge.testing.services import ServiceError, ServiceUnavailable
 from tests.chaos.support import unavailable
+from tests.harness.cluster import PrivateRabbitCluster
+from tests.harness.services import ServiceError, ServiceUnavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -20,10 +20,10 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from flowforge.testing.replication import STANDBY_NAME, PrivateReplicatedPostgres
-from flowforge.testing.resources import free_ports
-from flowforge.testing.services import ServiceError, ServiceUnavailable
 from tests.chaos.support import unavailable
+from tests.harness.replication import STANDBY_NAME, PrivateReplicatedPostgres
+from tests.harness.resources import free_ports
+from tests.harness.services import ServiceError, ServiceUnavailable
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

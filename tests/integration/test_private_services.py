@@ -19,8 +19,8 @@ import pika
 import psycopg
 import pytest
 
-from flowforge.testing.resources import free_ports
-from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ, ServiceUnavailable
+from tests.harness.resources import free_ports
+from tests.harness.services import PrivatePostgres, PrivateRabbitMQ, ServiceUnavailable
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict
 
-from flowforge.testing.resources import free_ports
 from tests.e2e import Stack
+from tests.harness.resources import free_ports
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration

@@ -36,10 +36,10 @@ from flowforge.errors import FlowForgeError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
-from flowforge.testing.resources import child_pids, create_database, free_ports
-from flowforge.testing.services import PrivatePostgres, PrivateRabbitMQ
+from tests.harness.resources import child_pids, create_database, free_ports, start_tree
+from tests.harness.services import PrivatePostgres, PrivateRabbitMQ
 
-HANDLER_MODULE = "flowforge.testing.chaos_handlers"
+HANDLER_MODULE = "tests.harness.chaos_handlers"
 SIDE_TABLE = """
 CREATE TABLE IF NOT EXISTS chaos_executions (
     id          bigserial   PRIMARY KEY,
@@ -141,12 +141,7 @@ class Soak:
     def start_tree(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
         env["FLOWFORGE_CHAOS_DB"] = self.db_url
-        self.tree = subprocess.Popen(
-            [sys.executable, "-m", "flowforge.cli", "-c", str(self.config_path), "up"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(self.workdir / "tree.log").open("ab"),
-        )
+        self.tree = start_tree(self.config_path, env, self.workdir / "tree.log")
 
     def stop_tree(self, sig: int = signal.SIGTERM) -> None:
         if self.tree is None or self.tree.poll() is not None:

@@ -1,15 +1,20 @@
 """Small shared pieces for tests, benchmarks and the chaos soak: scratch databases, free ports,
-child processes. One definition each, instead of one per harness."""
+child processes, a ``flowforge up`` tree. One definition each, instead of one per harness."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.harness import CHECKOUT
 
 
 def create_database(server_url: str, prefix: str) -> str:
@@ -52,3 +57,21 @@ def child_pids(pid: int, recursive: bool = False) -> list[int]:
     if recursive:
         found += [g for c in found for g in child_pids(c, recursive=True)]
     return found
+
+
+def start_tree(config: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``flowforge -c CONFIG up`` from the checkout, its stderr appended to ``log``.
+
+    The working directory is the checkout: under ``python -m`` the interpreter puts it first on
+    ``sys.path``, and ``flowforge up`` hands that entry to the tree it execs (PATH0,
+    flowforge/tree.py), so handler modules of the harness named in ``config``
+    (``tests.harness.bench_handlers``) import from this checkout wherever the caller runs.
+    """
+    with log.open("ab") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "flowforge.cli", "-c", str(config), "up"],
+            cwd=CHECKOUT,
+            env=dict(env),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )

@@ -9,10 +9,10 @@ by the pid this module recorded or read from the instance's own pid file, never 
 When running as root the servers run as the ``postgres`` / ``rabbitmq`` accounts (the
 PostgreSQL server refuses to run as root); otherwise they run as the current user.
 
-Command line::
+Command line (``scripts/services`` runs it from the checkout)::
 
-    python -m flowforge.testing.services start [--pg-port N] [--amqp-port N]
-    python -m flowforge.testing.services stop | status | env | urls
+    python -m tests.harness.services start [--pg-port N] [--amqp-port N]
+    python -m tests.harness.services stop | status | env | urls
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from pathlib import Path
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
+
+from tests.harness import CHECKOUT
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +80,7 @@ DEFAULT_HEARTBEAT_S = 60
 COOKIE_LENGTH = 32
 
 # --- command line defaults ------------------------------------------------------------------
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_BASE_DIR = REPO_ROOT / ".services"
+DEFAULT_BASE_DIR = CHECKOUT / ".services"
 BASE_DIR_ENV = "FLOWFORGE_SERVICES_DIR"
 DEFAULT_PG_PORT = 55432
 DEFAULT_AMQP_PORT = 55672
@@ -913,7 +914,7 @@ class PrivateRabbitMQ:
     cookie (in its own HOME) and never reads /etc/rabbitmq. No plugins are enabled.
     Config changes (``set_consumer_timeout``) take effect on the next start.
 
-    For a cluster (``flowforge.testing.cluster``) the nodes get one ``cookie`` and, with
+    For a cluster (``tests.harness.cluster``) the nodes get one ``cookie`` and, with
     ``shared_epmd``, use an epmd on ``epmd_port`` that the caller runs.
     """
 

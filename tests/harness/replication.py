@@ -1,6 +1,6 @@
 """A private PostgreSQL 15 primary plus one synchronous streaming replica, for failover tests.
 
-Both nodes are :class:`~flowforge.testing.services.PrivatePostgres` instances under one base
+Both nodes are :class:`~tests.harness.services.PrivatePostgres` instances under one base
 directory of their own (``base_dir/pg-repl-<primary>-<replica>/pg-<port>/``), listening on
 127.0.0.1 only, run as the ``postgres`` account when invoked as root, and addressed by the
 pids their own postmaster.pid files record; the machine's shared servers are never touched.
@@ -39,7 +39,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from flowforge.testing.services import (
+from tests.harness.services import (
     CONNECT_TIMEOUT_S,
     LOOPBACK,
     PG_BIN_DIR,

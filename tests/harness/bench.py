@@ -34,10 +34,10 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.repository import Repository
-from flowforge.testing.resources import child_pids, create_database, drop_database
-from flowforge.testing.services import DEFAULT_BASE_DIR, PrivatePostgres, PrivateRabbitMQ
+from tests.harness import services
+from tests.harness.resources import child_pids, create_database, drop_database, start_tree
 
-HANDLER_MODULE = "flowforge.testing.bench_handlers"
+HANDLER_MODULE = "tests.harness.bench_handlers"
 TABLES = (
     "counters, processes, requeue_audit, idempotency_keys, outbox, task_attempts, task_edges, "
     "task_runs, workflow_runs, workflow_definitions"
@@ -105,12 +105,7 @@ class Tree:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flowforge.cli", "-c", str(self.config_path), "up"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=self.log_path.open("ab"),
-        )
+        self.proc = start_tree(self.config_path, env, self.log_path)
         deadline = time.monotonic() + READY_TIMEOUT_S
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             while time.monotonic() < deadline:
@@ -303,13 +298,18 @@ def _pct(values: list[float], pct: float) -> float:
 
 
 @contextmanager
-def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+def service_urls(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     """(server URL for databases, broker URL): given, or the private dev services."""
     if args.database_url and args.broker_url:
         yield args.database_url, args.broker_url
         return
-    pg = PrivatePostgres(DEFAULT_BASE_DIR, port=55432)
-    rabbit = PrivateRabbitMQ(DEFAULT_BASE_DIR, 55672, 55673, "flowforge-dev")
+    pg = services.PrivatePostgres(services.DEFAULT_BASE_DIR, port=services.DEFAULT_PG_PORT)
+    rabbit = services.PrivateRabbitMQ(
+        services.DEFAULT_BASE_DIR,
+        services.DEFAULT_AMQP_PORT,
+        services.DEFAULT_DIST_PORT,
+        services.DEFAULT_NODE_NAME,
+    )
     pg.start()
     rabbit.start()
     yield args.database_url or pg.url, args.broker_url or rabbit.url
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             scale=(50, 200),
             timeout_s=120,
         )
-    with services(args) as (server_url, broker_url):
+    with service_urls(args) as (server_url, broker_url):
         report = {
             "machine": machine(server_url, broker_url),
             "settings": vars(settings) | {"scale": list(settings.scale)},

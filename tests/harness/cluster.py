@@ -1,6 +1,6 @@
 """A private RabbitMQ 3.10 cluster for failover tests.
 
-``PrivateRabbitCluster`` runs ``size`` :class:`~flowforge.testing.services.PrivateRabbitMQ`
+``PrivateRabbitCluster`` runs ``size`` :class:`~tests.harness.services.PrivateRabbitMQ`
 nodes (``<prefix>-<pid>-<tag>-<i>@localhost``) on free 127.0.0.1 ports, in a directory of
 its own under ``base_dir``. The nodes share one Erlang cookie made for this cluster (never
 the machine's) and one private epmd on a free port, so neither a node nor ``rabbitmqctl``
@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flowforge.testing.resources import free_ports
-from flowforge.testing.services import (
+from tests.harness.resources import free_ports
+from tests.harness.services import (
     PrivateEpmd,
     PrivateRabbitMQ,
     ServiceError,
