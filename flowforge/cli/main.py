@@ -1,4 +1,5 @@
-"""The ``flowforge`` command: argument parsing, dispatch and the error → exit-code mapping.
+"""The ``flowforge`` command: argument parsing and dispatch; each error's exit code comes from
+the one error map (flowforge/errormap.py).
 
 Operator mistakes print one line on stderr and exit non-zero; logs go to stderr only with
 ``-v``. No traceback reaches the terminal except for a genuine internal error under ``-vv``.
@@ -14,42 +15,10 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from flowforge.cli import commands, exitcodes, output, purge
-from flowforge.errors import (
-    ConfigError,
-    DatabaseConstraintError,
-    DatabaseUnavailableError,
-    DatabaseValueError,
-    DefinitionError,
-    FlowForgeError,
-    InputError,
-    InvalidIdError,
-    MigrationError,
-    NotDeadError,
-    NotFoundError,
-    TriggerConflictError,
-    UnknownWorkflowError,
-)
+from flowforge.errormap import exit_code_for
+from flowforge.errors import FlowForgeError
 
 logger = logging.getLogger(__name__)
-
-#: First match wins: the exit code for each kind of failure. A database that refuses the config
-#: (no such database or role, bad password, not migrated) is a ConfigError: exit 2; only an
-#: outage is exit 7; any other database error is exit 1 with the server's message.
-ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
-    (ConfigError, exitcodes.USAGE),
-    (DefinitionError, exitcodes.USAGE),
-    (InputError, exitcodes.USAGE),
-    (InvalidIdError, exitcodes.USAGE),
-    (UnknownWorkflowError, exitcodes.USAGE),
-    (DatabaseValueError, exitcodes.USAGE),
-    (NotFoundError, exitcodes.NOT_FOUND),
-    (NotDeadError, exitcodes.REFUSED),
-    (TriggerConflictError, exitcodes.REFUSED),
-    (MigrationError, exitcodes.REFUSED),
-    (DatabaseConstraintError, exitcodes.REFUSED),
-    (DatabaseUnavailableError, exitcodes.UNAVAILABLE),
-    (FlowForgeError, exitcodes.INTERNAL),
-)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -160,13 +129,6 @@ def _configure_logging(verbosity: int) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-
-
-def exit_code_for(exc: BaseException) -> int:
-    for kind, code in ERROR_CODES:
-        if isinstance(exc, kind):
-            return code
-    return exitcodes.INTERNAL
 
 
 def main(argv: Sequence[str] | None = None) -> int:
