@@ -8,6 +8,7 @@ Operator mistakes print one line on stderr and exit non-zero; logs go to stderr 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
@@ -29,6 +30,28 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(exitcodes.USAGE)
 
 
+class _Version(argparse.Action):
+    """``--version``: ``flowforge X.Y.Z`` on stdout, exit 0 (looked up only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        sys.stdout.write(f"flowforge {version()}\n")
+        raise SystemExit(exitcodes.OK)
+
+
+def version() -> str:
+    """The installed distribution's version; in a checkout that is not installed, the package's
+    ``__version__`` (which pyproject.toml reads, so the two cannot differ)."""
+    try:
+        return importlib.metadata.version("flowforge")
+    except importlib.metadata.PackageNotFoundError:
+        from flowforge import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     # SUPPRESS keeps a -c given before the subcommand from being reset by the subparser.
@@ -39,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log to stderr"
     )
     parser = _Parser(prog="flowforge", description="A durable workflow engine.", parents=[common])
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(
