@@ -17,10 +17,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from flowforge import yamlfile
 from flowforge.errors import ConfigError
 from flowforge.schema import SchemaError, build
-from flowforge.yamlfile import YamlError
-from flowforge.yamlfile import load as load_yaml
 
 ENV_CONFIG = "FLOWFORGE_CONFIG"
 ENV_DATABASE_URL = "FLOWFORGE_DATABASE_URL"
@@ -285,15 +284,9 @@ def load_config(
 
 def _read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: cannot read config file: not UTF-8 text") from exc
-    try:
-        doc = load_yaml(text)
-    except YamlError as exc:
-        raise ConfigError(f"{path}{exc.where}: not valid YAML: {exc}") from exc
+        doc = yamlfile.read(path, "config file")
+    except yamlfile.YamlFileError as exc:
+        raise ConfigError(str(exc)) from exc
     if doc.duplicates:  # the shared loader refuses what safe_load would silently overwrite
         line, message = doc.duplicates[0]
         raise ConfigError(f"{path}:{line}: {message}")

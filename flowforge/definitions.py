@@ -15,7 +15,7 @@ from typing import Any
 from flowforge.domain.dag import WorkflowDef
 from flowforge.errors import DefinitionError
 from flowforge.schema import SchemaError, build
-from flowforge.yamlfile import Document, YamlError, load
+from flowforge.yamlfile import Document, YamlFileError, read
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -51,14 +51,9 @@ def check_file(
     among (a worker of this config could run no other).
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        return None, [f"{path}: cannot read workflow file: {reason or exc}"]
-    try:
-        doc = load(text)
-    except YamlError as exc:
-        return None, [f"{path}{exc.where}: not valid YAML: {exc}"]
+        doc = read(path, "workflow file")
+    except YamlFileError as exc:
+        return None, [str(exc)]
     found: list[tuple[int, str]] = list(doc.duplicates)
     if handlers is not None:
         found += _located(doc, _unregistered(doc.data, handlers))

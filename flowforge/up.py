@@ -34,7 +34,7 @@ ROLE_SHUTDOWN_S = 10.0
 
 def _role(name: str, config: Config) -> Callable[[ChildContext], int]:
     def target(ctx: ChildContext) -> int:
-        from flowforge.roles.main import run
+        from flowforge.boot import run
 
         return run(name, config, beat=ctx.beat, ready=ctx.ready, tree=ctx.tree_readiness)
 

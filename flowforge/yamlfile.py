@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -33,6 +34,11 @@ class YamlError(ValueError):
         if self.line is None:
             return ""
         return f":{self.line}" + (f":{self.column}" if self.column is not None else "")
+
+
+class YamlFileError(ValueError):
+    """A YAML file cannot be read or parsed. ``str()`` is one line that names the file (and the
+    line and column when the parser knows them): ``x.yaml:3:5: not valid YAML: ...``."""
 
 
 class _Loader(yaml.SafeLoader):
@@ -106,3 +112,21 @@ def load(text: str) -> Document:
     finally:
         loader.dispose()
     return Document(data, node, tuple(sorted(loader.duplicates)))
+
+
+def read(path: Path, what: str) -> Document:
+    """Read the UTF-8 file ``path`` and parse it with :func:`load` (duplicate keys are left in
+    :attr:`Document.duplicates` for the caller to judge).
+
+    ``what`` names the file's kind in the message (``config file``, ``workflow file``); a file
+    that cannot be read or parsed raises :class:`YamlFileError`.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise YamlFileError(f"{path}: cannot read {what}: {reason or exc}") from exc
+    try:
+        return load(text)
+    except YamlError as exc:
+        raise YamlFileError(f"{path}{exc.where}: not valid YAML: {exc}") from exc

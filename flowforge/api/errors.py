@@ -1,10 +1,11 @@
 """Every error is a JSON body ``{"error": ...}``: a 4xx for what the caller sent, a 503 only for
 an outage, a 500 for the rest.
 
-FlowForge's own errors are mapped to statuses here; falcon's (404, 405, 413, ...) go through
-the same serializer. A value PostgreSQL refuses is a 400, a broken constraint a 409. Anything
-else (a database error that is no outage, a misconfigured database, a bug) is a 500 whose body
-carries only an error id; the same id is logged with the full error and its traceback.
+FlowForge's own errors get their status from the one error map (flowforge/errormap.py, shared
+with the command's exit codes); falcon's (404, 405, 413, ...) go through the same serializer. A
+value PostgreSQL refuses is a 400, a broken constraint a 409. Anything else (a database error that
+is no outage, a misconfigured database, a bug) is a 500 whose body carries only an error id; the
+same id is logged with the full error and its traceback.
 """
 
 from __future__ import annotations
@@ -12,39 +13,15 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from http import HTTPStatus
 from typing import Any
 
 import falcon
 
-from flowforge.errors import (
-    BrokerUnavailableError,
-    DatabaseConstraintError,
-    DatabaseUnavailableError,
-    DatabaseValueError,
-    FlowForgeError,
-    InputError,
-    InvalidIdError,
-    NotDeadError,
-    NotFoundError,
-    TriggerConflictError,
-    UnknownWorkflowError,
-)
+from flowforge.errormap import http_status_for
+from flowforge.errors import FlowForgeError
 
 logger = logging.getLogger(__name__)
-
-#: First match wins.
-STATUSES: tuple[tuple[type[FlowForgeError], str], ...] = (
-    (InvalidIdError, falcon.HTTP_400),
-    (InputError, falcon.HTTP_400),
-    (UnknownWorkflowError, falcon.HTTP_422),
-    (NotFoundError, falcon.HTTP_404),
-    (NotDeadError, falcon.HTTP_409),
-    (TriggerConflictError, falcon.HTTP_409),
-    (DatabaseValueError, falcon.HTTP_400),
-    (DatabaseConstraintError, falcon.HTTP_409),
-    (DatabaseUnavailableError, falcon.HTTP_503),
-    (BrokerUnavailableError, falcon.HTTP_503),
-)
 
 
 def json_error(status: str, message: str) -> falcon.HTTPError:
@@ -60,10 +37,10 @@ def serialize_error(_req: falcon.Request, resp: falcon.Response, exc: falcon.HTT
 def handle_flowforge_error(
     _req: falcon.Request, _resp: falcon.Response, exc: FlowForgeError, _params: Any
 ) -> None:
-    for kind, status in STATUSES:
-        if isinstance(exc, kind):
-            raise json_error(status, str(exc))
-    raise internal_error(exc)
+    status = http_status_for(exc)
+    if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+        raise internal_error(exc)  # its message is for the log only
+    raise json_error(falcon.code_to_http_status(status), str(exc))
 
 
 def handle_unexpected(

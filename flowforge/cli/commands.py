@@ -71,7 +71,7 @@ def up(args: argparse.Namespace) -> int:
 
 
 def role(args: argparse.Namespace) -> int:
-    from flowforge.roles.main import run  # the roles pull in pika; other commands need not
+    from flowforge.boot import run  # the roles pull in pika; other commands need not
     from supervisor import logs
 
     config = _config(args)

@@ -1,4 +1,5 @@
-"""The ``flowforge`` command: argument parsing, dispatch and the error → exit-code mapping.
+"""The ``flowforge`` command: argument parsing and dispatch; each error's exit code comes from
+the one error map (flowforge/errormap.py).
 
 Operator mistakes print one line on stderr and exit non-zero; logs go to stderr only with
 ``-v``. No traceback reaches the terminal except for a genuine internal error under ``-vv``.
@@ -7,6 +8,7 @@ Operator mistakes print one line on stderr and exit non-zero; logs go to stderr 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
@@ -14,42 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from flowforge.cli import commands, exitcodes, output, purge
-from flowforge.errors import (
-    ConfigError,
-    DatabaseConstraintError,
-    DatabaseUnavailableError,
-    DatabaseValueError,
-    DefinitionError,
-    FlowForgeError,
-    InputError,
-    InvalidIdError,
-    MigrationError,
-    NotDeadError,
-    NotFoundError,
-    TriggerConflictError,
-    UnknownWorkflowError,
-)
+from flowforge.errormap import exit_code_for
+from flowforge.errors import FlowForgeError
 
 logger = logging.getLogger(__name__)
-
-#: First match wins: the exit code for each kind of failure. A database that refuses the config
-#: (no such database or role, bad password, not migrated) is a ConfigError: exit 2; only an
-#: outage is exit 7; any other database error is exit 1 with the server's message.
-ERROR_CODES: tuple[tuple[type[BaseException], int], ...] = (
-    (ConfigError, exitcodes.USAGE),
-    (DefinitionError, exitcodes.USAGE),
-    (InputError, exitcodes.USAGE),
-    (InvalidIdError, exitcodes.USAGE),
-    (UnknownWorkflowError, exitcodes.USAGE),
-    (DatabaseValueError, exitcodes.USAGE),
-    (NotFoundError, exitcodes.NOT_FOUND),
-    (NotDeadError, exitcodes.REFUSED),
-    (TriggerConflictError, exitcodes.REFUSED),
-    (MigrationError, exitcodes.REFUSED),
-    (DatabaseConstraintError, exitcodes.REFUSED),
-    (DatabaseUnavailableError, exitcodes.UNAVAILABLE),
-    (FlowForgeError, exitcodes.INTERNAL),
-)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,6 +28,28 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"flowforge: error: {output.one_line(message)} (see --help)\n")
         raise SystemExit(exitcodes.USAGE)
+
+
+class _Version(argparse.Action):
+    """``--version``: ``flowforge X.Y.Z`` on stdout, exit 0 (looked up only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        sys.stdout.write(f"flowforge {version()}\n")
+        raise SystemExit(exitcodes.OK)
+
+
+def version() -> str:
+    """The installed distribution's version; in a checkout that is not installed, the package's
+    ``__version__`` (which pyproject.toml reads, so the two cannot differ)."""
+    try:
+        return importlib.metadata.version("flowforge")
+    except importlib.metadata.PackageNotFoundError:
+        from flowforge import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log to stderr"
     )
     parser = _Parser(prog="flowforge", description="A durable workflow engine.", parents=[common])
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(
@@ -160,13 +153,6 @@ def _configure_logging(verbosity: int) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-
-
-def exit_code_for(exc: BaseException) -> int:
-    for kind, code in ERROR_CODES:
-        if isinstance(exc, kind):
-            return code
-    return exitcodes.INTERNAL
 
 
 def main(argv: Sequence[str] | None = None) -> int:

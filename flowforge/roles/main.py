@@ -1,5 +1,8 @@
 """Running one role in the current process until it is told to stop.
 
+Which role a name means is the boot code's business (flowforge/boot.py); this module runs the
+one it is handed.
+
 Exit codes (``supervisor.exitcodes``): 0 after a clean stop, ``CHILD_RECYCLE`` when the worker
 asks to be replaced, ``CHILD_BOOT_FAILURE`` when the role cannot start for a reason a restart
 will not fix (bad config, handler import error, queue of the wrong type).
@@ -21,64 +24,28 @@ from supervisor import exitcodes
 
 logger = logging.getLogger(__name__)
 
-Tree = Callable[[], dict[str, tuple[int, int]]]
-
-
-# Each child imports only its own role's modules (the api's web stack stays out of workers).
-def _scheduler(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
-    from flowforge.roles.scheduler import Scheduler
-
-    return Scheduler(config, telemetry)
-
-
-def _publisher(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
-    from flowforge.roles.publisher import Publisher
-
-    return Publisher(config, telemetry)
-
-
-def _worker(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
-    from flowforge.roles.output import capture
-    from flowforge.roles.worker import Worker
-
-    capture()  # before handlers are imported: their output becomes tagged records
-
-    return Worker(config, telemetry)
-
-
-def _api(config: Config, telemetry: Telemetry, tree: Tree | None) -> Role:
-    from flowforge.api.server import ApiServer
-
-    return ApiServer(config, telemetry, tree)
-
-
-ROLES: dict[str, Callable[[Config, Telemetry, Tree | None], Role]] = {
-    "scheduler": _scheduler,
-    "publisher": _publisher,
-    "worker": _worker,
-    "api": _api,
-}
+#: Builds the role from the config and the process's telemetry (flowforge/boot.py: by name).
+Build = Callable[[Config, Telemetry], Role]
 BOOT_ERRORS = (ConfigError, DefinitionError, QueueTypeMismatchError, BootError)
 
 
 def run(
     name: str,
+    build: Build,
     config: Config,
     beat: Callable[[], None] = lambda: None,
     ready: Callable[[], None] = lambda: None,
-    tree: Tree | None = None,
 ) -> int:
-    """Run the role called ``name`` until SIGTERM/SIGINT; return the exit code.
+    """Run the role ``build`` makes, called ``name``, until SIGTERM/SIGINT; return the exit code.
 
-    ``beat`` and ``ready`` are a supervisor's liveness and readiness hooks; ``tree`` reports
-    the readiness of the whole tree (the api shows it).
+    ``beat`` and ``ready`` are a supervisor's liveness and readiness hooks.
     """
     stop = threading.Event()
     with stop_on_signals(stop):  # first: a SIGTERM during the boot is a clean stop too
         telemetry = Telemetry.from_environment()
         telemetry.child_starts.labels(role=name).inc()
         try:
-            role = ROLES[name](config, telemetry, tree)
+            role = build(config, telemetry)
             logger.info("%s starting", role.title, extra={"action": "role_start"})
             run_role(
                 role,

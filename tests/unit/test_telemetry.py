@@ -128,6 +128,6 @@ def test_memory_samples_and_label_mistakes() -> None:
 
 def test_the_roles_never_import_prometheus_client() -> None:
     """Only the api serves the text format; each other child saves ~2 MiB (docs/performance.md)."""
-    roles = ("flowforge.roles.main", "flowforge.roles.worker", "flowforge.roles.scheduler")
+    roles = ("flowforge.boot", "flowforge.roles.worker", "flowforge.roles.scheduler")
     loaded = modules_after_importing("flowforge.up", *roles, "flowforge.roles.publisher")
     assert not {m for m in loaded if m.startswith("prometheus_client")}
