@@ -63,7 +63,7 @@ def test_to_json_stores_exactly_what_the_oracle_allows_and_it_round_trips(value:
         text.encode()  # valid UTF-8: no lone surrogate
         assert len(text.encode()) == size(value)
     else:
-        with pytest.raises(UnstorableValueError, match=r"^v: \$\S*: ") as refused:
+        with pytest.raises(UnstorableValueError, match=r"^v: \$.*: ") as refused:
             to_json(value, "v")
         assert not isinstance(refused.value, ValueTooLargeError)
         assert isinstance(refused.value, InputError)  # exit 2 / HTTP 400 wherever it surfaces
