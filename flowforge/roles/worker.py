@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from flowforge.broker.consume import Consumer, Delivery
+from flowforge.broker.consume import Consumer, Deliveries, Delivery
 from flowforge.broker.messages import MessageError, decode
 from flowforge.config import Config
 from flowforge.domain.model import Claim, ClaimOutcome, Continuation, Finish, Finished
@@ -54,6 +54,7 @@ from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError
 from flowforge.handlers import collect
 from flowforge.roles import tasklog
 from flowforge.roles.apart import finish_apart, refused
+from flowforge.roles.claims import Pool, WorkerStore
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import HandlerThread, Job, classify
 from flowforge.roles.lease import CancelWatch, Leases
@@ -93,21 +94,30 @@ class Worker:
         config: Config,
         telemetry: Telemetry | None = None,
         rand: Callable[[], float] = random.random,
+        *,
+        handlers: Mapping[str, Callable[[TaskContext], Any]] | None = None,
+        broker: Deliveries | None = None,
+        store: WorkerStore | None = None,
+        db: Pool | None = None,
     ) -> None:
+        """The seams (tests): ``handlers`` instead of importing ``config.handlers``;
+        ``broker``, ``store`` and ``db`` instead of RabbitMQ and PostgreSQL."""
         self._config = config
         self._telemetry = telemetry or Telemetry()
         self._rand = rand
-        self._db = Database(config.database, application_name="flowforge-worker")
-        self._repo = Repository(self._db)
-        self._consumer = Consumer(config.broker)
+        database = Database(config.database, application_name="flowforge-worker")
+        self._db: Pool = db or database
+        self._repo: WorkerStore = store or Repository(database)
+        self._consumer: Deliveries = broker or Consumer(config.broker)
         self._presence = Presence(self._repo, "worker")
         self._executor = HandlerThread()
         self._leases = Leases(self._repo, config.worker.lease_s, config.worker.heartbeat_s)
         self._cancels = CancelWatch(config.database, self._leases)
-        self._handlers: Mapping[str, Callable[[TaskContext], Any]] | None = None
+        self._handlers = handlers
         self._broker_broken: BrokerUnavailableError | None = None
         self._id = ""
-        self._task_limit = 0
+        limit = config.processes.max_tasks_per_child
+        self._task_limit = limit + int(limit * RECYCLE_JITTER * rand()) if limit else 0
         self._window = 1
         self._outcomes: list[tuple[Claim, Finish]] = []
         self._pending_ack: Delivery | None = None
@@ -122,8 +132,6 @@ class Worker:
     def initialize(self) -> None:
         if self._handlers is None:  # import errors are boot failures, not outages
             self._handlers = collect(self._config.handlers, self._config.base_dir)
-            limit = self._config.processes.max_tasks_per_child
-            self._task_limit = limit + int(limit * RECYCLE_JITTER * self._rand()) if limit else 0
         self._id = f"{socket.gethostname()}/{os.getpid()}"
         self._broker_broken = None
         self._db.open()
