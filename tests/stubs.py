@@ -3,7 +3,7 @@
 :class:`StubBroker` implements :class:`flowforge.broker.consume.Deliveries` the way
 dramatiq's ``StubBroker`` stands for a real broker: a queue, prefetch, unacked deliveries,
 multiple acks, requeue on hand-back and on close. :class:`FakeStore` implements
-:class:`flowforge.roles.claims.WorkerStore` over a dict of tasks with the state, token and
+:class:`flowforge.roles.seams.WorkerStore` over a dict of tasks with the state, token and
 attempt rules of ``claim`` / ``finish`` / ``release_claims`` (no keys, no ordering, no
 retries: the statements themselves are proven against PostgreSQL in tests/integration). Both
 record every call, so a test can count round trips and see what was acked when.

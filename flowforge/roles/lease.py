@@ -18,9 +18,9 @@ from uuid import UUID
 from flowforge.config import DatabaseConfig
 from flowforge.domain.model import Claim
 from flowforge.errors import DatabaseUnavailableError, StoreError
-from flowforge.roles.claims import WorkerStore
 from flowforge.roles.context import TaskContext
 from flowforge.roles.runner import RECONNECT_BACKOFF
+from flowforge.roles.seams import WorkerStore
 from flowforge.store.notify import CANCEL_CHANNEL, Listener
 
 logger = logging.getLogger(__name__)

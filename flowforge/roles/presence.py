@@ -8,7 +8,7 @@ import socket
 import time
 import uuid
 
-from flowforge.roles.claims import WorkerStore
+from flowforge.roles.seams import WorkerStore
 
 logger = logging.getLogger(__name__)
 

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from uuid import UUID
 
 import pytest
 
 from flowforge.config import BrokerConfig, Config, ProcessesConfig, WorkerConfig, load_config
+from flowforge.domain.model import Claim, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError
 from flowforge.roles.context import TaskContext
+from flowforge.roles.hooks import Hook, Hooks
 from flowforge.roles.worker import Worker
 from flowforge.telemetry import Telemetry
 from tests.stubs import FakeStore, NullPool, StubBroker
@@ -223,7 +226,6 @@ def test_a_finish_postgresql_refuses_is_finished_task_by_task(rig: Rig) -> None:
 def test_a_finish_retried_through_an_outage_commits_once(rig: Rig) -> None:
     tasks = rig.publish("fast", 3)
     rig.store.outages["finish_many"] = 2
-    rig.worker._rand = lambda: 0.0  # the shortest backoff
     rig.run()
     assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
     assert sorted(rig.ran) == sorted(tasks)
@@ -291,3 +293,90 @@ def test_a_handler_name_no_module_registered_fails_the_task(rig: Rig) -> None:
     rig.run()
     finish = rig.store.tasks[task].finish
     assert finish is not None and finish.reason is FailureReason.UNKNOWN_HANDLER
+
+
+# ------------------------------------------------------------------ hooks
+
+
+class Recorder(Hook):
+    """Records every hook call, and the thread it came on."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.threads: set[str] = set()
+
+    def _note(self, name: str, data: Any) -> None:
+        self.calls.append((name, data))
+        self.threads.add(threading.current_thread().name)
+
+    def after_claim(self, claims: Sequence[Claim]) -> None:
+        self._note("after_claim", [c.task_run_id for c in claims])
+
+    def after_execute(self, claim: Claim, finish: Finish, duration_s: float) -> None:
+        assert duration_s >= 0
+        self._note("after_execute", (claim.task_run_id, finish.state))
+
+    def after_finish(
+        self, outcomes: Sequence[tuple[Claim, Finish]], committed: frozenset[UUID]
+    ) -> None:
+        self._note("after_finish", {c.task_run_id for c, _ in outcomes} == set(committed))
+
+    def after_batch(self, slow: bool) -> None:
+        self._note("after_batch", slow)
+
+
+def test_a_registered_hook_hears_claim_execute_finish_and_batch_on_the_main_thread() -> None:
+    recorder = Recorder()
+    made = make_rig()
+    made.worker = Worker(
+        made.worker._config,
+        made.telemetry,
+        handlers=made.worker._handlers,
+        broker=made.broker,
+        store=made.store,
+        db=NullPool(),
+        hooks=[recorder],
+    )
+    first, second, third = made.publish("fast", 3)
+    try:
+        made.run()
+    finally:
+        made.worker.shutdown()
+    ok = TaskState.SUCCEEDED
+    assert recorder.calls == [
+        ("after_claim", [first]),
+        ("after_execute", (first, ok)),
+        ("after_finish", True),
+        ("after_batch", False),
+        ("after_claim", [second, third]),
+        ("after_execute", (second, ok)),
+        ("after_execute", (third, ok)),
+        ("after_finish", True),
+        ("after_batch", False),
+    ]
+    assert recorder.threads == {threading.current_thread().name}
+
+
+def test_hooks_dispatch_only_to_the_hooks_that_override_a_method() -> None:
+    class Room(Hook):
+        def __init__(self, room: int | None) -> None:
+            self._room = room
+
+        def room(self, finishing: int) -> int | None:
+            return None if self._room is None else self._room - finishing
+
+    class Wake(Hook):
+        def __init__(self, said: float | Finish | None) -> None:
+            self._said = said
+
+        def while_running(self, claim: Claim, elapsed_s: float) -> float | Finish | None:
+            return self._said
+
+    hooks = Hooks([Room(5), Room(None), Room(3), Wake(None), Wake(2.0), Wake(0.5)])
+    assert len(hooks._after_finish) == 0 and len(hooks._room) == 3
+    assert hooks.room(1) == 2
+    claim = Claim(uuid.uuid4(), uuid.uuid4(), "t", "h", 1, 1, {})
+    assert hooks.while_running(claim, 0.0) == 0.5
+    stop = Finish(TaskState.FAILED, reason=FailureReason.TIMEOUT)
+    assert Hooks([Wake(0.1), Wake(stop)]).while_running(claim, 0.0) is stop
+    assert Hooks([]).room(0) is None
