@@ -147,6 +147,7 @@ class FakeTask:
     dependents: list[UUID] = field(default_factory=list)
     finish: Finish | None = None
     timeout_s: float | None = None
+    cancel_requested: bool = False  # its run was asked to stop
 
 
 class FakeStore:
@@ -252,7 +253,7 @@ class FakeStore:
     def renew_leases(self, claims: Sequence[tuple[UUID, int]], lease_s: float) -> dict[UUID, bool]:
         self._called("renew_leases", len(claims))
         return {
-            t: False
+            t: self.tasks[t].cancel_requested
             for t, token in claims
             if self.tasks[t].state is TaskState.RUNNING and self.tasks[t].token == token
         }

@@ -73,12 +73,15 @@ def make_rig(
     handlers: dict[str, Handler] | None = None,
     fast_ms: float = FAST_MS,
     processes: ProcessesConfig | None = None,
+    heartbeat_s: float = 10.0,
 ) -> Rig:
     base = load_config(env={})
     config: Config = dataclasses.replace(
         base,
         broker=BrokerConfig(prefetch=PREFETCH),
-        worker=WorkerConfig(fast_handler_ms=fast_ms, listen_for_cancel=False),
+        worker=WorkerConfig(
+            fast_handler_ms=fast_ms, heartbeat_s=heartbeat_s, listen_for_cancel=False
+        ),
         processes=processes or base.processes,
     )
     journal: list[tuple[str, Any]] = []
@@ -286,6 +289,47 @@ def test_a_handler_past_its_timeout_fails_with_timeout_and_the_worker_recycles()
     )
     assert made.worker.recycle
     assert made.telemetry.tasks_failed.labels(reason="timeout").value() == 1
+
+
+def test_while_a_slow_handler_runs_its_lease_is_renewed_and_a_cancel_reaches_it() -> None:
+    made = make_rig(fast_ms=50.0, heartbeat_s=0.1)
+
+    def polite(ctx: TaskContext) -> None:
+        made.store.tasks[ctx.task_run_id].cancel_requested = True  # an operator's cancel
+        if not ctx.cancelled.wait(BLOCK_S):
+            raise AssertionError("the cancel never reached the handler")
+
+    made.worker._handlers = {**(made.worker._handlers or {}), "polite": polite}
+    [task] = made.publish("polite")
+    try:
+        made.run()
+    finally:
+        made.worker.shutdown()
+    assert made.store.count("renew_leases") >= 1
+    assert made.store.tasks[task].state is TaskState.CANCELLED
+    assert made.telemetry.tasks_cancelled.value() == 1
+
+
+def test_a_handler_that_lost_its_lease_is_asked_to_stop_and_its_finish_is_stale(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    made = make_rig(fast_ms=50.0, heartbeat_s=0.1)
+
+    def reaped(ctx: TaskContext) -> str:
+        made.store.tasks[ctx.task_run_id].token += 1  # the reaper took the task back
+        ctx.cancelled.wait(BLOCK_S)
+        return "late"
+
+    made.worker._handlers = {**(made.worker._handlers or {}), "reaped": reaped}
+    [task] = made.publish("reaped")
+    try:
+        made.run()
+    finally:
+        made.worker.shutdown()
+    assert made.store.tasks[task].state is TaskState.RUNNING  # the finish changed nothing
+    assert made.telemetry.stale_completions.value() == 1
+    assert any("stale completion" in r.getMessage() for r in caplog.records)
+    assert made.worker.tasks_done == 1
 
 
 def test_a_handler_name_no_module_registered_fails_the_task(rig: Rig) -> None:
