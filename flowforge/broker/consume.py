@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pika
 import pika.exceptions
@@ -43,6 +43,25 @@ class Delivery:
     tag: int
     body: bytes
     redelivered: bool
+
+
+class Deliveries(Protocol):
+    """What a worker needs of its broker: the seam :class:`Consumer` implements over pika
+    and tests replace with a stub (``tests/stubs.py``). Every method but :meth:`close` raises
+    :class:`BrokerUnavailableError` when the connection is lost; see :class:`Consumer` for the
+    contract of each."""
+
+    def connect(self) -> None: ...
+
+    def take(self, limit: int, timeout_s: float) -> list[Delivery]: ...
+
+    def ack_through(self, tag: int) -> None: ...
+
+    def hand_back(self) -> int: ...
+
+    def pump(self, time_limit_s: float = 0.0) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Consumer:

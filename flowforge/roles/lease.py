@@ -20,8 +20,8 @@ from flowforge.domain.model import Claim
 from flowforge.errors import DatabaseUnavailableError, StoreError
 from flowforge.roles.context import TaskContext
 from flowforge.roles.runner import RECONNECT_BACKOFF
+from flowforge.roles.seams import WorkerStore
 from flowforge.store.notify import CANCEL_CHANNEL, Listener
-from flowforge.store.repository import Repository
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Leases:
     ``ctx.cancelled`` set so a cooperative handler stops.
     """
 
-    def __init__(self, repo: Repository, lease_s: float, heartbeat_s: float) -> None:
+    def __init__(self, repo: WorkerStore, lease_s: float, heartbeat_s: float) -> None:
         self._repo = repo
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s

@@ -235,18 +235,17 @@ def test_a_batch_finish_postgresql_still_refuses_is_finished_task_by_task(
     fails (DEAD ``unserializable_result`` with the database's message), at once, not after its
     lease; the others succeed, and the worker carries on."""
     config = Config(database=DatabaseConfig(url=clean_database_url), worker=WorkerConfig())
-    worker = Worker(config)
-    worker._repo = repo  # the worker's own pool is never opened: no broker either
+    worker = Worker(config, store=repo)  # the worker's own pool is never opened: no broker
     runs = repo.trigger_many(PLAIN, [{"n": n} for n in range(4)])
     tasks = [task_ids(repo, r.run_id)["only"] for r in runs]
     claims = [claim_task(repo, sql, t) for t in tasks]
     forged = JsonText('{"v": NaN}')
-    worker._outcomes = [
+    outcomes = [
         (c, Finish(TaskState.SUCCEEDED, result=forged if n == 1 else JsonText(str(n))))
         for n, c in enumerate(claims)
     ]
     with caplog.at_level(logging.WARNING):
-        worker._flush()
+        worker._ledger.finish(outcomes, then=None)  # what a batch's flush does
     assert worker.tasks_done == 4
     states = {
         UUID(str(r[0])): r[1]

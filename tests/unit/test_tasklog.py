@@ -11,12 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowforge.config import load_config
 from flowforge.domain.model import Claim, Finish, Routed
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
-from flowforge.roles.worker import Worker
+from flowforge.roles.concerns import TaskLog
 from supervisor.logs import LineFormatter
 
 TASK = uuid.UUID("00000000-0000-0000-0000-00000000000a")
@@ -132,7 +131,7 @@ def test_each_scheduler_decision_is_one_line(
 
 
 def test_the_worker_logs_failures_and_cancellations_never_successes(caplog: Any) -> None:
-    worker = Worker(load_config(env={}))
+    hook = TaskLog()  # the worker's hook for these lines (flowforge.roles.concerns)
     outcomes = [
         Finish(TaskState.SUCCEEDED, result={"ok": True}),
         Finish(TaskState.FAILED, reason=FailureReason.TIMEOUT, error="ran too long"),
@@ -141,7 +140,7 @@ def test_the_worker_logs_failures_and_cancellations_never_successes(caplog: Any)
     ]
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         for finish in outcomes:
-            worker._count(CLAIM, finish, committed=True)
+            hook.after_finish([(CLAIM, finish)], committed=frozenset({TASK}))
     assert [r.getMessage() for r in caplog.records] == [
         f"{HEAD} failed: timeout: ran too long",
         f"{HEAD} stopped: cancelled",

@@ -1,0 +1,112 @@
+"""The worker's consumer side: the window, taking deliveries, the batch's ack, and the broker
+connection's turns while handlers run.
+
+The consumer's prefetch *is* the window: until a batch is acked the broker pushes nothing more
+to this worker. The window starts at 1, doubles after every batch of fast handlers up to
+``broker.prefetch``, and falls back to 1 after a slow one. A broker call that fails once the
+batch's claims committed does not stop the batch (the leases own its tasks): the failure is
+kept in :attr:`Intake.broken` and raised by :meth:`Intake.settle` when the batch is done, so
+the role reconnects; meanwhile nothing more is asked of the broken connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from uuid import UUID
+
+from flowforge.broker.consume import Deliveries, Delivery
+from flowforge.broker.messages import MessageError, decode
+from flowforge.errors import BrokerUnavailableError
+from flowforge.roles.hooks import WORKER_LOGGER
+
+logger = logging.getLogger(WORKER_LOGGER)
+
+#: While a handler runs, serve the broker connection at least this often (seconds); as long
+#: the worker may work on its own continuations before the broker gets its turn.
+PUMP_INTERVAL_S = 1.0
+
+
+class Intake:
+    """Deliveries in, acks out, over a :class:`~flowforge.broker.consume.Deliveries`."""
+
+    def __init__(self, broker: Deliveries, prefetch: int) -> None:
+        self._broker = broker
+        self._prefetch = prefetch
+        self.window = 1
+        self.broken: BrokerUnavailableError | None = None
+        self._took_at = 0.0
+
+    def connect(self) -> None:
+        self.broken = None
+        self._broker.connect()
+
+    def close(self) -> None:
+        """Close the connection; the broker requeues every delivery not acked."""
+        self._broker.close()
+
+    def limit(self) -> int:
+        return min(self.window, self._prefetch)
+
+    def due(self) -> bool:
+        """True when the broker has waited its turn (:data:`PUMP_INTERVAL_S` since a take)."""
+        return time.monotonic() - self._took_at > PUMP_INTERVAL_S
+
+    def take(self, limit: int, timeout_s: float) -> tuple[list[tuple[UUID, int]], Delivery | None]:
+        """Up to ``limit`` deliveries (waiting up to ``timeout_s`` for the first) as the
+        (task run, token) pairs they name, and the last of them (None: nothing came). An
+        undecodable message is logged and dropped: it is acked with its batch."""
+        deliveries = self._broker.take(limit, timeout_s)
+        self._took_at = time.monotonic()
+        wanted: list[tuple[UUID, int]] = []
+        for delivery in deliveries:
+            try:
+                message = decode(delivery.body)
+            except MessageError as exc:
+                logger.error(
+                    "dropping an undecodable message: %s", exc, extra={"action": "bad_message"}
+                )
+                continue
+            wanted.append((message.task_run_id, message.token))
+        return wanted, deliveries[-1] if deliveries else None
+
+    def ack(self, last: Delivery) -> None:
+        """Ack every delivery through ``last`` in one multiple ack (the claims committed)."""
+        if self.broken is not None:
+            return
+        try:
+            self._broker.ack_through(last.tag)
+        except BrokerUnavailableError as exc:
+            # The claims committed: the leases own the tasks and the handlers still run. The
+            # broker will redeliver the messages, and those deliveries are acked without running.
+            logger.warning("ack after claim failed: %s", exc, extra={"action": "ack_failed"})
+            self.broken = exc
+
+    def hand_back(self) -> None:
+        """Stop consuming and requeue what was received but not taken (a slow handler)."""
+        if self.broken is not None:
+            return
+        try:
+            requeued = self._broker.hand_back()
+            if requeued:
+                logger.debug("requeued %d unclaimed deliveries", requeued)
+        except BrokerUnavailableError as exc:
+            logger.warning("broker connection lost while handing back: %s", exc)
+            self.broken = exc
+
+    def serve(self, seconds: float = 0.0) -> None:
+        """Serve the connection (heartbeats) for ``seconds``; just wait if it is broken."""
+        if self.broken is not None:
+            time.sleep(seconds)
+            return
+        try:
+            self._broker.pump(seconds)
+        except BrokerUnavailableError as exc:
+            logger.warning("broker connection lost while a handler runs: %s", exc)
+            self.broken = exc
+
+    def settle(self, slow: bool) -> None:
+        """A batch is done: grow or reset the window; raise a failure the batch outlived."""
+        self.window = 1 if slow else min(self.window * 2, self._prefetch)
+        if self.broken is not None:
+            raise self.broken

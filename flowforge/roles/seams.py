@@ -1,0 +1,55 @@
+"""What the worker needs of PostgreSQL, as a seam: the statements it runs, and its pool.
+
+:class:`~flowforge.store.repository.Repository` and :class:`~flowforge.store.db.Database`
+implement these; fast tests replace them with a fake (``tests/stubs.py``). Every method raises
+:class:`~flowforge.errors.DatabaseUnavailableError` when the database cannot be reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+from uuid import UUID
+
+from flowforge.domain.model import ClaimResult, Continuation, Finish, Finished
+
+
+class WorkerStore(Protocol):
+    """The repository methods a worker calls (see the Repository's docstrings)."""
+
+    def claim_many(
+        self,
+        wanted: Sequence[tuple[UUID, int]],
+        worker: str,
+        lease_s: float,
+        key_wait_s: float = 1.0,
+        *,
+        local: bool = False,
+    ) -> list[ClaimResult]: ...
+
+    def finish_many(
+        self,
+        outcomes: Sequence[tuple[UUID, int, Finish]],
+        offer: int | None = None,
+        then: Continuation | None = None,
+    ) -> Finished: ...
+
+    def release_claims(self, claims: Sequence[tuple[UUID, int]]) -> int: ...
+
+    def renew_leases(
+        self, claims: Sequence[tuple[UUID, int]], lease_s: float
+    ) -> dict[UUID, bool]: ...
+
+    def register_process(self, process_id: UUID, host: str, pid: int, role: str) -> None: ...
+
+    def deregister_process(self, process_id: UUID) -> None: ...
+
+
+class Pool(Protocol):
+    """The worker's connection pool: opened by initialize, reset after an outage."""
+
+    def open(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...
