@@ -236,36 +236,21 @@ def stored_result(result: Any) -> Jsonb | None:
 
 def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
     """``insert_tasks``'s parameter arrays."""
-    columns: dict[str, list[Any]] = {
-        "run_ids": [],
-        "ids": [],
-        "names": [],
-        "handlers": [],
-        "pending": [],
-        "max_attempts": [],
-        "base_delays": [],
-        "max_delays": [],
-        "jitters": [],
-        "timeouts": [],
-        "idem_keys": [],
-        "ordering_keys": [],
-        "on_dead": [],
+    return {
+        "run_ids": [t.run_id for t in tasks],
+        "ids": [t.id for t in tasks],
+        "names": [t.name for t in tasks],
+        "handlers": [t.handler for t in tasks],
+        "pending": [t.pending for t in tasks],
+        "max_attempts": [t.max_attempts for t in tasks],
+        "base_delays": [t.base_delay_s for t in tasks],
+        "max_delays": [t.max_delay_s for t in tasks],
+        "jitters": [t.jitter for t in tasks],
+        "timeouts": [t.timeout_s for t in tasks],
+        "idem_keys": [t.idempotency_key for t in tasks],
+        "ordering_keys": [t.ordering_key for t in tasks],
+        "on_dead": [t.on_dead for t in tasks],
     }
-    for t in tasks:
-        columns["run_ids"].append(t.run_id)
-        columns["ids"].append(t.id)
-        columns["names"].append(t.name)
-        columns["handlers"].append(t.handler)
-        columns["pending"].append(t.pending)
-        columns["max_attempts"].append(t.max_attempts)
-        columns["base_delays"].append(t.base_delay_s)
-        columns["max_delays"].append(t.max_delay_s)
-        columns["jitters"].append(t.jitter)
-        columns["timeouts"].append(t.timeout_s)
-        columns["idem_keys"].append(t.idempotency_key)
-        columns["ordering_keys"].append(t.ordering_key)
-        columns["on_dead"].append(t.on_dead)
-    return columns
 
 
 def claim_params(

@@ -12,6 +12,8 @@ from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store import queries, rows
+from flowforge.store.part import Part
+from flowforge.store.repository import Repository
 
 PLACEHOLDER = re.compile(r"%\((?P<name>[a-z_][a-z0-9_]*)\)s")
 
@@ -67,3 +69,24 @@ def test_finish_and_claim_parameters_are_those_of_their_queries() -> None:
     assert finish["outcomes"] == ["failed"] and finish["errors"] == ["x\ufffdy"]
     claim = rows.claim_params([(tid, 3)], "w1", 30.0, local=False)
     assert set(claim) == placeholders("claim")
+
+
+def test_the_repository_facade_inherits_parts_that_share_no_name() -> None:
+    """A name two parts both defined would silently resolve to one of them in the facade."""
+    parts = [c for c in Repository.__mro__ if c.__module__.startswith("flowforge.store.")]
+    parts = [c for c in parts if c not in (Repository, Part)]
+    assert {c.__name__ for c in parts} == {
+        "Triggers",
+        "Passes",
+        "Claims",
+        "Outbox",
+        "Processes",
+        "Operator",
+        "Reads",
+    }
+    owners: dict[str, list[str]] = {}
+    for part in parts:
+        for name in vars(part):
+            if not name.startswith("__"):
+                owners.setdefault(name, []).append(part.__name__)
+    assert {name: who for name, who in owners.items() if len(who) > 1} == {}
