@@ -8,7 +8,7 @@ import socket
 import time
 import uuid
 
-from flowforge.roles.seams import WorkerStore
+from flowforge.roles.seams import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ TOUCH_INTERVAL_S = 5.0
 class Presence:
     """Registers on :meth:`announce`, refreshes on :meth:`tick`, deregisters on :meth:`leave`."""
 
-    def __init__(self, repo: WorkerStore, role: str) -> None:
+    def __init__(self, repo: Registry, role: str) -> None:
         self.id = uuid.uuid4()
         self._repo = repo
         self._role = role

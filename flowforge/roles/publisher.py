@@ -19,13 +19,18 @@ from flowforge.domain.model import Dispatch
 from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
 from flowforge.store.notify import OUTBOX_CHANNEL, Listener
-from flowforge.store.repository import Repository
+from flowforge.store.outbox import Outbox
+from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
 #: Rows per sweep: one confirm window.
 PUBLISH_BATCH = 500
+
+
+class PublisherStatements(Outbox, Processes):
+    """The publisher's part of the store: the outbox, and its registry row."""
 
 
 class Publisher:
@@ -42,7 +47,7 @@ class Publisher:
         self._config = config
         self._batch_size = batch_size
         self._db = Database(config.database, application_name="flowforge-publisher")
-        self._repo = Repository(self._db)
+        self._repo = PublisherStatements(self._db)
         self._listener = Listener(config.database, OUTBOX_CHANNEL)
         self._broker = ConfirmingPublisher(config.broker)
         self._presence = Presence(self._repo, "publisher")

@@ -22,7 +22,8 @@ from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
-from flowforge.store.repository import Repository
+from flowforge.store.passes import Passes
+from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,10 @@ logger = logging.getLogger(__name__)
 #: A registration silent this long belongs to a dead process (seconds).
 SILENT_PROCESS_AGE_S = 300.0
 SECONDS_PER_DAY = 86_400.0
+
+
+class SchedulerStatements(Passes, Processes):
+    """The scheduler's part of the store: its passes, and the process registry."""
 
 
 class Scheduler:
@@ -41,7 +46,7 @@ class Scheduler:
         self._config = config
         self._telemetry = telemetry or Telemetry()
         self._db = Database(config.database, application_name="flowforge-scheduler")
-        self._repo = Repository(self._db)
+        self._repo = SchedulerStatements(self._db)
         self._listener = Listener(config.database, SCHEDULER_CHANNEL)
         self._presence = Presence(self._repo, "scheduler")
         self._next_housekeeping = 0.0

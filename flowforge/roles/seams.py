@@ -1,8 +1,9 @@
 """What the worker needs of PostgreSQL, as a seam: the statements it runs, and its pool.
 
-:class:`~flowforge.store.repository.Repository` and :class:`~flowforge.store.db.Database`
-implement these; fast tests replace them with a fake (``tests/stubs.py``). Every method raises
-:class:`~flowforge.errors.DatabaseUnavailableError` when the database cannot be reached.
+:class:`~flowforge.roles.worker.WorkerStatements` (the store's ``Claims`` and ``Processes``)
+and :class:`~flowforge.store.db.Database` implement these; fast tests replace them with a fake
+(``tests/stubs.py``). Every method raises :class:`~flowforge.errors.DatabaseUnavailableError`
+when the database cannot be reached.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from uuid import UUID
 from flowforge.domain.model import ClaimResult, Continuation, Finish, Finished
 
 
-class WorkerStore(Protocol):
-    """The repository methods a worker calls (see the Repository's docstrings)."""
+class Registry(Protocol):
+    """The process registry a role's :class:`~flowforge.roles.presence.Presence` writes."""
+
+    def register_process(self, process_id: UUID, host: str, pid: int, role: str) -> None: ...
+
+    def deregister_process(self, process_id: UUID) -> None: ...
+
+
+class WorkerStore(Registry, Protocol):
+    """The store methods a worker calls (see the docstrings of ``store/claims.py``)."""
 
     def claim_many(
         self,
@@ -39,10 +48,6 @@ class WorkerStore(Protocol):
     def renew_leases(
         self, claims: Sequence[tuple[UUID, int]], lease_s: float
     ) -> dict[UUID, bool]: ...
-
-    def register_process(self, process_id: UUID, host: str, pid: int, role: str) -> None: ...
-
-    def deregister_process(self, process_id: UUID) -> None: ...
 
 
 class Pool(Protocol):

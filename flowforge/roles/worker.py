@@ -52,12 +52,17 @@ from flowforge.roles.lease import CancelWatch, Leases
 from flowforge.roles.ledger import Ledger
 from flowforge.roles.presence import Presence
 from flowforge.roles.seams import Pool, WorkerStore
+from flowforge.store.claims import Claims
 from flowforge.store.db import Database
-from flowforge.store.repository import Repository
+from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
 
 #: How long one wait for a delivery lasts before housekeeping runs (seconds).
 IDLE_WAIT_S = 1.0
+
+
+class WorkerStatements(Claims, Processes):
+    """The worker's part of the store: claim, finish, renew, release, and its registry row."""
 
 
 class Worker:
@@ -90,7 +95,7 @@ class Worker:
         self._config = config
         database = Database(config.database, application_name="flowforge-worker")
         self._db: Pool = db or database
-        repo: WorkerStore = store or Repository(database)
+        repo: WorkerStore = store or WorkerStatements(database)
         self._handlers = handlers
         self._recycle = Recycle()
         self._recycling = Recycling(config.processes, self._recycle, rand)

@@ -1,15 +1,56 @@
-"""Mapping database rows to the domain's read models."""
+"""Every row ↔ object mapping of the store: rows to the domain's objects, objects to the
+parameters of ``queries.sql`` (whose names are storage naming: they stay here, not in the domain).
+
+Parameters are sent as arrays (one statement for a whole batch), so an object-to-parameters
+mapping returns columns: ``{parameter name: [value per object]}``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
+from uuid import UUID
 
-from flowforge.domain.model import Attempt, AuditEntry, DeadTask, Run, TaskRun
+from psycopg.types.json import Jsonb
+
+from flowforge.domain.model import (
+    Attempt,
+    AuditEntry,
+    Claim,
+    DeadPurge,
+    DeadTask,
+    Dispatch,
+    Finish,
+    Finished,
+    ProcessInfo,
+    Routed,
+    Run,
+    TaskRun,
+)
+from flowforge.domain.plan import PlannedTask
+from flowforge.domain.policy import FailureFacts, Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
+from flowforge.domain.values import (
+    MAX_ERROR_CHARS,
+    MAX_TRACEBACK_CHARS,
+    JsonText,
+    clean_text,
+    to_json,
+)
 
-Row = dict[str, Any]
+Row = Mapping[str, Any]
+
+#: The attempt outcome a finish writes, by the state it writes.
+OUTCOMES = {
+    TaskState.SUCCEEDED: "succeeded",
+    TaskState.FAILED: "failed",
+    TaskState.CANCELLED: "cancelled",
+}
+
+
+# ---------------------------------------------------------------------- rows → objects
 
 
 def _reason(value: str | None) -> FailureReason | None:
@@ -89,3 +130,180 @@ def audit_entry(row: Row) -> AuditEntry:
         attempt=row["attempt"],
         requested_at=row["requested_at"],
     )
+
+
+def claim(row: Row) -> Claim:
+    """A ``claim`` row."""
+    return Claim(
+        task_run_id=row["id"],
+        run_id=row["run_id"],
+        name=row["name"],
+        handler=row["handler"],
+        attempt=row["attempt"],
+        fencing_token=row["fencing_token"],
+        input=row["input"],
+        upstream=row["upstream"],
+        timeout_s=row["timeout_s"],
+        idempotency_key=row["idempotency_key"],
+        dispatch_lag_s=row["dispatch_lag_s"] or 0.0,
+        workflow=row["workflow"],
+    )
+
+
+def finished(found: Sequence[Row]) -> Finished:
+    """The ``finish`` query's rows: finished ids (no ready token), then released dependents."""
+    return Finished(
+        committed=frozenset(row["id"] for row in found if row["ready_token"] is None),
+        ready=tuple(
+            (row["id"], row["ready_token"]) for row in found if row["ready_token"] is not None
+        ),
+    )
+
+
+def retry_policy(row: Row) -> RetryPolicy:
+    """A ``lock_failed`` / ``lock_expired_leases`` row's retry policy."""
+    return RetryPolicy(
+        row["max_attempts"], row["base_delay_s"], row["max_delay_s"], Jitter(row["jitter"])
+    )
+
+
+def failure_facts(row: Row, *, lease_expired: bool = False) -> FailureFacts:
+    """A ``lock_failed`` row (a FAILED task's attempt as the retry policy sees it), or with
+    ``lease_expired`` a ``lock_expired_leases`` row: a lapsed lease counts as one more crash."""
+    if lease_expired:  # the row has no failure_reason: the lease is the reason
+        reason = FailureReason.LEASE_EXPIRED
+    else:
+        reason = FailureReason(row["failure_reason"] or FailureReason.HANDLER_ERROR)
+    return FailureFacts(
+        reason=reason,
+        attempts_used=row["attempt"] - row["budget_start"],
+        crash_streak=row["crash_streak"] + (1 if lease_expired else 0),
+        cancel_requested=row["cancel_requested"],
+    )
+
+
+def routed(row: Row, source: TaskState, delay_s: float, reason: str) -> Routed:
+    """What ``apply_routing`` / ``apply_reap`` returned for one task, with its decision."""
+    state = TaskState(row["state"])
+    return Routed(
+        task_run_id=row["id"],
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        task=row["name"],
+        attempt=row["attempt"],
+        source=source,
+        state=state,
+        reason=FailureReason(reason),
+        delay_s=delay_s if state is TaskState.RETRYING else 0.0,
+    )
+
+
+def dispatch(row: Row) -> Dispatch:
+    """A ``lock_outbox`` row."""
+    return Dispatch(row["id"], row["task_run_id"], row["fencing_token"])
+
+
+def process_info(row: Row) -> ProcessInfo:
+    """A ``list_processes`` row."""
+    return ProcessInfo(**{**row, "silent_s": float(row["silent_s"])})
+
+
+def dead_purge(row: Row) -> DeadPurge:
+    """The ``dead_purge_preview`` aggregate."""
+    return DeadPurge(
+        runs=int(row["runs"]),
+        tasks=int(row["tasks"]),
+        dead_task_ids=tuple(row["dead_task_ids"]),
+        released_streams=tuple(row["released_streams"]),
+        shown=tuple(row["shown"]),
+    )
+
+
+# ---------------------------------------------------------------------- objects → parameters
+
+
+def jsonb(text: JsonText) -> Jsonb:
+    """Text :func:`to_json` made, sent as ``jsonb`` without encoding it a second time."""
+    return Jsonb(text, dumps=str)
+
+
+def stored_result(result: Any) -> Jsonb | None:
+    """A finish's result as a parameter: checked here unless the worker has (a JsonText)."""
+    if result is None:
+        return None
+    return jsonb(result if isinstance(result, JsonText) else to_json(result, "the result"))
+
+
+def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
+    """``insert_tasks``'s parameter arrays."""
+    return {
+        "run_ids": [t.run_id for t in tasks],
+        "ids": [t.id for t in tasks],
+        "names": [t.name for t in tasks],
+        "handlers": [t.handler for t in tasks],
+        "pending": [t.pending for t in tasks],
+        "max_attempts": [t.max_attempts for t in tasks],
+        "base_delays": [t.base_delay_s for t in tasks],
+        "max_delays": [t.max_delay_s for t in tasks],
+        "jitters": [t.jitter for t in tasks],
+        "timeouts": [t.timeout_s for t in tasks],
+        "idem_keys": [t.idempotency_key for t in tasks],
+        "ordering_keys": [t.ordering_key for t in tasks],
+        "on_dead": [t.on_dead for t in tasks],
+    }
+
+
+def claim_params(
+    wanted: Sequence[tuple[UUID, int]], worker: str, lease_s: float, local: bool
+) -> dict[str, Any]:
+    """The ``claim`` query's parameters for the keyless tasks among (task run, token) pairs."""
+    return {
+        "ids": [task_run_id for task_run_id, _ in wanted],
+        "tokens": [token for _, token in wanted],
+        "worker": worker,
+        "lease_s": lease_s,
+        "local": local,
+        "keyless_only": True,
+    }
+
+
+def pair_params(claims: Sequence[tuple[UUID, int]]) -> dict[str, Any]:
+    """``ids`` and ``tokens`` of (task run, token) pairs (``release_claims``, ``renew_leases``)."""
+    return {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
+
+
+def finish_columns(
+    outcomes: Sequence[tuple[UUID, int, Finish]], label: str | None = None
+) -> dict[str, list[Any]]:
+    """The ``finish`` query's parameter arrays (the transitions are the caller's to check).
+
+    ``label`` overrides the attempt outcome written (``reused`` for a stored result).
+    """
+    columns: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "ids",
+            "tokens",
+            "states",
+            "results",
+            "reasons",
+            "errors",
+            "tracebacks",
+            "outcomes",
+        )
+    }
+    for task_run_id, token, finish in outcomes:
+        reason = FailureReason.CANCELLED if finish.state is TaskState.CANCELLED else finish.reason
+        columns["ids"].append(task_run_id)
+        columns["tokens"].append(token)
+        columns["states"].append(str(finish.state))
+        columns["results"].append(stored_result(finish.result))
+        columns["reasons"].append(None if reason is None else str(reason))
+        # free text from handlers: cleaned (NUL, lone surrogates → U+FFFD) and cut, never refused
+        error, tb = finish.error, finish.traceback
+        columns["errors"].append(None if error is None else clean_text(error, MAX_ERROR_CHARS))
+        columns["tracebacks"].append(
+            None if tb is None else clean_text(tb, MAX_TRACEBACK_CHARS, keep_end=True)
+        )
+        columns["outcomes"].append(label or OUTCOMES[finish.state])
+    return columns

@@ -7,13 +7,25 @@ from pathlib import Path
 
 import pytest
 
-import flowforge.store.repository as repository_module
+import flowforge.store as store_package
 from flowforge.store import queries
 from flowforge.store.migrate import available_migrations
 
-REPOSITORY_SOURCE = Path(repository_module.__file__).read_text(encoding="utf-8")
-DIRECT_KEY = re.compile(r"""\b_?q\[\s*["']([a-z_][a-z0-9_]*)["']\s*\]""")
-#: Queries the repository selects by name through a variable (self._q[lock_query], ...).
+STORE = Path(store_package.__file__).parent
+#: The store's parts: every module that runs named queries (all but the connection, error,
+#: listener and migration code, and the execution helper itself).
+PART_MODULES = sorted(
+    path
+    for path in STORE.glob("*.py")
+    if path.stem not in {"__init__", "db", "pgerrors", "notify", "migrate", "queries", "part"}
+)
+REPOSITORY_SOURCE = "\n".join(path.read_text(encoding="utf-8") for path in PART_MODULES)
+#: A named query run through the one execution idiom: ``self._query("name"`` or, inside a
+#: transaction, ``tx.all("name"`` / ``tx.one("name"`` / ``tx.count("name"``.
+DIRECT_KEY = re.compile(r"""\b(?:_query|all|one|count)\(\s*["']([a-z_][a-z0-9_]*)["']""")
+#: A way of running SQL other than the idiom's (a cursor, the pool, the Database's own calls).
+OTHER_IDIOM = re.compile(r"""\bcur\.execute\(|\b_db\.|\.transaction\(|\b_q\[""")
+#: Queries the store selects by name through a variable (``_ROUTING``, the purge ages, ...).
 INDIRECT_NAMES = (
     "lock_failed",
     "apply_routing",
@@ -71,6 +83,20 @@ def test_repository_references_queries_by_name() -> None:
     names = referenced_names()
     assert len(names) >= 20  # the regex really finds the repository's lookups
     assert {"claim", "finish", "notify_scheduler"} <= names
+
+
+def test_the_store_parts_run_sql_through_the_one_idiom_only() -> None:
+    assert {path.stem for path in PART_MODULES} >= {"claims", "passes", "reads", "repository"}
+    for path in PART_MODULES:
+        other = OTHER_IDIOM.findall(path.read_text(encoding="utf-8"))
+        assert other == [], f"{path.name} runs SQL outside store/part.py's helpers: {other}"
+
+
+def test_the_idiom_guard_catches_a_cursor_and_the_database() -> None:
+    assert OTHER_IDIOM.search('cur.execute(self._q["claim"], params)')
+    assert OTHER_IDIOM.search("self._db.execute(q, params)")
+    assert OTHER_IDIOM.search("with self._db.transaction() as cur:")
+    assert not OTHER_IDIOM.search('tx.all("claim", params)')
 
 
 def test_every_query_the_repository_names_exists() -> None:

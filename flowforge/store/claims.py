@@ -1,0 +1,212 @@
+"""The worker's statements: claim, finish, renew and release leases.
+
+These are the hot path: most claims and finishes are one statement for a whole batch, one round
+trip. Transitions are checked before any SQL runs (an illegal request raises); a lost race
+returns LOST / a missing id, never raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+from uuid import UUID
+
+from flowforge.domain import transitions
+from flowforge.domain.model import (
+    ClaimOutcome,
+    ClaimResult,
+    Continuation,
+    Finish,
+    Finished,
+    Renewal,
+)
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.states import TaskState
+from flowforge.errors import IllegalTransitionError
+from flowforge.store import rows
+from flowforge.store.part import Part, Tx
+
+
+class _KeyBusyError(Exception):
+    """Internal: roll the claim back because its idempotency key is held elsewhere."""
+
+
+class Claims(Part):
+    """READY → RUNNING → SUCCEEDED / FAILED / CANCELLED, fenced by each task's token."""
+
+    def claim(
+        self, task_run_id: UUID, token: int, worker: str, lease_s: float, key_wait_s: float = 1.0
+    ) -> ClaimResult:
+        """READY → RUNNING for the generation ``token`` names (see :meth:`claim_many`)."""
+        return self.claim_many([(task_run_id, token)], worker, lease_s, key_wait_s)[0]
+
+    def claim_many(
+        self,
+        wanted: Sequence[tuple[UUID, int]],
+        worker: str,
+        lease_s: float,
+        key_wait_s: float = 1.0,
+        *,
+        local: bool = False,
+    ) -> list[ClaimResult]:
+        """READY → RUNNING for each (task run, token) pair, holding a lease of ``lease_s``.
+
+        Returns one result per pair, in order; a pair named twice executes once (the second
+        is LOST). Tasks without an idempotency key are claimed together in one statement. With
+        a key: a key that already succeeded finishes the task with the stored result
+        (REUSED); a key held by a live execution undoes the claim and defers the task by
+        ``key_wait_s`` without using an attempt (DEFERRED). ``local`` marks the claimed
+        tasks' pending outbox rows dispatched: the worker took them straight from its own
+        finish, so no message needs to go out.
+        """
+        transitions.check(TaskState.READY, TaskState.RUNNING)
+        if not wanted:
+            return []
+        # most tasks have no idempotency key: their claims are one statement, one round trip
+        found = self._query("claim", rows.claim_params(wanted, worker, lease_s, local))
+        # a claim bumps the token: it answers the pair that named the token before the bump
+        claimed = {(row["id"], row["fencing_token"] - 1): rows.claim(row) for row in found}
+        results = []
+        for task_run_id, token in wanted:
+            claim = claimed.pop((task_run_id, token), None)
+            if claim is not None:
+                results.append(ClaimResult(ClaimOutcome.EXECUTE, claim))
+            else:  # keyed, a duplicate, or not READY with that token any more
+                results.append(self._claim_keyed(task_run_id, token, worker, lease_s, key_wait_s))
+        return results
+
+    def _claim_keyed(
+        self, task_run_id: UUID, token: int, worker: str, lease_s: float, key_wait_s: float
+    ) -> ClaimResult:
+        params = {
+            **rows.claim_params([(task_run_id, token)], worker, lease_s, local=False),
+            "keyless_only": False,
+        }
+        try:
+            return self._transaction(_claim_with_key, params)
+        except _KeyBusyError:
+            transitions.check(TaskState.READY, TaskState.RETRYING)
+            deferred = self._query(
+                "defer", {"id": task_run_id, "token": token, "delay_s": key_wait_s}
+            )
+            return ClaimResult(ClaimOutcome.DEFERRED if deferred else ClaimOutcome.LOST)
+
+    def release_claims(self, claims: Sequence[tuple[UUID, int]]) -> int:
+        """Hand back claims whose handler never started; returns how many.
+
+        The attempt is un-counted. RUNNING → READY with a new outbox row, so the task is
+        dispatched again (to any worker); RUNNING → CANCELLED instead when its run asked it to
+        stop meanwhile. A pair whose token is no longer current is left alone.
+        """
+        transitions.check(TaskState.RUNNING, TaskState.READY)
+        transitions.check(TaskState.RUNNING, TaskState.CANCELLED)
+        if not claims:
+            return 0
+        return len(self._query("release_claims", rows.pair_params(claims)))
+
+    def renew_lease(self, task_run_id: UUID, token: int, lease_s: float) -> Renewal:
+        """Extend a held lease by ``lease_s`` from the database's now; report cancellation."""
+        held = self.renew_leases([(task_run_id, token)], lease_s)
+        return Renewal(held=task_run_id in held, cancel_requested=held.get(task_run_id, False))
+
+    def renew_leases(self, claims: Sequence[tuple[UUID, int]], lease_s: float) -> dict[UUID, bool]:
+        """Extend every lease still held among ``claims`` by ``lease_s`` (database clock).
+
+        Returns ``{task run id: cancel requested}`` for the leases still held; a pair missing
+        from it lost its lease (reaped, or finished elsewhere).
+        """
+        if not claims:
+            return {}
+        found = self._query("renew_leases", {**rows.pair_params(claims), "lease_s": lease_s})
+        return {row["id"]: bool(row["cancel_requested"]) for row in found}
+
+    def finish(
+        self,
+        task_run_id: UUID,
+        token: int,
+        state: TaskState,
+        *,
+        result: Any = None,
+        reason: FailureReason | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> bool:
+        """RUNNING → ``state`` (SUCCEEDED, FAILED or CANCELLED) if ``token`` is current.
+
+        Returns False for a stale token (the task was reaped or finished by someone else).
+        """
+        outcome = Finish(state, result, reason, error, traceback)
+        return bool(self.finish_many([(task_run_id, token, outcome)]).committed)
+
+    def finish_many(
+        self,
+        outcomes: Sequence[tuple[UUID, int, Finish]],
+        offer: int | None = None,
+        then: Continuation | None = None,
+    ) -> Finished:
+        """Finish each (task run, token, outcome) whose token is current, in one statement.
+
+        Reports the ids that committed (the others were stale: reaped, or finished elsewhere,
+        and are counted as stale completions) and up to ``offer`` (None: all) of the
+        dependents the successes made READY. With ``then``, the same transaction also claims
+        the first ``then.limit`` of those (keyless ones; see :meth:`claim_many` with
+        ``local``): their outbox rows are stamped before any publisher can see them, so the
+        next step of a chain cannot be published and claimed by another worker first.
+        """
+        if not outcomes:
+            return Finished(frozenset(), ())
+        transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
+        params = {**_finish_columns(outcomes), "offer": offer}
+        if then is None or then.limit <= 0:
+            return rows.finished(self._query("finish", params))
+        transitions.check(TaskState.READY, TaskState.RUNNING)
+        return self._transaction(_finish_then_claim, params, then)
+
+
+def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
+    row = tx.one("claim", params)
+    if row is None:
+        return ClaimResult(ClaimOutcome.LOST)
+    claim = rows.claim(row)
+    if claim.idempotency_key is None:
+        return ClaimResult(ClaimOutcome.EXECUTE, claim)
+    key_params = {
+        "key": claim.idempotency_key,
+        "id": claim.task_run_id,
+        "token": claim.fencing_token,
+        "lease_s": params["lease_s"],
+    }
+    if tx.one("acquire_key", key_params):
+        return ClaimResult(ClaimOutcome.EXECUTE, claim)
+    held = tx.one("read_key", key_params)
+    if held is None or held["state"] != TaskState.SUCCEEDED:
+        raise _KeyBusyError
+    reused = Finish(TaskState.SUCCEEDED, result=held["result"])
+    columns = _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused")
+    tx.all("finish", {**columns, "offer": 0})
+    return ClaimResult(ClaimOutcome.REUSED, claim)
+
+
+def _finish_then_claim(tx: Tx, params: dict[str, Any], then: Continuation) -> Finished:
+    finished = rows.finished(tx.all("finish", params))
+    wanted = finished.ready[: then.limit]
+    if not wanted:
+        return finished
+    found = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, local=True))
+    return replace(finished, claimed=tuple(rows.claim(row) for row in found))
+
+
+def _finish_columns(
+    outcomes: Sequence[tuple[UUID, int, Finish]], label: str | None = None
+) -> dict[str, list[Any]]:
+    """The ``finish`` query's parameters, each transition checked first."""
+    for _, _, finish in outcomes:
+        transitions.check(TaskState.RUNNING, finish.state)
+        if finish.state not in rows.OUTCOMES:
+            raise IllegalTransitionError(
+                f"finish writes SUCCEEDED, FAILED or CANCELLED, not {finish.state} (the reaper's)"
+            )
+        if finish.state is TaskState.FAILED and finish.reason is None:
+            raise ValueError("a failure needs a reason")
+    return rows.finish_columns(outcomes, label)

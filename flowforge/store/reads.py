@@ -1,0 +1,208 @@
+"""Read models: runs, tasks, dead tasks, the dashboard's overview, stats, health and metrics.
+
+Nothing here changes state. A read made of several statements runs them in one transaction;
+a single statement runs on its own (one round trip).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from flowforge.domain.model import Attempt, DeadFilter, DeadTask, Run, TaskDetail, TaskRun, parse_id
+from flowforge.domain.states import RunState, TaskState
+from flowforge.domain.values import check_text
+from flowforge.errors import NotFoundError
+from flowforge.store import rows
+from flowforge.store.part import Part, Tx
+
+
+class Reads(Part):
+    """What the API, the CLI, the client and the health checks read."""
+
+    def get_run(self, run_id: UUID | str) -> Run:
+        """The run with its tasks; :class:`NotFoundError` if there is none."""
+        return self._transaction(_run_with_tasks, parse_id(run_id, "run id"))
+
+    def get_task(self, task_run_id: UUID | str) -> TaskRun:
+        """A task run; :class:`NotFoundError` if there is none."""
+        tid = parse_id(task_run_id, "task run id")
+        found = self._query("get_task", {"id": tid})
+        if not found:
+            raise NotFoundError(f"no task run with id {tid}")
+        return rows.task_run(found[0])
+
+    def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
+        """A task run's attempts, first first."""
+        tid = parse_id(task_run_id, "task run id")
+        return [rows.attempt(r) for r in self._query("get_attempts", {"id": tid})]
+
+    def list_runs(
+        self,
+        *,
+        state: str | None = None,
+        workflow: str | None = None,
+        limit: int = 50,
+        before: tuple[datetime, UUID] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[Run]:
+        """Runs newest first (without their tasks), keyset-paginated by ``before``.
+
+        ``since`` / ``until`` bound ``created_at`` to [since, until).
+        """
+        params = {
+            "state": state,
+            "workflow": text_filter(workflow, "workflow"),
+            "since": since,
+            "until": until,
+            "limit": limit,
+            "before_created": before[0] if before else None,
+            "before_id": before[1] if before else None,
+        }
+        # never prepared (no statement is: store/db.py), so each filter combination's plan
+        # can use its index
+        return [rows.run(r) for r in self._query("list_runs", params)]
+
+    def list_dead(
+        self,
+        limit: int = 100,
+        *,
+        match: DeadFilter | None = None,
+        before: tuple[datetime, UUID] | None = None,
+    ) -> list[DeadTask]:
+        """Dead tasks newest first (by finished_at, id), filtered by ``match``, keyset-paginated
+        by ``before`` (the (finished_at, id) of the last task of the previous page)."""
+        params = {
+            **dead_params(match or DeadFilter()),
+            "limit": limit,
+            "before_finished": before[0] if before else None,
+            "before_id": before[1] if before else None,
+        }
+        return [rows.dead_task(r) for r in self._query("list_dead", params)]
+
+    def task_detail(self, task_run_id: UUID | str) -> TaskDetail:
+        """A task run with its attempts, its run's input, its upstream results and its requeue
+        history, read in one transaction; :class:`NotFoundError` if there is none."""
+        return self._transaction(_task_detail, parse_id(task_run_id, "task run id"))
+
+    def overview(self, poison_threshold: int, fresh_s: float, limit: int = 20) -> dict[str, Any]:
+        """The dashboard's overview, read in one transaction.
+
+        Keys: ``runs`` and ``tasks`` (count by state, every state present), ``finished_per_minute``
+        (60 rows, oldest first: ``minute``, ``succeeded``, ``dead``, ``cancelled``),
+        ``retry_backlog`` (``n``, ``next_at``, ``latest_at``), ``poison_candidates`` (at most
+        ``limit`` unfinished tasks with ``poison_threshold`` attempts or more),
+        ``dead_by_reason`` ({reason: n}), ``outbox`` (``pending``, ``oldest_s``) and
+        ``processes`` (``host``, ``role``, ``n`` of processes seen within ``fresh_s``).
+        """
+        return self._transaction(_overview, poison_threshold, fresh_s, limit)
+
+    def stats(self, poison_threshold: int, limit: int = 20) -> dict[str, Any]:
+        """Retry distribution, failure reasons, retry backlog, poison candidates, dead tasks."""
+        return self._transaction(_stats, poison_threshold, limit)
+
+    def counters(self) -> dict[str, int]:
+        """Global event counters (e.g. ``stale_completions``)."""
+        return {r["name"]: r["value"] for r in self._query("read_counters")}
+
+    def ping(self) -> None:
+        """Raise :class:`DatabaseUnavailableError` unless PostgreSQL answers."""
+        self._query("ping")
+
+    def task_state_counts(self) -> dict[str, int]:
+        """Task runs by state (states with none are absent)."""
+        return {r["state"]: r["n"] for r in self._query("task_state_counts")}
+
+    def outbox_backlog(self) -> tuple[int, float]:
+        """(pending outbox rows, age in seconds of the oldest one; 0 when none)."""
+        found = self._query("outbox_backlog")
+        return (found[0]["pending"], found[0]["oldest_s"]) if found else (0, 0.0)
+
+    def live_process_counts(self, fresh_s: float) -> dict[str, int]:
+        """Registered processes seen within ``fresh_s`` seconds, by role."""
+        return {r["role"]: r["n"] for r in self._query("live_process_counts", {"fresh_s": fresh_s})}
+
+
+def dead_params(match: DeadFilter) -> dict[str, Any]:
+    """The filter parameters shared by ``list_dead``, ``count_dead`` and ``dead_ids_matching``."""
+    return {
+        "reason": str(match.reason) if match.reason else None,
+        "workflow": text_filter(match.workflow, "workflow"),
+        "handler": text_filter(match.handler, "handler"),
+    }
+
+
+def text_filter(value: str | None, name: str) -> str | None:
+    """A text filter PostgreSQL can take as a parameter, or the caller's mistake."""
+    return None if value is None else check_text(value, f"the {name} filter")
+
+
+def _run_with_tasks(tx: Tx, rid: UUID) -> Run:
+    row = tx.one("get_run", {"id": rid})
+    if row is None:
+        raise NotFoundError(f"no run with id {rid}")
+    tasks = tx.all("get_run_tasks", {"id": rid})
+    return rows.run(row, tuple(rows.task_run(t) for t in tasks))
+
+
+def _task_detail(tx: Tx, tid: UUID) -> TaskDetail:
+    row = tx.one("get_task", {"id": tid})
+    context = tx.one("task_context", {"id": tid})
+    if row is None or context is None:
+        raise NotFoundError(f"no task run with id {tid}")
+    attempts = tx.all("get_attempts", {"id": tid})
+    audit = tx.all("get_audit", {"id": tid})
+    return TaskDetail(
+        task=rows.task_run(row),
+        workflow=context["workflow"],
+        run_state=RunState(context["run_state"]),
+        input=context["input"],
+        upstream=context["upstream"],
+        attempts=tuple(rows.attempt(a) for a in attempts),
+        audit=tuple(rows.audit_entry(a) for a in audit),
+    )
+
+
+def _overview(tx: Tx, poison_threshold: int, fresh_s: float, limit: int) -> dict[str, Any]:
+    runs = tx.all("run_state_counts")
+    tasks = tx.all("task_state_counts")
+    minutes = tx.all("finished_per_minute")
+    retries = _retry_backlog_and_poison(tx, poison_threshold, limit)
+    dead = tx.all("dead_by_reason")
+    outbox = tx.one("outbox_backlog")
+    processes = tx.all("live_processes_by_host", {"fresh_s": fresh_s})
+    return {
+        "runs": {**{str(s): 0 for s in RunState}, **{r["state"]: r["n"] for r in runs}},
+        "tasks": {**{str(s): 0 for s in TaskState}, **{r["state"]: r["n"] for r in tasks}},
+        "finished_per_minute": [dict(r) for r in minutes],
+        **retries,
+        "dead_by_reason": {r["reason"]: r["n"] for r in dead},
+        "outbox": dict(outbox or {"pending": 0, "oldest_s": 0.0}),
+        "processes": [dict(r) for r in processes],
+    }
+
+
+def _stats(tx: Tx, poison_threshold: int, limit: int) -> dict[str, Any]:
+    attempts = tx.all("stats_attempts")
+    reasons = tx.all("stats_failure_reasons")
+    retries = _retry_backlog_and_poison(tx, poison_threshold, limit)
+    dead = tx.all("stats_dead_by_workflow")
+    return {
+        "attempts": {r["attempt"]: r["n"] for r in attempts},
+        "failure_reasons": {r["reason"]: r["n"] for r in reasons},
+        **retries,
+        "dead": [dict(r) for r in dead],
+    }
+
+
+def _retry_backlog_and_poison(tx: Tx, poison_threshold: int, limit: int) -> dict[str, Any]:
+    """``retry_backlog`` (n, next_at, latest_at) and ``poison_candidates`` (at most ``limit``
+    unfinished tasks with ``poison_threshold`` attempts or more), for stats and overview."""
+    backlog = tx.one("stats_retry_backlog")
+    poison = tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit})
+    return {
+        "retry_backlog": dict(backlog or {"n": 0, "next_at": None, "latest_at": None}),
+        "poison_candidates": [dict(r) for r in poison],
+    }

@@ -1,0 +1,46 @@
+"""Statements on whole runs that several parts share, inside the caller's transaction.
+
+The scheduler's ``propagate`` and the operator's cancel and requeue stop runs and derive their
+states the same way; these run on the :class:`~flowforge.store.part.Tx` of the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+from uuid import UUID
+
+from flowforge.domain import transitions
+from flowforge.domain.runstate import RunFacts, derive
+from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, TaskState
+from flowforge.store.part import Tx
+
+
+def stop_runs(tx: Tx, run_ids: Sequence[UUID], cause: CancelCause) -> None:
+    """Cancel the runs' tasks not yet started, ask their running ones to stop."""
+    transitions.check(NOT_STARTED_TASK_STATES, TaskState.CANCELLED)
+    params = {"run_ids": list(run_ids), "cause": str(cause)}
+    tx.all("cancel_not_started", params)
+    stopping = tx.all("request_stop", params)
+    if stopping:  # their workers hear it at the commit; lease renewal stays the fallback
+        stopped_runs = sorted({row["run_id"] for row in stopping})
+        tx.all("notify_cancel", {"run_ids": stopped_runs})
+
+
+def derive_states(tx: Tx, run_ids: Iterable[UUID]) -> None:
+    """Lock the runs (in id order, after their tasks) and store their derived states."""
+    ids = sorted(set(run_ids))
+    locked = tx.all("lock_runs", {"ids": ids})
+    counts: dict[UUID, dict[TaskState, int]] = {r["id"]: {} for r in locked}
+    attempted: dict[UUID, bool] = dict.fromkeys(counts, False)
+    for row in tx.all("run_facts", {"ids": ids}):
+        counts[row["run_id"]][TaskState(row["state"])] = row["n"]
+        attempted[row["run_id"]] = attempted[row["run_id"]] or bool(row["attempted"])
+    columns: dict[str, list[Any]] = {"ids": [], "states": [], "finished": []}
+    for row in locked:
+        facts = RunFacts(counts[row["id"]], attempted[row["id"]], row["cancel_requested"])
+        columns["ids"].append(row["id"])
+        columns["states"].append(str(derive(facts)))
+        columns["finished"].append(facts.finished)
+    if columns["ids"]:
+        tx.all("update_run_states", columns)

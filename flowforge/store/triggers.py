@@ -1,0 +1,112 @@
+"""Creating runs: the statements a trigger (client, API, CLI) runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from flowforge.domain import transitions
+from flowforge.domain.dag import WorkflowDef
+from flowforge.domain.model import TriggerResult
+from flowforge.domain.plan import RunPlan, plan_runs
+from flowforge.domain.states import TaskState
+from flowforge.errors import TriggerConflictError
+from flowforge.store import rows
+from flowforge.store.part import Part, Tx
+
+#: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
+ORDERING_LOCK_NAMESPACE = 0x4F52  # "OR"
+
+
+class Triggers(Part):
+    """New runs and their task runs, planned in the domain and inserted as a few arrays."""
+
+    def trigger(
+        self,
+        workflow: WorkflowDef,
+        run_input: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> TriggerResult:
+        """Create a run and its task runs in one transaction.
+
+        The same ``idempotency_key`` returns the same run (``created`` False); the same key
+        with another workflow or input raises :class:`TriggerConflictError`.
+        """
+        return self.trigger_many(workflow, [run_input], [idempotency_key])[0]
+
+    def trigger_many(
+        self,
+        workflow: WorkflowDef,
+        inputs: Sequence[Mapping[str, Any] | None],
+        idempotency_keys: Sequence[str | None] | None = None,
+    ) -> list[TriggerResult]:
+        """Create one run per input in one transaction (a few array inserts, not one per run).
+
+        Results are in input order; idempotency keys behave as in :meth:`trigger`, and one
+        conflict fails the whole batch.
+        """
+        plan = plan_runs(workflow, inputs, idempotency_keys)
+        if not plan.run_ids:
+            return []
+        return self._transaction(_insert_plan, workflow, plan)
+
+
+def _insert_plan(tx: Tx, workflow: WorkflowDef, plan: RunPlan) -> list[TriggerResult]:
+    tx.all(
+        "register_definition",
+        {
+            "name": workflow.name,
+            "digest": workflow.digest,
+            "definition": Jsonb(workflow.to_dict()),
+        },
+    )
+    ordering = plan.ordering_keys()
+    if ordering:
+        tx.all("lock_ordering_keys", {"namespace": ORDERING_LOCK_NAMESPACE, "keys": ordering})
+    found = tx.all(
+        "insert_runs",
+        {
+            "ids": plan.run_ids,
+            "workflow": workflow.name,
+            "digest": workflow.digest,
+            "inputs": [rows.jsonb(i) for i in plan.inputs],
+            "fail_fast": workflow.fail_fast,
+            "keys": plan.keys,
+            "digests": plan.digests,
+        },
+    )
+    inserted = {r["id"] for r in found}
+    results = [TriggerResult(rid, created=True) for rid in plan.run_ids]
+    if len(inserted) < len(plan.run_ids):
+        results = _replayed(tx, plan, inserted, results)
+    tasks = plan.tasks_of(inserted)
+    if tasks:
+        transitions.check(TaskState.PENDING, TaskState.READY)  # created READY when free
+        counts = tx.one("insert_tasks", rows.task_columns(tasks))
+        upstream, downstream = plan.edges_of({t.id for t in tasks})
+        if upstream:
+            tx.all("insert_edges", {"upstream": upstream, "downstream": downstream})
+        if counts and counts["queued"]:
+            tx.all("notify_outbox")
+        if counts and counts["waiting"]:
+            tx.all("notify_scheduler")
+    return results
+
+
+def _replayed(
+    tx: Tx, plan: RunPlan, inserted: set[UUID], results: list[TriggerResult]
+) -> list[TriggerResult]:
+    """Resolve runs whose idempotency key already existed: the same request or a conflict."""
+    keys = [k for rid, k in zip(plan.run_ids, plan.keys, strict=True) if rid not in inserted]
+    existing = {r["idempotency_key"]: r for r in tx.all("find_runs_by_keys", {"keys": keys})}
+    for index, (rid, key) in enumerate(zip(plan.run_ids, plan.keys, strict=True)):
+        if rid in inserted:
+            continue
+        found = existing.get(key)
+        if found is None or found["request_digest"] != plan.digests[index]:
+            raise TriggerConflictError(f"idempotency key {key!r} was used for a different request")
+        results[index] = TriggerResult(found["id"], created=False)
+    return results

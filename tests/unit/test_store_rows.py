@@ -1,0 +1,92 @@
+"""The store's object → parameter mappings against the named queries they feed (no database)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.model import Finish
+from flowforge.domain.plan import plan_runs
+from flowforge.domain.policy import RetryPolicy
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.states import TaskState
+from flowforge.store import queries, rows
+from flowforge.store.part import Part
+from flowforge.store.repository import Repository
+
+PLACEHOLDER = re.compile(r"%\((?P<name>[a-z_][a-z0-9_]*)\)s")
+
+
+def placeholders(name: str) -> set[str]:
+    return set(PLACEHOLDER.findall(queries.load()[name].decode()))
+
+
+def diamond() -> WorkflowDef:
+    return WorkflowDef(
+        name="wf",
+        tasks=(
+            TaskDef(name="a", handler="h.a", retry=RetryPolicy(max_attempts=4, base_delay=2.0)),
+            TaskDef(name="b", handler="h.b", depends_on=("a",), ordering_key="k-{n}"),
+            TaskDef(name="c", handler="h.c", depends_on=("a",), timeout=30.0),
+            TaskDef(name="d", handler="h.d", depends_on=("b", "c")),
+        ),
+    )
+
+
+def test_task_columns_are_exactly_the_parameters_of_insert_tasks() -> None:
+    plan = plan_runs(diamond(), [{"n": 1}, {"n": 2}])
+    assert set(rows.task_columns(plan.tasks)) == placeholders("insert_tasks")
+
+
+def test_task_columns_carry_each_planned_task_in_order() -> None:
+    plan = plan_runs(diamond(), [{"n": 1}, {"n": 2}])
+    columns = rows.task_columns(plan.tasks)
+    assert all(len(column) == 8 for column in columns.values())  # 2 runs x 4 tasks
+    assert columns["names"][:4] == ["a", "b", "c", "d"]
+    assert columns["pending"][:4] == [0, 1, 1, 2]
+    assert columns["max_attempts"][0] == 4 and columns["base_delays"][0] == 2.0
+    assert columns["timeouts"][:4] == [None, None, 30.0, None]
+    assert columns["ordering_keys"] == [None, "k-1", None, None, None, "k-2", None, None]
+    assert columns["run_ids"] == [plan.run_ids[0]] * 4 + [plan.run_ids[1]] * 4
+    assert plan.ordering_keys() == ["k-1", "k-2"]
+
+
+def test_tasks_of_keeps_only_the_runs_inserted() -> None:
+    plan = plan_runs(diamond(), [{"n": 1}, {"n": 2}])
+    assert plan.tasks_of(set(plan.run_ids)) is plan.tasks
+    kept = plan.tasks_of({plan.run_ids[1]})
+    assert [t.run_id for t in kept] == [plan.run_ids[1]] * 4
+    upstream, downstream = plan.edges_of({t.id for t in kept})
+    assert len(upstream) == len(downstream) == 4  # a→b, a→c, b→d, c→d of the second run
+
+
+def test_finish_and_claim_parameters_are_those_of_their_queries() -> None:
+    tid = uuid.uuid4()
+    failed = Finish(TaskState.FAILED, reason=FailureReason.HANDLER_ERROR, error="x\x00y")
+    finish = rows.finish_columns([(tid, 3, failed)])
+    assert set(finish) | {"offer"} == placeholders("finish")
+    assert finish["outcomes"] == ["failed"] and finish["errors"] == ["x\ufffdy"]
+    claim = rows.claim_params([(tid, 3)], "w1", 30.0, local=False)
+    assert set(claim) == placeholders("claim")
+
+
+def test_the_repository_facade_inherits_parts_that_share_no_name() -> None:
+    """A name two parts both defined would silently resolve to one of them in the facade."""
+    parts = [c for c in Repository.__mro__ if c.__module__.startswith("flowforge.store.")]
+    parts = [c for c in parts if c not in (Repository, Part)]
+    assert {c.__name__ for c in parts} == {
+        "Triggers",
+        "Passes",
+        "Claims",
+        "Outbox",
+        "Processes",
+        "Operator",
+        "Reads",
+    }
+    owners: dict[str, list[str]] = {}
+    for part in parts:
+        for name in vars(part):
+            if not name.startswith("__"):
+                owners.setdefault(name, []).append(part.__name__)
+    assert {name: who for name, who in owners.items() if len(who) > 1} == {}
