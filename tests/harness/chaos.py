@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -344,7 +345,14 @@ def main(argv: list[str] | None = None) -> int:
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    return 0 if report["violations_total"] == 0 else 1
+    if report["violations_total"]:
+        # the tree's logs and the services' data are the evidence: keep them
+        print(f"kept for diagnosis: {soak.workdir} {base_dir}", file=sys.stderr)
+        return 1
+    shutil.rmtree(soak.workdir, ignore_errors=True)
+    if args.base_dir is None:  # ours: about 75 MB of PostgreSQL and RabbitMQ data per run
+        shutil.rmtree(base_dir, ignore_errors=True)
+    return 0
 
 
 def print_report(report: dict[str, Any]) -> None:
