@@ -71,6 +71,8 @@ from uuid import UUID  # noqa: E402
 import psycopg  # noqa: E402
 
 from flowforge.domain.model import Claim, ClaimOutcome  # noqa: E402
+from flowforge.domain.reasons import FailureReason  # noqa: E402
+from flowforge.domain.states import TaskState  # noqa: E402
 from flowforge.store.repository import Repository  # noqa: E402
 
 SCHEDULER_LIMIT = 100
@@ -134,6 +136,28 @@ def claim_task(
     assert result.outcome is ClaimOutcome.EXECUTE, result
     assert result.claim is not None
     return result.claim
+
+
+def bury(
+    repo: Repository,
+    sql: psycopg.Connection[tuple[object, ...]],
+    task_run_id: UUID,
+    error: str = "boom",
+    traceback: str | None = None,
+) -> None:
+    """Claim a READY task and fail it with a permanent error; after the scheduler's passes it
+    must be DEAD."""
+    claim = claim_task(repo, sql, task_run_id)
+    assert repo.finish(
+        task_run_id,
+        claim.fencing_token,
+        TaskState.FAILED,
+        reason=FailureReason.PERMANENT_ERROR,
+        error=error,
+        traceback=traceback,
+    )
+    drain(repo)
+    assert repo.get_task(task_run_id).state is TaskState.DEAD
 
 
 def expire_lease(sql: psycopg.Connection[tuple[object, ...]], task_run_id: UUID) -> None:

@@ -36,12 +36,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import RetryPolicy
-from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.repository import Repository
 from tests.e2e import REPO, RoleProcess, Stack
 from tests.harness.resources import free_ports
-from tests.helpers import claim_task, drain, task_ids, wait_for
+from tests.helpers import bury, drain, task_ids, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -200,16 +199,7 @@ def make_dead(repo: Repository, sql: Sql) -> str:
     run_id = repo.trigger(PERMANENT).run_id
     task_id = task_ids(repo, run_id)["only"]
     drain(repo)
-    claim = claim_task(repo, sql, task_id)
-    assert repo.finish(
-        task_id,
-        claim.fencing_token,
-        TaskState.FAILED,
-        reason=FailureReason.PERMANENT_ERROR,
-        error="this input can never work",
-    )
-    drain(repo)
-    assert repo.get_task(task_id).state is TaskState.DEAD
+    bury(repo, sql, task_id, error="this input can never work")
     return str(task_id)
 
 

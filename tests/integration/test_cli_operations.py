@@ -29,7 +29,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.repository import Repository
 from tests.e2e import Stack
-from tests.helpers import FAST_RETRY, claim_task, drain, task_ids, wait_for
+from tests.helpers import FAST_RETRY, bury, claim_task, drain, task_ids, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -622,17 +622,7 @@ TRACEBACK = 'Traceback (most recent call last):\n  File "h.py", line 3, in h\nVa
 
 def dead_with_hostile_error(repo: Repository, sql: Sql) -> UUID:
     task_id = start(repo, PERMANENT, {"hostile": 1})
-    claim = claim_task(repo, sql, task_id)
-    assert repo.finish(
-        task_id,
-        claim.fencing_token,
-        TaskState.FAILED,
-        reason=FailureReason.PERMANENT_ERROR,
-        error=HOSTILE_ERROR,
-        traceback=TRACEBACK,
-    )
-    drain(repo)
-    assert repo.get_task(task_id).state is TaskState.DEAD
+    bury(repo, sql, task_id, error=HOSTILE_ERROR, traceback=TRACEBACK)
     return task_id
 
 

@@ -27,13 +27,13 @@ import pytest
 from flowforge.config import Config, DatabaseConfig, SchedulerConfig
 from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome
-from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError
 from flowforge.roles.scheduler import Scheduler
 from flowforge.store.repository import Repository
 from tests.helpers import (
     FAST_RETRY,
+    bury,
     chain,
     claim_task,
     drain,
@@ -90,16 +90,7 @@ def succeed(repo: Repository, sql: Sql, task_id: uuid.UUID, result: Any = None) 
 
 
 def die(repo: Repository, sql: Sql, task_id: uuid.UUID) -> None:
-    claim = claim_task(repo, sql, task_id)
-    assert repo.finish(
-        task_id,
-        claim.fencing_token,
-        TaskState.FAILED,
-        reason=FailureReason.PERMANENT_ERROR,
-        error="boom",
-    )
-    drain(repo)
-    assert repo.get_task(task_id).state is TaskState.DEAD
+    bury(repo, sql, task_id)
 
 
 def run_with_dead_task(repo: Repository, sql: Sql, workflow: WorkflowDef) -> uuid.UUID:
