@@ -294,16 +294,7 @@ def test_a_request_head_past_its_deadline_gets_408_and_its_connection_closes(
         silent = sockets.enter_context(socket.create_connection(("127.0.0.1", api.port), 5))
         started = time.monotonic()
         trickling.sendall(b"GET /health/live HTTP/1.1\r\n")
-
-        def answered() -> bool:
-            """Sends one more byte (every 0.1 s: never idle, never done) unless answered."""
-            if server_closed(trickling):
-                return True
-            with contextlib.suppress(OSError):
-                trickling.send(b"x")
-            return False
-
-        wait_for(answered, timeout=10, interval=0.1, what="the trickling connection's answer")
+        trickle_until_answered(trickling, b"x", "the trickling connection's answer")
         took = time.monotonic() - started
         assert 1.0 <= took < 4.0, took
         reply = read_answer(trickling, 5)
@@ -349,21 +340,26 @@ def test_a_request_body_past_its_deadline_gets_408_and_its_connection_closes(
     with socket.create_connection(("127.0.0.1", api.port), 5) as sock:
         started = time.monotonic()
         sock.sendall(head)
-
-        def answered() -> bool:
-            """Sends one more body byte (every 0.1 s) unless answered."""
-            if server_closed(sock):
-                return True
-            with contextlib.suppress(OSError):
-                sock.send(b" ")
-            return False
-
-        wait_for(answered, timeout=10, interval=0.1, what="the trickled body's answer")
+        trickle_until_answered(sock, b" ", "the trickled body's answer")
         took = time.monotonic() - started
         assert 1.0 <= took < 4.0, took
         reply = read_answer(sock, 5)
         assert "body did not arrive within 1 s" in assert_json_error(reply, 408)
     assert count_runs(sql) == 0
+
+
+def trickle_until_answered(sock: socket.socket, byte: bytes, what: str) -> None:
+    """Send ``byte`` every 0.1 s (never idle, never done) until the server answers or closes
+    ``sock``; fail after 10 s."""
+
+    def answered() -> bool:
+        if server_closed(sock):
+            return True
+        with contextlib.suppress(OSError):
+            sock.send(byte)
+        return False
+
+    wait_for(answered, timeout=10, interval=0.1, what=what)
 
 
 def settle(api: Api) -> None:
