@@ -278,7 +278,7 @@ class FakeStore:
         )
 
     def _called(self, method: str, size: int) -> None:
-        with self._lock:  # the worker's main thread only; the lock keeps the record honest
+        with self._lock:  # the main thread and the lease keeper both call in
             self.calls.append((method, size))
             if self.outages[method]:
                 self.outages[method] -= 1

@@ -27,6 +27,7 @@ from flowforge.roles.context import TaskContext
 from flowforge.roles.hooks import Hook, Hooks
 from flowforge.roles.worker import Worker
 from flowforge.telemetry import Telemetry
+from tests.helpers import wait_for
 from tests.stubs import FakeStore, NullPool, StubBroker
 
 PREFETCH = 8
@@ -424,3 +425,41 @@ def test_hooks_dispatch_only_to_the_hooks_that_override_a_method() -> None:
     stop = Finish(TaskState.FAILED, reason=FailureReason.TIMEOUT)
     assert Hooks([Wake(0.1), Wake(stop)]).while_running(claim, 0.0) is stop
     assert Hooks([]).room(0) is None
+
+
+def test_a_broker_call_blocked_longer_than_a_heartbeat_does_not_stop_lease_renewal() -> None:
+    """A quorum queue's ``basic.cancel`` can block the main thread for up to RabbitMQ's 30 s
+    command timeout while a new leader is elected; the leases are renewed meanwhile by their
+    own thread, and the finish that follows commits with the claim's token."""
+    made = make_rig(fast_ms=50.0, heartbeat_s=0.05)
+    handed_back = StubBroker.hand_back
+    renewals_during_block: list[int] = []
+
+    def blocked_hand_back(broker: StubBroker = made.broker) -> int:
+        before = made.store.count("renew_leases")
+        # blocked until the keeper renewed three times (a bound, not a wait: BLOCK_S)
+        wait_for(
+            lambda: made.store.count("renew_leases") >= before + 3,
+            timeout=BLOCK_S,
+            what="renewals while the main thread is blocked in a broker call",
+        )
+        renewals_during_block.append(made.store.count("renew_leases") - before)
+        return handed_back(broker)
+
+    made.broker.hand_back = blocked_hand_back  # type: ignore[method-assign]
+    release = threading.Event()
+
+    def slow(ctx: TaskContext) -> str:
+        release.wait(0.2)  # slower than fast_handler_ms: the worker hands back behind it
+        return "done"
+
+    made.worker._handlers = {**(made.worker._handlers or {}), "slow": slow}
+    [task] = made.publish("slow")
+    try:
+        made.run()
+    finally:
+        made.worker.shutdown()
+    assert renewals_during_block and renewals_during_block[0] >= 3
+    # committed (a stale token would have left the task RUNNING), and on its first attempt
+    assert made.store.tasks[task].state is TaskState.SUCCEEDED
+    assert made.store.tasks[task].attempt == 1
