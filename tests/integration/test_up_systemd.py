@@ -169,7 +169,8 @@ def test_up_tells_a_notify_socket_ready_watchdog_reload_and_stopping(
         registered = {row["pid"]: row["role"] for row in flowforge_ps(config, stack.env())}
         assert {registered.get(pid) for pid in children} == {"scheduler", "worker", "publisher"}
 
-        # no child inherited the variables: not in its environment, not in a handler's
+        # no child inherited the variables. /proc/PID/environ shows the block a process was
+        # exec'd with (setproctitle reuses it for the title); what a handler reads is the proof.
         for pid in children:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             assert not [v for v in VARIABLES if f"{v}=".encode() in environ], pid
