@@ -13,7 +13,8 @@ against its headers; ``sdnotify`` (last released 2017) keeps one socket open fro
 (a descriptor every forked child would inherit), either swallows every error silently or raises
 it, and reads neither ``WATCHDOG_USEC`` nor ``WATCHDOG_PID``. What is needed here — both address
 shapes, a bounded send that never raises, the first failure logged once, the variables taken out
-of the environment so children cannot inherit them — is the fifty lines below.
+of the environment so children cannot inherit them — takes a few dozen lines of the standard
+library, which one of them would not save.
 """
 
 from __future__ import annotations
