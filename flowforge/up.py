@@ -90,6 +90,7 @@ def run(config: Config, config_label: str) -> int:
         # Before the first fork: every process of the tree writes its samples here.
         os.environ[METRICS_DIR_ENV] = metrics_dir
         logs.configure("supervisor", config.logging.format, config.logging.level)
+        faulthandler.enable()  # a watchdog's SIGABRT (systemd) prints where the loop was stuck
         set_title(f"{TITLE_PREFIX}: supervisor [{config_label}]")
         preload_driver()
         return _supervise(config)
