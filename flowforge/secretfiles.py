@@ -11,9 +11,9 @@ and so out of ``ps``. The rules (README, "Secrets from files"):
 - it must be a regular file of at most :data:`MAX_BYTES`: ``flowforge up`` reads its config
   twice (it checks it, then becomes the tree, which reads it again), so a pipe such as
   ``<(pass show db)`` would be empty the second time; a device or a FIFO could block forever;
-- a file readable by group or others is used, with a warning: podman and Docker mount secrets
-  with mode 0444 and Kubernetes with 0644 by default, readable by nobody else in a container
-  of one user, so refusing would break the very setups this exists for;
+- a file readable by group or others is used, with a warning: podman and Docker Swarm mount
+  secrets with mode 0444 and Kubernetes with 0644 by default, readable by nobody else in a
+  container of one user, so refusing would break the very setups this exists for;
 - an error names who pointed at the file, its path and the reason, never a byte of its content.
 
 Nothing here reads the environment: :mod:`flowforge.config` says where each secret comes from.
