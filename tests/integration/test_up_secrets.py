@@ -213,6 +213,7 @@ def assert_no_secret(where: str, text: str) -> None:
         assert secret not in text, (where, [line for line in text.splitlines() if secret in line])
 
 
+@pytest.mark.slow  # a private PostgreSQL and RabbitMQ that demand passwords: ~45 s in all
 def test_a_tree_whose_secrets_are_only_in_files_shows_them_nowhere(
     password_services: PasswordServices, tmp_path: Path
 ) -> None:

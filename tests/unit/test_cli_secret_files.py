@@ -88,27 +88,33 @@ def test_every_command_refuses_a_missing_secret_file_with_one_line(
     ids=["directory", "two-lines", "value-and-file"],
 )
 def test_up_stops_before_starting_anything(
-    tmp_path: Path, env: dict[str, str], fragment: str
+    tmp_path: Path,
+    env: dict[str, str],
+    fragment: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     (tmp_path / "token").write_text(f"{SECRET}\n{SECRET}\n")
     config = write_config(tmp_path, "api:\n  listen: 127.0.0.1:1\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "flowforge.cli", "-c", str(config), "up"],
-        capture_output=True,
-        text=True,
-        env=clean_env(**env),
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert_one_line(done.returncode, done.stdout, done.stderr, f"{config}: {fragment}")
+
+    def become_tree(path: str | None, label: str) -> None:
+        raise AssertionError("the tree was started")
+
+    monkeypatch.setattr("flowforge.tree.become_tree", become_tree)
+    for name in [k for k in os.environ if k.startswith(("FLOWFORGE_", "PG"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = main(["-c", str(config), "up"])
+    out, err = capfd.readouterr()
+    assert_one_line(code, out, err, f"{config}: {fragment}")
 
 
-def test_the_tree_entry_rereading_the_config_says_the_same(tmp_path: Path) -> None:
-    """``flowforge up`` checks the config, then becomes ``python -m flowforge.tree``, which reads
-    it again: a secret file gone in between is the same one line and exit 2."""
-    config = write_config(tmp_path, "broker:\n  url: amqp://ff@mq1/%2F\n  password_file: mq\n")
+def test_the_real_command_says_one_line_without_a_traceback(tmp_path: Path) -> None:
+    """The console entry end to end: ``flowforge up`` with a password file that is missing."""
+    config = write_config(tmp_path, "database:\n  password_file: /nonexistent/db-password\n")
     done = subprocess.run(
-        [sys.executable, "-P", "-m", "flowforge.tree", "flowforge.yaml", str(REPO), str(config)],
+        [sys.executable, "-m", "flowforge.cli", "-vv", "-c", str(config), "up"],
         capture_output=True,
         text=True,
         env=clean_env(),
@@ -118,5 +124,20 @@ def test_the_tree_entry_rereading_the_config_says_the_same(tmp_path: Path) -> No
         done.returncode,
         done.stdout,
         done.stderr,
-        f"broker.password_file: cannot use {tmp_path / 'mq'}: No such file or directory",
+        "database.password_file: cannot use /nonexistent/db-password: No such file or directory",
+    )
+
+
+def test_the_tree_entry_rereading_the_config_says_the_same(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``flowforge up`` checks the config, then becomes ``python -m flowforge.tree``, which reads
+    it again: a secret file gone in between is the same one line and exit 2."""
+    from flowforge.tree import main as tree_main
+
+    config = write_config(tmp_path, "broker:\n  url: amqp://ff@mq1/%2F\n  password_file: mq\n")
+    code = tree_main(["flowforge.yaml", str(REPO), str(config)])
+    out, err = capfd.readouterr()
+    assert_one_line(
+        code, out, err, f"broker.password_file: cannot use {tmp_path / 'mq'}: No such file"
     )
