@@ -436,6 +436,8 @@ class _Secrets:
             _check_broker_users(urls, source, password_from.name)
             password = self.read(password_from)
             urls = tuple(amqp_with_password(u, password.text) for u in urls)
+        else:
+            _check_broker_passwords(urls, source)
         return dataclasses.replace(
             broker, url=urls, url_file=urls_file, password_file=_path(password)
         )
@@ -464,6 +466,18 @@ def _check_broker_users(urls: tuple[str, ...], source: str, password_name: str) 
             raise ConfigError(
                 f"{password_name} and a password in broker URL {i} ({source}) are both set:"
                 " set one of them"
+            )
+
+
+def _check_broker_passwords(urls: tuple[str, ...], source: str) -> None:
+    """A node naming a user without a password (pika cannot even parse it) is most likely one
+    whose password file was forgotten."""
+    for i, url in enumerate(urls, 1):
+        found = userinfo(url)
+        if found is not None and found[1] is None:
+            raise ConfigError(
+                f"broker URL {i} ({redact_url(url)}, from {source}) names a user but no"
+                f" password: set {ENV_BROKER_PASSWORD_FILE} or broker.password_file"
             )
 
 

@@ -257,6 +257,18 @@ def test_a_broker_password_file_needs_a_user_and_no_password_in_every_node(
     assert DEFAULT_BROKER_URL.startswith("amqp://guest:guest@")
 
 
+def test_a_broker_user_without_a_password_or_a_password_file_is_refused(tmp_path: Path) -> None:
+    """pika cannot parse ``amqp://user@host`` (a TypeError at connect): said at load instead."""
+    message = refused(tmp_path, f"broker:\n  url: [amqp://ff:{SECRET}@mq1/%2F, {MQ}]\n")
+    assert message.endswith(
+        f"broker URL 2 ({MQ}, from broker.url) names a user but no password: set"
+        " FLOWFORGE_BROKER_PASSWORD_FILE or broker.password_file"
+    ), message
+    assert load(tmp_path, "broker:\n  url: amqp://ff:@mq1/%2F\n").broker.url == (
+        "amqp://ff:@mq1/%2F",
+    )
+
+
 # ------------------------------------------------------------------ passwords into URLs
 
 
