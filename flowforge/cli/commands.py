@@ -21,7 +21,8 @@ from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import ConfigError, InputError
 from flowforge.handlers import collect
 
-if TYPE_CHECKING:  # imported where used: the other commands need none of the client
+if TYPE_CHECKING:  # imported where used: the other commands need none of the database layer
+    from flowforge.cli.statements import CliStatements
     from flowforge.client import Client
 
 
@@ -35,6 +36,14 @@ def _client(args: argparse.Namespace) -> Iterator[Client]:
 
     with Client(_config(args)) as client:
         yield client
+
+
+@contextmanager
+def _store(args: argparse.Namespace) -> Iterator[CliStatements]:
+    from flowforge.cli.statements import opened
+
+    with opened(_config(args)) as store:
+        yield store
 
 
 def no_action(args: argparse.Namespace) -> int:  # argparse requires an action for groups
@@ -129,8 +138,8 @@ def runs(args: argparse.Namespace) -> int:
         raise InputError(f"--state must be one of {', '.join(RunState)}")
     if not 1 <= args.limit <= 1000:
         raise InputError("--limit must be between 1 and 1000")
-    with _client(args) as client:
-        found = client.repository.list_runs(state=state, workflow=args.workflow, limit=args.limit)
+    with _store(args) as store:
+        found = store.list_runs(state=state, workflow=args.workflow, limit=args.limit)
     if args.json:
         output.emit_json([output.run_dict(r, with_tasks=False) for r in found])
         return exitcodes.OK
@@ -155,8 +164,8 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def dead_list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        dead = client.repository.list_dead(limit=args.limit)
+    with _store(args) as store:
+        dead = store.list_dead(limit=args.limit)
     if args.json:
         output.emit_json([output.task_dict(t) for t in dead])
         return exitcodes.OK
@@ -171,9 +180,9 @@ def dead_list(args: argparse.Namespace) -> int:
 
 
 def dead_show(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        task = client.repository.get_task(args.task_run_id)
-        attempts = client.attempts(task.id)
+    with _store(args) as store:
+        task = store.get_task(args.task_run_id)
+        attempts = store.attempts(task.id)
     if args.json:
         output.emit_json(
             {**output.task_dict(task), "attempts": [output.attempt_dict(a) for a in attempts]}
@@ -256,8 +265,8 @@ def workflows_validate(args: argparse.Namespace) -> int:
 def stats(args: argparse.Namespace) -> int:
     if args.poison_threshold < 1:
         raise InputError("--poison-threshold must be at least 1")
-    with _client(args) as client:
-        data = client.repository.stats(args.poison_threshold)
+    with _store(args) as store:
+        data = store.stats(args.poison_threshold)
     if args.json:
         output.emit_json(data)
         return exitcodes.OK
@@ -291,8 +300,8 @@ def stats(args: argparse.Namespace) -> int:
 
 
 def ps(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        found = client.repository.list_processes()
+    with _store(args) as store:
+        found = store.list_processes()
     if args.json:
         output.emit_json([output.to_dict(p) for p in found])
         return exitcodes.OK

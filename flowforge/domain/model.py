@@ -153,14 +153,6 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class Renewal:
-    """A lease renewal: ``held`` is False once the token is stale (stop, do not finish)."""
-
-    held: bool
-    cancel_requested: bool = False
-
-
-@dataclass(frozen=True)
 class PassReport:
     """What one scheduler pass changed, by kind of work."""
 

@@ -103,10 +103,6 @@ class Reads(Part):
         """Retry distribution, failure reasons, retry backlog, poison candidates, dead tasks."""
         return self._transaction(_stats, poison_threshold, limit)
 
-    def counters(self) -> dict[str, int]:
-        """Global event counters (e.g. ``stale_completions``)."""
-        return {r["name"]: r["value"] for r in self._query("read_counters")}
-
     def ping(self) -> None:
         """Raise :class:`DatabaseUnavailableError` unless PostgreSQL answers."""
         self._query("ping")

@@ -19,7 +19,7 @@ PART_MODULES = sorted(
     for path in STORE.glob("*.py")
     if path.stem not in {"__init__", "db", "pgerrors", "notify", "migrate", "queries", "part"}
 )
-REPOSITORY_SOURCE = "\n".join(path.read_text(encoding="utf-8") for path in PART_MODULES)
+PARTS_SOURCE = "\n".join(path.read_text(encoding="utf-8") for path in PART_MODULES)
 #: A named query run through the one execution idiom: ``self._query("name"`` or, inside a
 #: transaction, ``tx.all("name"`` / ``tx.one("name"`` / ``tx.count("name"``.
 DIRECT_KEY = re.compile(r"""\b(?:_query|all|one|count)\(\s*["']([a-z_][a-z0-9_]*)["']""")
@@ -76,17 +76,26 @@ def test_load_has_no_empty_query() -> None:
 
 
 def referenced_names() -> set[str]:
-    return set(DIRECT_KEY.findall(REPOSITORY_SOURCE))
+    return set(DIRECT_KEY.findall(PARTS_SOURCE))
 
 
-def test_repository_references_queries_by_name() -> None:
+def test_the_parts_reference_queries_by_name() -> None:
     names = referenced_names()
-    assert len(names) >= 20  # the regex really finds the repository's lookups
+    assert len(names) >= 20  # the regex really finds the parts' lookups
     assert {"claim", "finish", "notify_scheduler"} <= names
 
 
 def test_the_store_parts_run_sql_through_the_one_idiom_only() -> None:
-    assert {path.stem for path in PART_MODULES} >= {"claims", "passes", "reads", "repository"}
+    assert {path.stem for path in PART_MODULES} >= {
+        "triggers",
+        "passes",
+        "claims",
+        "outbox",
+        "processes",
+        "operator",
+        "reads",
+        "runs",
+    }
     for path in PART_MODULES:
         other = OTHER_IDIOM.findall(path.read_text(encoding="utf-8"))
         assert other == [], f"{path.name} runs SQL outside store/part.py's helpers: {other}"
@@ -99,18 +108,18 @@ def test_the_idiom_guard_catches_a_cursor_and_the_database() -> None:
     assert not OTHER_IDIOM.search('tx.all("claim", params)')
 
 
-def test_every_query_the_repository_names_exists() -> None:
+def test_every_query_the_parts_name_exists() -> None:
     missing = sorted(referenced_names() - set(queries.load()))
     assert missing == []
 
 
 def test_every_indirectly_named_query_is_in_the_source_and_exists() -> None:
     for name in INDIRECT_NAMES:
-        assert f'"{name}"' in REPOSITORY_SOURCE, name
+        assert f'"{name}"' in PARTS_SOURCE, name
     assert sorted(set(INDIRECT_NAMES) - set(queries.load())) == []
 
 
-def test_no_query_is_unused_by_the_repository() -> None:
+def test_no_query_is_unused_by_the_parts() -> None:
     used = referenced_names() | set(INDIRECT_NAMES)
     assert sorted(set(queries.load()) - used) == []
 
