@@ -31,7 +31,7 @@ class DatabaseCollector(Collector):
         up = GaugeMetricFamily("flowforge_database_up", "1 if PostgreSQL answered the scrape")
         try:
             states = self._reads.task_state_counts()
-            pending, oldest_s = self._reads.outbox_backlog()
+            outbox = self._reads.outbox_backlog()
             processes = self._reads.live_process_counts(FRESH_S)
         except FlowForgeError:
             up.add_metric([], 0)
@@ -44,12 +44,12 @@ class DatabaseCollector(Collector):
             tasks.add_metric([state], n)
         yield tasks
         yield GaugeMetricFamily(
-            "flowforge_outbox_pending", "Outbox rows not yet confirmed", value=pending
+            "flowforge_outbox_pending", "Outbox rows not yet confirmed", value=outbox.pending
         )
         yield GaugeMetricFamily(
             "flowforge_outbox_oldest_pending_seconds",
             "Age of the oldest pending outbox row",
-            value=oldest_s,
+            value=outbox.oldest_s,
         )
         live = GaugeMetricFamily(
             "flowforge_processes", "Live registered processes", labels=["role"]

@@ -9,7 +9,7 @@ from flowforge.api.errors import json_error
 from flowforge.api.health import FRESH_S  # live means the same as in /health/ready
 from flowforge.store import processes as registry
 from flowforge.store.reads import Reads
-from flowforge.views import to_dict
+from flowforge.views import overview_dict, to_dict
 
 DEFAULT_POISON_THRESHOLD = 3
 MAX_POISON_THRESHOLD = 1_000_000
@@ -25,7 +25,7 @@ class Overview:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         threshold = _poison_threshold(req)
-        data = self._reads.overview(threshold, FRESH_S, POISON_LIST)
+        data = overview_dict(self._reads.overview(threshold, FRESH_S, POISON_LIST))
         params.send(resp, {**data, "poison_threshold": threshold, "fresh_s": FRESH_S})
 
 

@@ -268,33 +268,33 @@ def stats(args: argparse.Namespace) -> int:
     with _store(args) as store:
         data = store.stats(args.poison_threshold)
     if args.json:
-        output.emit_json(data)
+        output.emit_json(output.stats_dict(data))
         return exitcodes.OK
     output.line("attempts used per task run:")
-    output.table(("ATTEMPTS", "TASK RUNS"), sorted(data["attempts"].items()))
+    output.table(("ATTEMPTS", "TASK RUNS"), sorted(data.attempts.items()))
     print()
     output.line("failure reasons (all attempts):")
-    output.table(("REASON", "ATTEMPTS"), list(data["failure_reasons"].items()))
-    backlog = data["retry_backlog"]
+    output.table(("REASON", "ATTEMPTS"), list(data.failure_reasons.items()))
+    backlog = data.retry_backlog
     print()
     output.line(
-        f"retry backlog: {backlog['n']} waiting, next {backlog['next_at'] or '-'}, "
-        f"latest {backlog['latest_at'] or '-'}"
+        f"retry backlog: {backlog.n} waiting, next {backlog.next_at or '-'}, "
+        f"latest {backlog.latest_at or '-'}"
     )
     print()
     output.line(f"poison candidates (>= {args.poison_threshold} attempts, unfinished):")
     output.table(
         ("ID", "WORKFLOW", "TASK", "STATE", "ATTEMPT", "REASON"),
         [
-            (p["id"], p["workflow"], p["name"], p["state"], p["attempt"], p["failure_reason"])
-            for p in data["poison_candidates"]
+            (p.id, p.workflow, p.name, p.state, p.attempt, p.failure_reason)
+            for p in data.poison_candidates
         ],
     )
     print()
     output.line("dead tasks:")
     output.table(
         ("WORKFLOW", "HANDLER", "REASON", "COUNT"),
-        [(d["workflow"], d["handler"], d["reason"], d["n"]) for d in data["dead"]],
+        [(d.workflow, d.handler, d.reason, d.n) for d in data.dead],
     )
     return exitcodes.OK
 

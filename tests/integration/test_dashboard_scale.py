@@ -220,14 +220,14 @@ def test_the_overview_and_dead_task_queries_read_task_runs_through_indexes(big: 
 
 def test_the_state_counts_are_the_one_full_read_and_add_up(big: Sql, big_repo: Store) -> None:
     overview = big_repo.overview(poison_threshold=3, fresh_s=15.0)
-    assert sum(overview["runs"].values()) == RUNS
-    assert sum(overview["tasks"].values()) == RUNS * TASKS_PER_RUN
-    assert overview["runs"]["FAILED"] == RUNS // 100
-    assert sum(overview["dead_by_reason"].values()) == RUNS // 100
-    assert len(overview["poison_candidates"]) == 20  # the list is bounded
-    assert len(overview["finished_per_minute"]) == 60
+    assert sum(overview.runs.values()) == RUNS
+    assert sum(overview.tasks.values()) == RUNS * TASKS_PER_RUN
+    assert overview.runs["FAILED"] == RUNS // 100
+    assert sum(overview.dead_by_reason.values()) == RUNS // 100
+    assert len(overview.poison_candidates) == 20  # the list is bounded
+    assert len(overview.finished_per_minute) == 60
     finished_last_hour = sum(
-        m["succeeded"] + m["dead"] + m["cancelled"] for m in overview["finished_per_minute"]
+        m.succeeded + m.dead + m.cancelled for m in overview.finished_per_minute
     )
     row = big.execute(
         "SELECT count(*) FROM task_runs"
