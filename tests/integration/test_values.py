@@ -41,6 +41,7 @@ from tests.helpers import claim_task, drain, task_ids
 from tests.integration.test_api import Api, api, assert_json_error
 from tests.integration.test_cli_operations import assert_operator_error, flowforge
 from tests.store import Store
+from tests.stubs import Outcomes
 from tests.values import (
     canonical,
     cleaned,
@@ -235,7 +236,9 @@ def test_a_batch_finish_postgresql_still_refuses_is_finished_task_by_task(
     fails (DEAD ``unserializable_result`` with the database's message), at once, not after its
     lease; the others succeed, and the worker carries on."""
     config = Config(database=DatabaseConfig(url=clean_database_url), worker=WorkerConfig())
-    worker = Worker(config, store=repo)  # the worker's own pool is never opened: no broker
+    finished = Outcomes()
+    # the worker's own pool is never opened: no broker
+    worker = Worker(config, store=repo, hooks=[finished])
     runs = repo.trigger_many(PLAIN, [{"n": n} for n in range(4)])
     tasks = [task_ids(repo, r.run_id)["only"] for r in runs]
     claims = [claim_task(repo, sql, t) for t in tasks]
@@ -246,7 +249,7 @@ def test_a_batch_finish_postgresql_still_refuses_is_finished_task_by_task(
     ]
     with caplog.at_level(logging.WARNING):
         worker._ledger.finish(outcomes, then=None)  # what a batch's flush does
-    assert worker.tasks_done == 4
+    assert finished.count == 4
     states = {
         UUID(str(r[0])): r[1]
         for r in sql.execute("SELECT id, state FROM task_runs WHERE id = ANY(%s)", (tasks,))
