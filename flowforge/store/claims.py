@@ -105,8 +105,9 @@ class Claims(Part):
         """
         if not claims:
             return {}
-        found = self._query("renew_leases", {**rows.pair_params(claims), "lease_s": lease_s})
-        return {row["id"]: bool(row["cancel_requested"]) for row in found}
+        return rows.held_leases(
+            self._query("renew_leases", {**rows.pair_params(claims), "lease_s": lease_s})
+        )
 
     def finish_many(
         self,

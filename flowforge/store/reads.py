@@ -35,7 +35,7 @@ class Reads(Part):
 
     def get_run(self, run_id: UUID | str) -> Run:
         """The run with its tasks; :class:`NotFoundError` if there is none."""
-        return self._transaction(_run_with_tasks, parse_id(run_id, "run id"))
+        return self._transaction(run_with_tasks, parse_id(run_id, "run id"))
 
     def get_task(self, task_run_id: UUID | str) -> TaskRun:
         """A task run; :class:`NotFoundError` if there is none."""
@@ -143,12 +143,21 @@ def text_filter(value: str | None, name: str) -> str | None:
     return None if value is None else check_text(value, f"the {name} filter")
 
 
-def _run_with_tasks(tx: Tx, rid: UUID) -> Run:
+def run_with_tasks(tx: Tx, rid: UUID) -> Run:
+    """The run with its tasks, in the caller's transaction (an action answers with it)."""
     row = tx.one("get_run", {"id": rid})
     if row is None:
         raise NotFoundError(f"no run with id {rid}")
     tasks = tx.all("get_run_tasks", {"id": rid})
     return rows.run(row, tuple(rows.task_run(t) for t in tasks))
+
+
+def task_by_id(tx: Tx, tid: UUID) -> TaskRun:
+    """A task run, in the caller's transaction (an action answers with it)."""
+    row = tx.one("get_task", {"id": tid})
+    if row is None:
+        raise NotFoundError(f"no task run with id {tid}")
+    return rows.task_run(row)
 
 
 def _task_detail(tx: Tx, tid: UUID) -> TaskDetail:

@@ -168,6 +168,11 @@ def finished(found: Sequence[Row]) -> Finished:
     )
 
 
+def held_leases(found: Sequence[Row]) -> dict[UUID, bool]:
+    """The ``renew_leases`` rows: ``{task run id: cancel requested}`` of the leases held."""
+    return {row["id"]: bool(row["cancel_requested"]) for row in found}
+
+
 def retry_policy(row: Row) -> RetryPolicy:
     """A ``lock_failed`` / ``lock_expired_leases`` row's retry policy."""
     return RetryPolicy(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -150,3 +151,90 @@ def test_available_migrations_have_names_sql_and_distinct_checksums() -> None:
         assert "CREATE" in migration.sql.upper()
         assert len(migration.checksum) == 64
     assert len({m.checksum for m in migrations}) == len(migrations)
+
+
+#: Statements with more than one execution call site, and why.
+SEVERAL_CALLS = {
+    "claim_many": "a keyed claim takes a transaction of its own, rolled back if its key is busy",
+    "finish_many": "one call per path: a plain finish is one statement (the hot path, no "
+    "BEGIN/COMMIT), a finish that claims the next steps one transaction",
+    "requeue_dead_matching": "one transaction per task, so a failure part-way leaves each "
+    "requeued and audited or untouched",
+}
+HELPERS = {"_query", "_transaction"}
+
+
+def part_methods() -> dict[str, ast.FunctionDef]:
+    """Every method of every public class of the store's parts, by ``Class.method``."""
+    found: dict[str, ast.FunctionDef] = {}
+    for path in PART_MODULES:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef):
+                        found[f"{node.name}.{item.name}"] = item
+    return found
+
+
+def self_calls(method: ast.FunctionDef) -> list[str]:
+    """The names of the ``self.<name>(...)`` calls in ``method``, once per call site."""
+    return [
+        node.func.attr
+        for node in ast.walk(method)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+    ]
+
+
+def executing(methods: dict[str, ast.FunctionDef]) -> set[str]:
+    """The method names that run SQL: a helper, or a method that calls one (transitively)."""
+    names = set(HELPERS)
+    while True:
+        more = {
+            key.split(".")[1] for key, method in methods.items() if names & set(self_calls(method))
+        } - names
+        if not more:
+            return names
+        names |= more
+
+
+def test_each_statement_is_a_docstring_and_one_execution_call() -> None:
+    """store/part.py's idiom (procrastinate's manager.py): a public method of a part states its
+    contract, checks its input, and runs SQL through one call of ``_query`` or ``_transaction``
+    (or of one other statement); mapping rows is store/rows.py's."""
+    methods = part_methods()
+    assert len(methods) >= 30  # the parser really finds the parts' methods
+    runs_sql = executing(methods)
+    several: dict[str, list[str]] = {}
+    undocumented: list[str] = []
+    for key, method in methods.items():
+        name = key.split(".")[1]
+        if name.startswith("_"):
+            continue
+        if ast.get_docstring(method) is None:
+            undocumented.append(key)
+        calls = [c for c in self_calls(method) if c in runs_sql]
+        if len(calls) > 1 and name not in SEVERAL_CALLS:
+            several[key] = calls
+    assert undocumented == []
+    assert several == {}
+
+
+def test_the_one_call_guard_catches_a_second_round_trip() -> None:
+    source = (
+        "class Demo:\n"
+        "    def act(self, x):\n"
+        '        """Doc."""\n'
+        "        self._transaction(work, x)\n"
+        "        return self.read(x)\n"
+        "    def read(self, x):\n"
+        '        """Doc."""\n'
+        '        return self._query("q", {"x": x})\n'
+    )
+    demo = ast.parse(source).body[0]
+    assert isinstance(demo, ast.ClassDef)
+    methods = {f"Demo.{m.name}": m for m in demo.body if isinstance(m, ast.FunctionDef)}
+    runs_sql = executing(methods)
+    assert [c for c in self_calls(methods["Demo.act"]) if c in runs_sql] == ["_transaction", "read"]
