@@ -32,6 +32,7 @@ from flowforge.domain.model import (
 )
 from flowforge.domain.states import TaskState
 from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError, StoreError
+from flowforge.roles.hooks import Hook
 
 
 class StubBroker:
@@ -283,6 +284,19 @@ class FakeStore:
             if self.outages[method]:
                 self.outages[method] -= 1
                 raise DatabaseUnavailableError(f"fake: {method} could not reach the database")
+
+
+class Outcomes(Hook):
+    """A hook that counts the outcomes a worker's finish statements took (committed or found
+    stale): what a test asks of a worker when it asks how many tasks it finished."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def after_finish(
+        self, outcomes: Sequence[tuple[Claim, Finish]], committed: frozenset[UUID]
+    ) -> None:
+        self.count += len(outcomes)
 
 
 class NullPool:

@@ -21,6 +21,7 @@ from flowforge.client import Client
 from flowforge.config import Config, ReadAccess
 from flowforge.errors import BootError, DatabaseUnavailableError
 from flowforge.roles.presence import Presence
+from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class ApiServer:
         self._api = config.api
         self._tree = tree
         self._client = Client(config)
-        self._presence = Presence(self._client.repository, "api")
+        self._presence = Presence(Processes(self._client.database), "api")
         self._map: dict[int, Any] = {}
         self._server: Any = None
 

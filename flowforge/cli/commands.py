@@ -21,7 +21,8 @@ from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import ConfigError, InputError
 from flowforge.handlers import collect
 
-if TYPE_CHECKING:  # imported where used: the other commands need none of the client
+if TYPE_CHECKING:  # imported where used: the other commands need none of the database layer
+    from flowforge.cli.statements import CliStatements
     from flowforge.client import Client
 
 
@@ -39,6 +40,14 @@ def _client(args: argparse.Namespace) -> Iterator[Client]:
 
     with Client(_config(args)) as client:
         yield client
+
+
+@contextmanager
+def _store(args: argparse.Namespace) -> Iterator[CliStatements]:
+    from flowforge.cli.statements import opened
+
+    with opened(_config(args)) as store:
+        yield store
 
 
 def no_action(args: argparse.Namespace) -> int:  # argparse requires an action for groups
@@ -135,8 +144,8 @@ def runs(args: argparse.Namespace) -> int:
         raise InputError(f"--state must be one of {', '.join(RunState)}")
     if not 1 <= args.limit <= 1000:
         raise InputError("--limit must be between 1 and 1000")
-    with _client(args) as client:
-        found = client.repository.list_runs(state=state, workflow=args.workflow, limit=args.limit)
+    with _store(args) as store:
+        found = store.list_runs(state=state, workflow=args.workflow, limit=args.limit)
     if args.json:
         output.emit_json([output.run_dict(r, with_tasks=False) for r in found])
         return exitcodes.OK
@@ -161,8 +170,8 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def dead_list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        dead = client.repository.list_dead(limit=args.limit)
+    with _store(args) as store:
+        dead = store.list_dead(limit=args.limit)
     if args.json:
         output.emit_json([output.task_dict(t) for t in dead])
         return exitcodes.OK
@@ -177,9 +186,9 @@ def dead_list(args: argparse.Namespace) -> int:
 
 
 def dead_show(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        task = client.repository.get_task(args.task_run_id)
-        attempts = client.attempts(task.id)
+    with _store(args) as store:
+        task = store.get_task(args.task_run_id)
+        attempts = store.attempts(task.id)
     if args.json:
         output.emit_json(
             {**output.task_dict(task), "attempts": [output.attempt_dict(a) for a in attempts]}
@@ -262,43 +271,43 @@ def workflows_validate(args: argparse.Namespace) -> int:
 def stats(args: argparse.Namespace) -> int:
     if args.poison_threshold < 1:
         raise InputError("--poison-threshold must be at least 1")
-    with _client(args) as client:
-        data = client.repository.stats(args.poison_threshold)
+    with _store(args) as store:
+        data = store.stats(args.poison_threshold)
     if args.json:
-        output.emit_json(data)
+        output.emit_json(output.stats_dict(data))
         return exitcodes.OK
     output.line("attempts used per task run:")
-    output.table(("ATTEMPTS", "TASK RUNS"), sorted(data["attempts"].items()))
+    output.table(("ATTEMPTS", "TASK RUNS"), sorted(data.attempts.items()))
     print()
     output.line("failure reasons (all attempts):")
-    output.table(("REASON", "ATTEMPTS"), list(data["failure_reasons"].items()))
-    backlog = data["retry_backlog"]
+    output.table(("REASON", "ATTEMPTS"), list(data.failure_reasons.items()))
+    backlog = data.retry_backlog
     print()
     output.line(
-        f"retry backlog: {backlog['n']} waiting, next {backlog['next_at'] or '-'}, "
-        f"latest {backlog['latest_at'] or '-'}"
+        f"retry backlog: {backlog.n} waiting, next {backlog.next_at or '-'}, "
+        f"latest {backlog.latest_at or '-'}"
     )
     print()
     output.line(f"poison candidates (>= {args.poison_threshold} attempts, unfinished):")
     output.table(
         ("ID", "WORKFLOW", "TASK", "STATE", "ATTEMPT", "REASON"),
         [
-            (p["id"], p["workflow"], p["name"], p["state"], p["attempt"], p["failure_reason"])
-            for p in data["poison_candidates"]
+            (p.id, p.workflow, p.name, p.state, p.attempt, p.failure_reason)
+            for p in data.poison_candidates
         ],
     )
     print()
     output.line("dead tasks:")
     output.table(
         ("WORKFLOW", "HANDLER", "REASON", "COUNT"),
-        [(d["workflow"], d["handler"], d["reason"], d["n"]) for d in data["dead"]],
+        [(d.workflow, d.handler, d.reason, d.n) for d in data.dead],
     )
     return exitcodes.OK
 
 
 def ps(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        found = client.repository.list_processes()
+    with _store(args) as store:
+        found = store.list_processes()
     if args.json:
         output.emit_json([output.to_dict(p) for p in found])
         return exitcodes.OK

@@ -100,8 +100,8 @@ class Worker:
         repo: WorkerStore = store or WorkerStatements(database)
         self._handlers = handlers
         self._recycle = Recycle()
-        self._recycling = Recycling(config.processes, self._recycle, rand)
-        builtin = [Metrics(telemetry or Telemetry()), TaskLog(), TimeLimit(), self._recycling]
+        recycling = Recycling(config.processes, self._recycle, rand)
+        builtin = [Metrics(telemetry or Telemetry()), TaskLog(), TimeLimit(), recycling]
         self._hooks = Hooks([*builtin, *hooks])
         self._intake = Intake(broker or Consumer(config.broker), config.broker.prefetch)
         self._presence = Presence(repo, "worker")
@@ -131,11 +131,6 @@ class Worker:
     def recycle(self) -> bool:
         """True once this worker asked to be replaced (exit code 75)."""
         return self._recycle.asked
-
-    @property
-    def tasks_done(self) -> int:
-        """Tasks whose outcome this worker committed."""
-        return self._recycling.done
 
     def initialize(self) -> None:
         if self._handlers is None:  # import errors are boot failures, not outages

@@ -35,7 +35,6 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.errors import FlowForgeError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
-from flowforge.store.repository import Repository
 from tests.chaos.support import unavailable
 from tests.conftest import TABLES, TEST_EXECUTIONS_DDL
 from tests.e2e import HANDLERS_MODULE, REPO
@@ -44,6 +43,7 @@ from tests.harness.replication import PrivateReplicatedPostgres
 from tests.harness.resources import child_pids, free_ports
 from tests.harness.services import ServiceUnavailable
 from tests.helpers import wait_for
+from tests.store import Store
 
 #: Room for the module's cluster to start plus every wait below (seconds).
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -324,7 +324,7 @@ def test_killing_the_rabbitmq_node_that_leads_the_queue_loses_nothing(
     db = Database(DatabaseConfig(url=services.pg.url, pool_min=1, pool_max=2), "failover")
     db.open()
     try:
-        repo = Repository(db)
+        repo = Store(db)
         outcome = Outcome(services.pg.url, tmp_path / "executions.log")
         run_input = {"seconds": TASK_S, "log": str(outcome.log)}
         children = [tree.children() for tree in trees]
@@ -379,7 +379,7 @@ class Triggers:
     def run(self) -> None:
         db = Database(DatabaseConfig(url=self.url, pool_min=1, pool_max=1, connect_timeout_s=1))
         db.open()
-        repo = Repository(db)
+        repo = Store(db)
         try:
             for n in range(self.total):
                 key = f"failover-{n}"

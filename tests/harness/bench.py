@@ -33,7 +33,7 @@ from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
-from flowforge.store.repository import Repository
+from flowforge.store.triggers import Triggers
 from tests.harness import bench_api, services
 from tests.harness.resources import (
     child_pids,
@@ -211,7 +211,7 @@ def _wait_until(
     raise RuntimeError(f"timed out after {timeout_s}s waiting for: {query}")
 
 
-def throughput(repo: Repository, conn: psycopg.Connection[Any], s: Settings) -> dict[str, float]:
+def throughput(repo: Triggers, conn: psycopg.Connection[Any], s: Settings) -> dict[str, float]:
     wf = _one("throughput")
     started = time.perf_counter()
     for offset in range(0, s.tasks, TRIGGER_BATCH):
@@ -234,7 +234,7 @@ def throughput(repo: Repository, conn: psycopg.Connection[Any], s: Settings) -> 
 
 
 def _run_to_success(
-    repo: Repository, conn: psycopg.Connection[Any], workflow: WorkflowDef, timeout_s: float
+    repo: Triggers, conn: psycopg.Connection[Any], workflow: WorkflowDef, timeout_s: float
 ) -> uuid.UUID:
     """Trigger one run of ``workflow`` and wait until it SUCCEEDED; return its id."""
     run_id = repo.trigger(workflow).run_id
@@ -248,7 +248,7 @@ def _run_to_success(
 
 
 def fanout(
-    repo: Repository, conn: psycopg.Connection[Any], width: int, timeout_s: float
+    repo: Triggers, conn: psycopg.Connection[Any], width: int, timeout_s: float
 ) -> dict[str, float]:
     run_id = _run_to_success(repo, conn, _fanout(width), timeout_s)
     row = conn.execute(
@@ -261,7 +261,7 @@ def fanout(
 
 
 def chain(
-    repo: Repository, conn: psycopg.Connection[Any], length: int, timeout_s: float
+    repo: Triggers, conn: psycopg.Connection[Any], length: int, timeout_s: float
 ) -> dict[str, float]:
     run_id = _run_to_success(repo, conn, _chain(length), timeout_s)
     # A hop is one step's finish to the next step's finish: the next step's claim, its no-op
@@ -285,7 +285,7 @@ def chain(
 
 
 def dispatch(
-    repo: Repository, conn: psycopg.Connection[Any], runs: int, timeout_s: float
+    repo: Triggers, conn: psycopg.Connection[Any], runs: int, timeout_s: float
 ) -> dict[str, float]:
     wf = _one("latency")
     for i in range(runs):
@@ -357,7 +357,7 @@ def measure(
         tree = Tree(Path(tmp), url, broker_url, settings.workers)
         db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
         db.open()
-        repo = Repository(db)
+        repo = Triggers(db)
         try:
             floor = floors(url)
             tree.start()

@@ -37,10 +37,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.states import TaskState
-from flowforge.store.repository import Repository
 from tests.e2e import REPO, RoleProcess, Stack
 from tests.harness.resources import free_ports
 from tests.helpers import bury, drain, task_ids, wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -194,7 +194,7 @@ def count_runs(sql: Sql) -> int:
     return int(row[0])
 
 
-def make_dead(repo: Repository, sql: Sql) -> str:
+def make_dead(repo: Store, sql: Sql) -> str:
     """A task run buried DEAD by a permanent error, driven through the repository."""
     run_id = repo.trigger(PERMANENT).run_id
     task_id = task_ids(repo, run_id)["only"]
@@ -488,7 +488,7 @@ def test_a_smaller_max_body_bytes_is_enforced(api_stack: Stack, sql: Sql) -> Non
 
 
 def test_get_run_has_the_same_shape_as_status_json(
-    api: Api, clean_database_url: str, repo: Repository, sql: Sql
+    api: Api, clean_database_url: str, repo: Store, sql: Sql
 ) -> None:
     run = api.create("api-other", {"customer": "c-1"})
     dead_task = make_dead(repo, sql)  # a run with a failure reason and attempt history too
@@ -589,7 +589,7 @@ def test_cancel_cancels_a_run(api: Api, clean_database_url: str) -> None:
 
 
 def test_dead_tasks_are_listed_and_requeued_once_with_an_audit_row(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     assert api.get("/api/v1/dead").json() == {"tasks": [], "next_cursor": None}
     first, second = make_dead(repo, sql), make_dead(repo, sql)
@@ -624,7 +624,7 @@ def test_dead_tasks_are_listed_and_requeued_once_with_an_audit_row(
 
 
 def test_a_requeue_reason_the_database_cannot_store_is_a_4xx(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     dead = make_dead(repo, sql)
     reply = api.post(f"/api/v1/task-runs/{dead}/requeue", {"reason": "a\u0000b"})

@@ -23,8 +23,8 @@ from flowforge.roles.context import TaskContext
 from flowforge.roles.worker import Worker
 from flowforge.store.db import Database
 from flowforge.store.passes import Passes
-from flowforge.store.repository import Repository
 from tests.helpers import single, wait_for
+from tests.store import Store
 from tests.stubs import StubBroker
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ REAP_EVERY_S = 0.05
 
 
 def test_a_lease_outlives_a_broker_call_blocked_for_several_leases(
-    db: Database, repo: Repository, clean_database_url: str
+    db: Database, repo: Store, clean_database_url: str
 ) -> None:
     base = load_config(env={})
     config = dataclasses.replace(

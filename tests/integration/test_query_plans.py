@@ -24,8 +24,8 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Finish
 from flowforge.domain.states import TaskState
 from flowforge.store import queries
-from flowforge.store.repository import Repository
 from tests.helpers import claim_task, single, task_ids
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def _bad_scans(
 
 
 @pytest.fixture
-def skewed(repo: Repository, sql: Sql) -> uuid.UUID:
+def skewed(repo: Store, sql: Sql) -> uuid.UUID:
     """Statistics that saw only finished work, then a burst; the fan-out's run id."""
     runs = repo.trigger_many(single("plan-history"), [{"n": n} for n in range(HISTORY)])
     sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now(), propagated = true")
@@ -107,7 +107,7 @@ def test_claim_reads_tasks_and_runs_by_primary_key(skewed: uuid.UUID, sql: Sql) 
 
 
 def test_finish_releasing_a_wide_fanout_reads_tasks_by_primary_key(
-    skewed: uuid.UUID, repo: Repository, sql: Sql
+    skewed: uuid.UUID, repo: Store, sql: Sql
 ) -> None:
     start = task_ids(repo, skewed)["start"]
     token = claim_task(repo, sql, start).fencing_token

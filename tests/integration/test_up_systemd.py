@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 from flowforge.domain.states import RunState
-from flowforge.store.repository import Repository
 from supervisor.tree import TICK_S
 from tests.e2e import REPO, Stack
 from tests.helpers import single, wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +146,7 @@ def flowforge_ps(config: Path, env: dict[str, str]) -> list[dict[str, object]]:
 
 
 def test_up_tells_a_notify_socket_ready_watchdog_reload_and_stopping(
-    stack: Stack, repo: Repository
+    stack: Stack, repo: Store
 ) -> None:
     with tree_under_notify(stack) as (proc, config, notify):
         log_path = stack.directory / "up.log"

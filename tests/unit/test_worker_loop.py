@@ -28,7 +28,7 @@ from flowforge.roles.hooks import Hook, Hooks
 from flowforge.roles.worker import Worker
 from flowforge.telemetry import Telemetry
 from tests.helpers import wait_for
-from tests.stubs import FakeStore, NullPool, StubBroker
+from tests.stubs import FakeStore, NullPool, Outcomes, StubBroker
 
 PREFETCH = 8
 #: Far above what a trivial handler takes, so a loaded machine cannot make one slow.
@@ -48,6 +48,7 @@ class Rig:
     ran: list[UUID]
     stop: threading.Event
     telemetry: Telemetry
+    finished: Outcomes  # the outcomes the worker's finishes took
 
     def publish(self, handler: str, count: int = 1) -> list[UUID]:
         ids = self.store.add(handler, count)
@@ -96,6 +97,7 @@ def make_rig(
     store = FakeStore(journal)
     broker = StubBroker(on_idle=stop.set, journal=journal)
     telemetry = Telemetry()
+    finished = Outcomes()
     worker = Worker(
         config,
         telemetry,
@@ -104,8 +106,9 @@ def make_rig(
         broker=broker,
         store=store,
         db=NullPool(),
+        hooks=[finished],
     )
-    return Rig(worker, broker, store, journal, ran, stop, telemetry)
+    return Rig(worker, broker, store, journal, ran, stop, telemetry, finished)
 
 
 @pytest.fixture
@@ -121,7 +124,7 @@ def test_the_window_doubles_from_one_to_the_prefetch_while_handlers_are_fast(rig
     assert rig.broker.takes() == [1, 2, 4, 8, 8, 8]
     assert sorted(rig.ran) == sorted(tasks)
     assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
-    assert rig.worker.tasks_done == len(tasks)
+    assert rig.finished.count == len(tasks)
     assert rig.telemetry.tasks_succeeded.value() == len(tasks)
 
 
@@ -224,7 +227,7 @@ def test_a_finish_postgresql_refuses_is_finished_task_by_task(rig: Rig) -> None:
     assert set(states.values()) == {TaskState.SUCCEEDED} and set(states) == set(good + rest)
     finish = rig.store.tasks[culprit].finish
     assert finish is not None and finish.reason is FailureReason.UNSERIALIZABLE_RESULT
-    assert rig.worker.tasks_done == 7 and not rig.worker.recycle
+    assert rig.finished.count == 7 and not rig.worker.recycle
 
 
 def test_a_finish_retried_through_an_outage_commits_once(rig: Rig) -> None:
@@ -264,7 +267,7 @@ def test_a_worker_recycles_after_max_tasks_and_takes_no_more_than_it_may_run() -
         made.run()
     finally:
         made.worker.shutdown()
-    assert made.worker.recycle and made.worker.tasks_done == 4
+    assert made.worker.recycle and made.finished.count == 4
     assert made.broker.takes() == [1, 2, 1]  # the last batch is capped by what is left
     assert len(made.broker.queue) == 6
 
@@ -330,7 +333,7 @@ def test_a_handler_that_lost_its_lease_is_asked_to_stop_and_its_finish_is_stale(
     assert made.store.tasks[task].state is TaskState.RUNNING  # the finish changed nothing
     assert made.telemetry.stale_completions.value() == 1
     assert any("stale completion" in r.getMessage() for r in caplog.records)
-    assert made.worker.tasks_done == 1
+    assert made.finished.count == 1
 
 
 def test_a_handler_name_no_module_registered_fails_the_task(rig: Rig) -> None:
