@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from flowforge import yamlfile
+from flowforge import tlsfiles, yamlfile
 from flowforge.errors import ConfigError
 from flowforge.schema import SchemaError, build
 
@@ -61,6 +61,24 @@ class DatabaseConfig:
 
 
 @dataclass(frozen=True)
+class BrokerTlsConfig:
+    """This client's TLS to ``amqps://`` nodes: PEM files, relative paths under the config
+    file's directory (made absolute by :func:`load_config`). Each node's certificate must be
+    valid for the host of its URL; the files are read at every connection attempt."""
+
+    ca_file: str | None = None  # the CA(s) that signed the brokers' certificates; None: system's
+    cert_file: str | None = None  # this client's certificate; None: none is presented
+    key_file: str | None = None  # its private key (unencrypted); None: it is in cert_file
+
+    def __post_init__(self) -> None:
+        for name in ("ca_file", "cert_file", "key_file"):
+            if getattr(self, name) == "":
+                raise ValueError(f"{name} is empty (leave it out instead)")
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file (the certificate of that key)")
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     """RabbitMQ settings; ``url`` holds one URL per cluster node, tried in order."""
 
@@ -69,6 +87,7 @@ class BrokerConfig:
     heartbeat_s: int = 30
     prefetch: int = 16  # unacked deliveries per worker; also its largest batch of claims
     quorum_initial_group_size: int | None = None
+    tls: BrokerTlsConfig | None = None  # for amqps:// nodes; None: the system's CAs, no cert
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -279,7 +298,9 @@ def load_config(
         config = build(Config, {**data, "base_dir": str(base_dir)}, "")
     except SchemaError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    return _apply_env(config, env, where)
+    config = _apply_env(config, env, where)
+    _check_broker_urls(config.broker, where)
+    return _absolute_files(config)
 
 
 def _read_yaml(path: Path) -> Any:
@@ -312,6 +333,38 @@ def _apply_env(config: Config, env: Mapping[str, str], where: str) -> Config:
             raise ConfigError(f"{where}: {ENV_BROKER_URL} holds no URL")
         config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, url=urls))
     return config
+
+
+def _check_broker_urls(broker: BrokerConfig, where: str) -> None:
+    """Every node is ``amqp://`` or ``amqps://``; with ``broker.tls`` every one is ``amqps://``
+    (a plain node would silently go without the TLS the config asks for)."""
+    for i, url in enumerate(broker.url):
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in ("amqp", "amqps"):
+            raise ConfigError(
+                f"{where}: broker.url[{i}]: {redact_url(url)!r} is not an amqp:// or amqps:// URL"
+            )
+        if scheme == "amqp" and broker.tls is not None:
+            raise ConfigError(
+                f"{where}: broker.url[{i}]: {redact_url(url)} is amqp:// but broker.tls is set: "
+                "use amqps:// for every node (or remove broker.tls)"
+            )
+
+
+def _absolute_files(config: Config) -> Config:
+    """Certificate and key paths (``database.url``'s ``sslrootcert`` & co, ``broker.tls``)
+    made absolute against the config file's directory (flowforge/tlsfiles.py)."""
+    base = config.base_dir
+    database = dataclasses.replace(
+        config.database, url=tlsfiles.database_url(config.database.url, base)
+    )
+    broker, tls = config.broker, config.broker.tls
+    if tls is not None:
+        tls = BrokerTlsConfig(
+            *(None if f is None else tlsfiles.absolute(f, base) for f in dataclasses.astuple(tls))
+        )
+        broker = dataclasses.replace(broker, tls=tls)
+    return dataclasses.replace(config, database=database, broker=broker)
 
 
 def redact_url(url: str) -> str:
