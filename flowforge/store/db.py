@@ -66,6 +66,7 @@ class Database:
         self._config = config
         self._application_name = application_name
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
+        self._checked = False  # the server has not refused this configuration (first open)
 
     @property
     def config(self) -> DatabaseConfig:
@@ -74,17 +75,20 @@ class Database:
     def open(self) -> None:
         """Create the pool. Call after fork: a pool never crosses a process boundary.
 
-        One direct connection is made first, so a server that refuses this configuration (TLS,
-        authentication, no such database: :class:`DatabaseConfigError`) is reported at once
-        rather than after the pool's ``connect_timeout_s`` of retries. An outage is left to the
-        pool, as before: the api keeps serving (503s) through one.
+        The first open makes one direct connection first, so a server that refuses this
+        configuration (TLS, authentication, no such database: :class:`DatabaseConfigError`) is
+        reported at once, at boot, rather than after the pool's ``connect_timeout_s`` of
+        retries. An outage is left to the pool, as before: the api keeps serving (503s) through
+        one. Later opens (a role reconnecting) go straight to the pool.
         """
         if self._pool is not None:
             return
         check_url(self._config.url)
-        refusal = self._connect_directly()
-        if isinstance(refusal, DatabaseConfigError):
-            raise refusal
+        if not self._checked:
+            refusal = self._connect_directly()
+            if isinstance(refusal, DatabaseConfigError):
+                raise refusal
+            self._checked = True
         self._start_pool()
 
     def _start_pool(self) -> None:
