@@ -11,7 +11,7 @@ import yaml
 from psycopg.conninfo import conninfo_to_dict
 
 from flowforge import tlsfiles
-from flowforge.config import BrokerTlsConfig, load_config
+from flowforge.config import BrokerTlsConfig, load_config, redact_url
 from flowforge.errors import ConfigError
 
 TLS_URL = "amqps://ff:s3cret@mq.example:5671/%2F"
@@ -145,3 +145,12 @@ def test_without_a_config_file_relative_paths_are_under_the_working_directory(
     env = {"FLOWFORGE_DATABASE_URL": "postgresql://db/ff?sslrootcert=ca.pem"}
     config = load_config(None, env=env)
     assert conninfo_to_dict(config.database.url)["sslrootcert"] == str(tmp_path / "ca.pem")
+
+
+def test_a_rewritten_url_still_hides_its_secrets(tmp_path: Path) -> None:
+    url = "postgresql://ff:se%20cret@db/ff?sslrootcert=ca.pem&sslkey=k.pem&sslpassword=hunter2"
+    rewritten = load_config(write(tmp_path, {"database": {"url": url}}), env={}).database.url
+    shown = redact_url(rewritten)
+    assert "se cret" not in shown and "hunter2" not in shown
+    assert "password=***" in shown and "sslpassword=***" in shown
+    assert f"sslrootcert={tmp_path / 'ca.pem'}" in shown
