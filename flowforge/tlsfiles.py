@@ -9,12 +9,13 @@ tools swap certificates) stays a link, read anew at every connection.
 
 Nothing here reads a file: whether a file exists and parses is the connection's business, and
 a failure there is reported as a configuration error (flowforge/store/pgerrors.py,
-flowforge/broker/tls.py).
+flowforge/broker/tls.py). Only a private key's mode is looked at, for a warning.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 
 #: libpq connection parameters that name a file or a directory (PostgreSQL's libpq manual,
 #: "Parameter Key Words").
@@ -54,3 +55,21 @@ def database_url(url: str, base_dir: str) -> str:
         if value and not os.path.isabs(value):
             changed[name] = absolute(value, base_dir)
     return make_conninfo(url, **changed) if changed else url
+
+
+def open_key_warning(name: str, path: str) -> str | None:
+    """A warning if the private key ``path`` (config key ``name``) is readable by group or
+    others, like a secret file's (flowforge/secretfiles.py); None if not, or if it cannot be
+    looked at (the connection says why). libpq refuses such a key itself; Python's ``ssl``
+    does not, hence the warning for the broker's."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if not mode & (stat.S_IRGRP | stat.S_IROTH):
+        return None
+    return (
+        f"{name}: private key {path} is readable by group or others"
+        f" (mode {stat.S_IMODE(mode):04o}): make it 0400 or 0600, owned by the user"
+        " FlowForge runs as"
+    )

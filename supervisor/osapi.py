@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from supervisor import notify as sd
 from supervisor.child import ChildContext, release_free_memory, set_child_subreaper, spawn
 
 
@@ -35,7 +36,9 @@ class OsApi(Protocol):
     def supervising(self, handled_signals: Sequence[int]) -> AbstractContextManager[None]:
         """While inside: this process reaps orphans, ``handled_signals`` are queued for
         :meth:`wait_for_signals` (their handlers do nothing else), and the C heap was trimmed
-        before the first child is started. Everything is put back on the way out."""
+        before the first child is started. Everything is put back on the way out — except the
+        service manager's variables (``NOTIFY_SOCKET``, ``WATCHDOG_*``): taken out of the
+        environment on the way in, for good, so that no child inherits them."""
         ...
 
     def spawn(self, target: Callable[[ChildContext], int], ctx: ChildContext) -> int:
@@ -55,19 +58,37 @@ class OsApi(Protocol):
         """The handled signals that arrived, in order; waits at most ``timeout_s`` for one."""
         ...
 
+    def notify(self, fields: Sequence[str]) -> None:
+        """Tell the service manager that started this process (systemd's ``$NOTIFY_SOCKET``)
+        the ``KEY=value`` ``fields`` in one message; nothing when there is none. Never raises."""
+        ...
+
+    def watchdog_interval_s(self) -> float | None:
+        """How often the service manager wants ``WATCHDOG=1`` from this process (seconds: half
+        its ``WATCHDOG_USEC``); None when it watches nothing."""
+        ...
+
 
 class RealOs:
     """The operating system itself (Linux; works without ``prctl`` elsewhere)."""
 
     def __init__(self) -> None:
+        self._notifier = sd.Notifier()  # nowhere, until supervising() reads the environment
         self._handled: tuple[int, ...] = ()
         self._pipe: tuple[int, int] = (-1, -1)
 
     def monotonic(self) -> float:
         return time.monotonic()
 
+    def notify(self, fields: Sequence[str]) -> None:
+        self._notifier.send(fields)
+
+    def watchdog_interval_s(self) -> float | None:
+        return self._notifier.watchdog_interval_s()
+
     @contextlib.contextmanager
     def supervising(self, handled_signals: Sequence[int]) -> Iterator[None]:
+        self._notifier = sd.Notifier.from_environment()  # before the first fork
         set_child_subreaper()
         # Signal handlers do nothing: set_wakeup_fd writes each signal's number to this pipe,
         # which wait_for_signals reads.

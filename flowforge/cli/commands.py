@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
-from flowforge.config import Config, load_config
+from flowforge.config import Config, load_config, log_warnings
 from flowforge.definitions import check_paths
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import ConfigError, InputError
@@ -25,8 +25,12 @@ if TYPE_CHECKING:  # imported where used: the other commands need none of the cl
     from flowforge.client import Client
 
 
-def _config(args: argparse.Namespace) -> Config:
-    return load_config(getattr(args, "config", None))
+def _config(args: argparse.Namespace, warn: bool = True) -> Config:
+    """The config; its warnings are logged (seen with ``-v``) unless ``warn`` is False."""
+    config = load_config(getattr(args, "config", None))
+    if warn:
+        log_warnings(config)
+    return config
 
 
 @contextmanager
@@ -56,7 +60,8 @@ def up(args: argparse.Namespace) -> int:
     from flowforge import up as tree
     from flowforge.tree import become_tree
 
-    config = _config(args)  # a bad config stops here: one line, exit 2, nothing started
+    # a bad config stops here: one line, exit 2, nothing started; the tree logs its warnings
+    config = _config(args, warn=False)
     path = getattr(args, "config", None)
     label = Path(path).name if path else "defaults"
     if sys.executable:
@@ -74,10 +79,11 @@ def role(args: argparse.Namespace) -> int:
     from flowforge.boot import run  # the roles pull in pika; other commands need not
     from supervisor import logs
 
-    config = _config(args)
+    config = _config(args, warn=False)
     # the tree's line format and escaping (supervisor/logs.py), on this process's stderr
     logs.configure(args.name, config.logging.format, config.logging.level)
     logging.disable(logging.NOTSET)
+    log_warnings(config)
     quiet_pika_logs()
     return run(args.name, config)
 

@@ -74,20 +74,20 @@ def test_broker_tls_with_a_plain_node_is_refused_without_its_password(tmp_path: 
     with pytest.raises(ConfigError) as refused:
         load_config(path, env={})
     said = str(refused.value)
-    assert "broker.url[1]: amqp://ff:***@mq-2:5672/%2F is amqp:// but broker.tls is set" in said
+    assert "broker URL 2 (amqp://ff:***@mq-2:5672/%2F) is amqp:// but broker.tls is set" in said
     assert "s3cret" not in said
 
 
 def test_the_broker_url_override_is_held_to_broker_tls_too(tmp_path: Path) -> None:
     path = write(tmp_path, {"broker": {"url": TLS_URL, "tls": {}}})
     env = {"FLOWFORGE_BROKER_URL": f"{TLS_URL},amqp://mq-2/%2F"}
-    with pytest.raises(ConfigError, match=r"broker\.url\[1\]"):
+    with pytest.raises(ConfigError, match=r"broker URL 2 \(amqp://mq-2/%2F\) is amqp://"):
         load_config(path, env=env)
 
 
 def test_a_node_that_is_not_amqp_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, {"broker": {"url": "http://mq.example/"}})
-    with pytest.raises(ConfigError, match=r"broker\.url\[0\]: .* is not an amqp:// or amqps://"):
+    with pytest.raises(ConfigError, match=r"broker URL 1 \(.*\) is not an amqp:// or amqps://"):
         load_config(path, env={})
 
 
@@ -154,3 +154,16 @@ def test_a_rewritten_url_still_hides_its_secrets(tmp_path: Path) -> None:
     assert "se cret" not in shown and "hunter2" not in shown
     assert "password=***" in shown and "sslpassword=***" in shown
     assert f"sslrootcert={tmp_path / 'ca.pem'}" in shown
+
+
+def test_a_broker_key_others_may_read_is_warned_about(tmp_path: Path) -> None:
+    (tmp_path / "client.key").write_text("key")
+    (tmp_path / "client.key").chmod(0o644)
+    tls = {"cert_file": "client.pem", "key_file": "client.key"}
+    config = load_config(write(tmp_path, {"broker": {"url": TLS_URL, "tls": tls}}), env={})
+    assert config.warnings == (
+        f"broker.tls.key_file: private key {tmp_path / 'client.key'} is readable by group or "
+        "others (mode 0644): make it 0400 or 0600, owned by the user FlowForge runs as",
+    )
+    (tmp_path / "client.key").chmod(0o600)
+    assert load_config(tmp_path / "flowforge.yaml", env={}).warnings == ()
