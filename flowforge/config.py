@@ -21,7 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from flowforge import yamlfile
+from flowforge import tlsfiles, yamlfile
 from flowforge.errors import ConfigError
 from flowforge.redact import redact_url as redact_url  # README: flowforge.config.redact_url
 from flowforge.schema import DERIVED, SchemaError, build
@@ -84,6 +84,24 @@ class DatabaseConfig:
 
 
 @dataclass(frozen=True)
+class BrokerTlsConfig:
+    """This client's TLS to ``amqps://`` nodes: PEM files, relative paths under the config
+    file's directory (made absolute by :func:`load_config`). Each node's certificate must be
+    valid for the host of its URL; the files are read at every connection attempt."""
+
+    ca_file: str | None = None  # the CA(s) that signed the brokers' certificates; None: system's
+    cert_file: str | None = None  # this client's certificate; None: none is presented
+    key_file: str | None = None  # its private key (unencrypted); None: it is in cert_file
+
+    def __post_init__(self) -> None:
+        for name in ("ca_file", "cert_file", "key_file"):
+            if getattr(self, name) == "":
+                raise ValueError(f"{name} is empty (leave it out instead)")
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file (the certificate of that key)")
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     """RabbitMQ settings; ``url`` holds one URL per cluster node, tried in order.
 
@@ -99,6 +117,7 @@ class BrokerConfig:
     heartbeat_s: int = 30
     prefetch: int = 16  # unacked deliveries per worker; also its largest batch of claims
     quorum_initial_group_size: int | None = None
+    tls: BrokerTlsConfig | None = None  # for amqps:// nodes; None: the system's CAs, no cert
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -319,9 +338,11 @@ def load_config(
     except SchemaError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     try:
-        return _with_secrets(config, data, env)
+        config = _with_secrets(config, data, env)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    _check_broker_urls(config.broker, where)
+    return _absolute_files(config)
 
 
 def log_warnings(config: Config) -> None:
@@ -451,6 +472,41 @@ class _Secrets:
         return dataclasses.replace(
             api, token=token.text if token else None, token_file=_path(token)
         )
+
+
+def _check_broker_urls(broker: BrokerConfig, where: str) -> None:
+    """Every node is ``amqp://`` or ``amqps://``; with ``broker.tls`` every one is ``amqps://``
+    (a plain node would silently go without the TLS the config asks for)."""
+    for i, url in enumerate(broker.url, 1):
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in ("amqp", "amqps"):
+            raise ConfigError(
+                f"{where}: broker URL {i} ({redact_url(url)}) is not an amqp:// or amqps:// URL"
+            )
+        if scheme == "amqp" and broker.tls is not None:
+            raise ConfigError(
+                f"{where}: broker URL {i} ({redact_url(url)}) is amqp:// but broker.tls is set: "
+                "use amqps:// for every node (or remove broker.tls)"
+            )
+
+
+def _absolute_files(config: Config) -> Config:
+    """Certificate and key paths (``database.url``'s ``sslrootcert`` & co, ``broker.tls``)
+    made absolute against the config file's directory (flowforge/tlsfiles.py); a warning if
+    ``broker.tls.key_file`` is readable by others."""
+    base = config.base_dir
+    database = dataclasses.replace(
+        config.database, url=tlsfiles.database_url(config.database.url, base)
+    )
+    broker, tls, warnings = config.broker, config.broker.tls, list(config.warnings)
+    if tls is not None:
+        tls = BrokerTlsConfig(
+            *(None if f is None else tlsfiles.absolute(f, base) for f in dataclasses.astuple(tls))
+        )
+        broker = dataclasses.replace(broker, tls=tls)
+        key = tls.key_file and tlsfiles.open_key_warning("broker.tls.key_file", tls.key_file)
+        warnings += [key] if key else []
+    return dataclasses.replace(config, database=database, broker=broker, warnings=tuple(warnings))
 
 
 def _check_broker_users(urls: tuple[str, ...], source: str, password_name: str) -> None:

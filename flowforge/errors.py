@@ -134,6 +134,15 @@ class BrokerUnavailableError(BrokerError):
     """A connection-level failure: the broker is down, restarting or unreachable (transient)."""
 
 
+class BrokerConfigError(ConfigError):
+    """RabbitMQ refuses this configuration for a reason retrying cannot fix: a TLS failure (the
+    broker's certificate not signed by ``broker.tls.ca_file``, not valid for the URL's host,
+    this client's certificate missing or refused) or a certificate file that cannot be read.
+    Like :class:`DatabaseConfigError`: exit 2 from the CLI, a role that meets it before it ever
+    started fails to boot (exit 3).
+    """
+
+
 class QueueTypeMismatchError(BrokerError):
     """The task queue exists with another type than quorum. An operator must fix it; not retried."""
 

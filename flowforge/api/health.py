@@ -99,7 +99,10 @@ class Checks:
         return checks
 
     def _check_broker(self) -> str:
-        params = connection_parameters(self._broker)
+        try:
+            params = connection_parameters(self._broker)
+        except FlowForgeError:  # a broker.tls file that cannot be used
+            return "error"
         for p in params:
             p.socket_timeout = BROKER_CHECK_TIMEOUT_S
             p.stack_timeout = BROKER_CHECK_TIMEOUT_S

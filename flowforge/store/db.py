@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from flowforge.config import DatabaseConfig
 from flowforge.errors import (
+    DatabaseConfigError,
     DatabaseUnavailableError,
     FlowForgeError,
     StoreError,
@@ -65,16 +66,32 @@ class Database:
         self._config = config
         self._application_name = application_name
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
+        self._checked = False  # the server has not refused this configuration (first open)
 
     @property
     def config(self) -> DatabaseConfig:
         return self._config
 
     def open(self) -> None:
-        """Create the pool. Call after fork: a pool never crosses a process boundary."""
+        """Create the pool. Call after fork: a pool never crosses a process boundary.
+
+        The first open makes one direct connection first, so a server that refuses this
+        configuration (TLS, authentication, no such database: :class:`DatabaseConfigError`) is
+        reported at once, at boot, rather than after the pool's ``connect_timeout_s`` of
+        retries. An outage is left to the pool, as before: the api keeps serving (503s) through
+        one. Later opens (a role reconnecting) go straight to the pool.
+        """
         if self._pool is not None:
             return
         check_url(self._config.url)
+        if not self._checked:
+            refusal = self._connect_directly()
+            if isinstance(refusal, DatabaseConfigError):
+                raise refusal
+            self._checked = True
+        self._start_pool()
+
+    def _start_pool(self) -> None:
         self._pool = ConnectionPool(
             self._config.url,
             min_size=self._config.pool_min,
@@ -107,9 +124,11 @@ class Database:
             pool.close(timeout=1.0)
 
     def reset(self) -> None:
-        """Drop every pooled connection (after an outage) and open a fresh pool."""
+        """Drop every pooled connection (after an outage) and open a fresh pool; never raises
+        for the server (no direct connection: callers are recovering from a failure)."""
         self.close()
-        self.open()
+        check_url(self._config.url)
+        self._start_pool()
 
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:
@@ -158,6 +177,14 @@ class Database:
         authentication failed, ...). If that attempt succeeds, the server is fine and every
         pooled connection stayed busy for the whole wait.
         """
+        return self._connect_directly() or DatabaseUnavailableError(
+            f"database busy: all {self._config.pool_max} pooled connection(s) stayed in use "
+            f"for {self._config.connect_timeout_s:g} s"
+        )
+
+    def _connect_directly(self) -> FlowForgeError | None:
+        """Connect once with the pool's URL and settings, outside the pool; what went wrong,
+        translated, or None."""
         try:
             psycopg.connect(
                 self._config.url,
@@ -166,10 +193,7 @@ class Database:
             ).close()
         except (psycopg.Error, UnicodeEncodeError) as exc:
             return translate(exc, self._config.url)
-        return DatabaseUnavailableError(
-            f"database busy: all {self._config.pool_max} pooled connection(s) stayed in use "
-            f"for {self._config.connect_timeout_s:g} s"
-        )
+        return None
 
     def run(self, work: Callable[..., T], *args: Any) -> T:
         """Run ``work(cursor, *args)`` in a transaction, retrying deadlocks/serialization."""
