@@ -96,7 +96,10 @@ class DatabaseUnavailableError(StoreError):
 
 
 class TransactionConflictError(StoreError):
-    """A deadlock or serialization failure: the transaction may be run again as is."""
+    """A deadlock or serialization failure: the transaction may be run again as is.
+
+    ``Database.run`` / ``Database.execute`` do so; raised only once they have given up.
+    """
 
 
 class MigrationError(StoreError):
@@ -154,10 +157,11 @@ class BootError(FlowForgeError):
     """A role cannot start for a reason that retrying will not fix (config, imports, topology)."""
 
 
-#: Failures that a role survives by reconnecting with backoff (a transaction conflict only
-#: gets here after ``Database.run`` retried it several times: contention, not a bug).
+#: Outages: what a role survives by reconnecting with backoff (``run_role``), and what the
+#: worker's finish is retried through. A :class:`TransactionConflictError` is not one: the
+#: ``Database`` already ran the transaction again, and is the only level that does
+#: (``flowforge/roles/runner.py``, "Who retries a failed statement").
 TRANSIENT_ERRORS: tuple[type[FlowForgeError], ...] = (
     DatabaseUnavailableError,
     BrokerUnavailableError,
-    TransactionConflictError,
 )

@@ -31,7 +31,12 @@ from flowforge.domain.model import (
     Finished,
 )
 from flowforge.domain.states import TaskState
-from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError, StoreError
+from flowforge.errors import (
+    BrokerUnavailableError,
+    DatabaseUnavailableError,
+    StoreError,
+    TransactionConflictError,
+)
 from flowforge.roles.hooks import Hook
 
 
@@ -154,9 +159,10 @@ class FakeTask:
 class FakeStore:
     """The worker's statements over a dict of tasks (see module docstring).
 
-    ``outages[method]`` makes the next that many calls of ``method`` fail as an outage;
-    ``refuse(finish)`` True makes a finish statement holding that finish fail for its content
-    (as PostgreSQL refusing a value). ``on_release`` receives every (task, token) a
+    ``outages[method]`` makes the next that many calls of ``method`` fail as an outage,
+    ``conflicts[method]`` as a conflict the ``Database`` gave up on; ``refuse(finish)`` True
+    makes a finish statement holding that finish fail for its content (as PostgreSQL refusing a
+    value). ``on_release`` receives every (task, token) a
     ``release_claims`` made READY again (a publisher's outbox row: tests publish it).
     """
 
@@ -165,6 +171,7 @@ class FakeStore:
         # (method, pairs in it); shared with a StubBroker to see the order
         self.calls: list[tuple[str, Any]] = [] if journal is None else journal
         self.outages: collections.Counter[str] = collections.Counter()
+        self.conflicts: collections.Counter[str] = collections.Counter()
         self.refuse: Callable[[Finish], bool] = lambda finish: False
         self.on_release: Callable[[UUID, int], None] = lambda task, token: None
         self.released = threading.Event()
@@ -284,6 +291,9 @@ class FakeStore:
             if self.outages[method]:
                 self.outages[method] -= 1
                 raise DatabaseUnavailableError(f"fake: {method} could not reach the database")
+            if self.conflicts[method]:
+                self.conflicts[method] -= 1
+                raise TransactionConflictError(f"fake: {method}: deadlock detected")
 
 
 class Outcomes(Hook):

@@ -6,6 +6,9 @@
   broker meanwhile — until it commits or the leases have lapsed (the reaper then retries the
   tasks); it is never dropped silently. Should PostgreSQL refuse it for its content, its tasks
   are finished one by one so that only the culprit fails (:mod:`flowforge.roles.apart`).
+  This is the only retry of an outage below ``run_role``; a conflict was already run again by
+  the ``Database`` and propagates (``flowforge/roles/runner.py``, "Who retries a failed
+  statement").
 * A hand-back that cannot reach the database leaves the claims to their leases.
 """
 

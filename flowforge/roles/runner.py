@@ -6,6 +6,27 @@ failure) and ``shutdown`` (close cleanly). :func:`run_role` calls them, backs of
 with jitter (capped at 30 s) on connection-level failures, waiting on the stop event so a stop
 request during an outage returns promptly, and logs ``<Role> recovered`` when it reconnects.
 Anything else — a bad config, a queue of the wrong type — propagates: retrying cannot fix it.
+
+Who retries a failed statement — one level for each failure, never two:
+
+* :class:`~flowforge.store.db.Database` runs a transaction again, whole and at once, when
+  PostgreSQL rolled it back for a conflict (a deadlock, a serialization failure): nothing of it
+  took effect, and only the store holds the whole transaction. Up to ``TRANSACTION_ATTEMPTS``
+  runs, for every caller. It retries no outage: it raises
+  :class:`~flowforge.errors.DatabaseUnavailableError` once, from the statement that met it.
+* The worker's :class:`~flowforge.roles.ledger.Ledger` retries its *finish* through an outage,
+  with this module's backoff, serving the broker meanwhile, until it commits or the leases have
+  lapsed: the one statement whose loss would run handlers again. Its claims and hand-backs are
+  not retried there (a failed claim propagates; a failed hand-back is left to the leases).
+* :func:`run_role` handles every other outage of a role
+  (:data:`~flowforge.errors.TRANSIENT_ERRORS`): it does not repeat the statement but drops
+  every connection (``reset``), backs off, and starts the role's loop again.
+* Nothing retries anything else. A conflict still there after the ``Database``'s runs is
+  contention that running again did not cure: it propagates like any other error (a role
+  process exits and its supervisor restarts it; the API answers 500, the CLI exits 1). The API
+  and the CLI retry no outage: 503 / exit 7, the caller decides.
+
+``tests/unit/test_retry_levels.py`` counts the attempts of each level.
 """
 
 from __future__ import annotations
