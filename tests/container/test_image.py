@@ -172,6 +172,12 @@ def start(image: str, config_dir: Path, stack: Stack) -> Container:
         # no systemd here to run the HEALTHCHECK on a timer: the test runs it
         "--health-interval",
         "disable",
+        # hardened as docs/operations.md advises: nothing writable but podman's tmpfs /tmp
+        "--read-only",
+        "--cap-drop",
+        "all",
+        "--security-opt",
+        "no-new-privileges",
         *ulimit_args(),
         "--volume",
         f"{config_dir}:/etc/flowforge:ro",
@@ -255,12 +261,11 @@ def test_the_container_serves_replaces_a_killed_worker_reaps_orphans_and_drains_
         "exec", "--detach", container.name, "/opt/flowforge/bin/python", "-c",
         "import os, time; os.fork() and os._exit(0); time.sleep(1)", marker,
     )  # fmt: skip
-    orphan = wait_for(
-        lambda: next((p for p in container.top() if marker in p.args), None),
+    orphan = wait_for(  # (the exec'd parent itself has ppid 0: its parent is outside)
+        lambda: next((p for p in container.top() if marker in p.args and p.ppid == 1), None),
         timeout=10,
-        what="the orphan",
+        what="the orphan, re-parented to PID 1",
     )
-    assert orphan.ppid == 1
     wait_for(lambda: host_start_time(orphan.hpid) is None, timeout=15, what="the orphan reaped")
 
     # a worker SIGKILLed from the host is replaced, and the tree serves on
