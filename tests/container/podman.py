@@ -89,9 +89,11 @@ def host_start_time(hpid: int) -> int | None:
 
 @dataclass(frozen=True)
 class Container:
-    """A container this test run created, by its unique name."""
+    """A container this test run created, by its unique name, and the podman secrets made
+    for it."""
 
     name: str
+    secrets: tuple[str, ...] = ()
 
     def top(self) -> list[Proc]:
         out = podman("top", self.name, "pid", "ppid", "hpid", "state", "args")
@@ -129,4 +131,7 @@ class Container:
         return time.monotonic() - started
 
     def remove(self) -> None:
+        """The container, whatever its state, then its secrets."""
         run_podman("rm", "--force", "--time", "0", self.name)
+        for secret in self.secrets:
+            run_podman("secret", "rm", secret)

@@ -53,7 +53,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 TOKEN = "container-test-token"
 #: Longer than the config's drain timeout (25 s, the default): the engine's SIGKILL never cuts
 #: a drain short. The image format has no field for it, so every run says it.
-STOP_TIMEOUT_S = 40
+STOP_TIMEOUT_S = 35
 BUILD_TIMEOUT_S = 800.0
 READY_S = 90.0
 RUN_S = 60.0
@@ -157,38 +157,40 @@ class Api:
         wait_for(state, timeout=RUN_S, interval=0.2, what=f"run {run_id} to succeed")
 
 
-def start(image: str, config_dir: Path, stack: Stack) -> Container:
-    """``podman run`` the image's own entrypoint (``flowforge up``), ready when it returns."""
-    container = Container(f"flowforge-test-{uuid.uuid4().hex[:10]}")
+def start(image: str, config_dir: Path, stack: Stack, started: list[Container]) -> Container:
+    """``podman run`` the image's own entrypoint (``flowforge up``) as docs/operations.md shows
+    it — the broker URL and the api token as podman secrets named by ``*_FILE`` variables, a
+    read-only root, no capability — and wait until the tree is ready. The container (and its
+    secrets) go on ``started`` at once, so they are removed whatever happens next."""
+    name = f"flowforge-test-{uuid.uuid4().hex[:10]}"
+    secrets = {"broker-url": stack.broker_url, "api-token": TOKEN}
+    container = Container(name, tuple(f"{name}-{target}" for target in secrets))
+    started.append(container)
+    secret_args: list[str] = []
+    for (target, value), secret in zip(secrets.items(), container.secrets, strict=True):
+        source = config_dir.parent / target
+        source.write_text(value)
+        podman("secret", "create", secret, str(source))
+        secret_args += ["--secret", f"{secret},target={target},uid=10001,mode=0400"]
     podman(
-        "run",
-        "--detach",
-        "--name",
-        container.name,
-        "--network",
-        "host",
-        "--stop-timeout",
-        str(STOP_TIMEOUT_S),
+        "run", "--detach", "--name", name, "--network", "host",
+        "--stop-timeout", str(STOP_TIMEOUT_S),
         # no systemd here to run the HEALTHCHECK on a timer: the test runs it
-        "--health-interval",
-        "disable",
-        # hardened as docs/operations.md advises: nothing writable but podman's tmpfs /tmp
-        "--read-only",
-        "--cap-drop",
-        "all",
-        "--security-opt",
-        "no-new-privileges",
+        "--health-interval", "disable",
+        # nothing writable but podman's tmpfs /tmp (and /run/secrets: podman 4.3 cannot mount a
+        # secret into a read-only root without a tmpfs there)
+        "--read-only", "--tmpfs", "/run/secrets",
+        "--cap-drop", "all", "--security-opt", "no-new-privileges",
         *ulimit_args(),
-        "--volume",
-        f"{config_dir}:/etc/flowforge:ro",
-        "--env",
-        f"FLOWFORGE_DATABASE_URL={stack.database_url}",
-        "--env",
-        f"FLOWFORGE_BROKER_URL={stack.broker_url}",
-        "--env",
-        f"FLOWFORGE_API_TOKEN={TOKEN}",
+        "--volume", f"{config_dir}:/etc/flowforge:ro",
+        *secret_args,
+        # the e2e handlers record their executions through this variable: the one secret in the
+        # environment, a test database's URL
+        "--env", f"FLOWFORGE_DATABASE_URL={stack.database_url}",
+        "--env", "FLOWFORGE_BROKER_URL_FILE=/run/secrets/broker-url",
+        "--env", "FLOWFORGE_API_TOKEN_FILE=/run/secrets/api-token",
         image,
-    )
+    )  # fmt: skip
     try:
         wait_for(
             lambda: "tree ready" in container.logs() or container.state()[0] != "running",
@@ -204,7 +206,7 @@ def start(image: str, config_dir: Path, stack: Stack) -> Container:
 
 @pytest.fixture
 def containers() -> Iterator[list[Container]]:
-    """Containers a test started: removed at the end, whatever happened."""
+    """Containers a test started: removed at the end (with their secrets), whatever happened."""
     started: list[Container] = []
     yield started
     for container in started:
@@ -245,8 +247,7 @@ def test_the_container_serves_replaces_a_killed_worker_reaps_orphans_and_drains_
     image: str, config_dir: Path, stack: Stack, containers: list[Container]
 ) -> None:
     api = Api(config_dir)
-    container = start(image, config_dir, stack)
-    containers.append(container)
+    container = start(image, config_dir, stack, containers)
     supervisor = next(p for p in container.top() if p.pid == 1)
     assert supervisor.args.startswith("flowforge: supervisor [config.yaml]"), supervisor
     assert container.healthcheck()
@@ -308,8 +309,7 @@ def test_the_container_serves_replaces_a_killed_worker_reaps_orphans_and_drains_
 def test_podman_kill_leaves_no_process_no_conmon_and_no_mount_behind(
     image: str, config_dir: Path, stack: Stack, containers: list[Container]
 ) -> None:
-    container = start(image, config_dir, stack)
-    containers.append(container)
+    container = start(image, config_dir, stack, containers)
     container_id = container.container_id()
     procs = {p.hpid: host_start_time(p.hpid) for p in container.top()}
     assert len(procs) == 6  # supervisor, scheduler, 2 workers, publisher, api
