@@ -3,15 +3,16 @@
 ``scripts/image`` builds it once per module (the Debian base from its cache; wheels downloaded on
 the host; ``podman build --network none``). Containers run with ``--network host`` against the
 session's PostgreSQL and RabbitMQ (private instances under scripts/test and CI), with a config
-folder mounted over /etc/flowforge whose URLs point nowhere: the FLOWFORGE_* environment
-overrides them. Every image and container made here has a unique name and is removed; the
-cached base image stays.
+folder mounted over /etc/flowforge whose URLs point nowhere: ``FLOWFORGE_DATABASE_URL`` and
+podman secrets named by ``FLOWFORGE_BROKER_URL_FILE`` / ``FLOWFORGE_API_TOKEN_FILE`` override
+them. Every image, container and secret made here has a unique name and is removed; the cached
+base image stays.
 
 What is proven: the runtime stage holds no compiler and no pip, runs as uid 10001 with
-``flowforge up`` as PID 1; the HEALTHCHECK answers; a run triggered through the api succeeds,
-each task executed once; an orphan re-parented to PID 1 is reaped; a SIGKILLed worker is
-replaced and the tree serves on; ``podman stop`` drains (the task in flight finishes, exit 0);
-``podman kill`` leaves no process, no conmon, no mount behind.
+``flowforge up`` as PID 1, on a read-only root without capabilities; the HEALTHCHECK answers; a
+run triggered through the api succeeds, each task executed once; an orphan re-parented to PID 1
+is reaped; a SIGKILLed worker is replaced and the tree serves on; ``podman stop`` drains (the
+task in flight finishes, exit 0); ``podman kill`` leaves no process, no conmon, no mount behind.
 """
 
 from __future__ import annotations
