@@ -7,6 +7,7 @@ import argparse
 import getpass
 import json
 import logging
+import os
 import sys
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
-from flowforge.config import Config, load_config, log_warnings
+from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
 from flowforge.definitions import check_paths
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import ConfigError, InputError
@@ -71,7 +72,8 @@ def up(args: argparse.Namespace) -> int:
 
     # a bad config stops here: one line, exit 2, nothing started; the tree logs its warnings
     config = _config(args, warn=False)
-    path = getattr(args, "config", None)
+    # the file load_config read: -c, else $FLOWFORGE_CONFIG (the container image's way)
+    path = getattr(args, "config", None) or os.environ.get(ENV_CONFIG) or None
     label = Path(path).name if path else "defaults"
     if sys.executable:
         try:
