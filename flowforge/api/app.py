@@ -28,6 +28,22 @@ class ApiStatements(Operator, Processes):
     api reads and acts through these."""
 
 
+Guard = AccessLog | SecurityHeaders | HostCheck | CsrfGuard | TokenAuth
+
+
+def guards(token: str | None, api: ApiConfig) -> list[Guard]:
+    """The middleware every request passes, in order: the Host check before anything, the
+    CSRF checks before authentication (a forged request is refused, token or not); responses
+    pass them in reverse order."""
+    return [
+        AccessLog(),
+        SecurityHeaders(),
+        HostCheck(api.hosts()),
+        CsrfGuard(),
+        TokenAuth(token, api.read_access),
+    ]
+
+
 def create_app(
     client: Client,
     token: str | None,
@@ -41,16 +57,7 @@ def create_app(
     ``token``; so must every read of ``/api/...`` and ``/metrics`` unless ``api.read_access``
     is ``open``.
     """
-    # in order: the Host check before anything, the CSRF checks before authentication (a
-    # forged request is refused, token or not); responses pass them in reverse order
-    middleware: list[AccessLog | SecurityHeaders | HostCheck | CsrfGuard | TokenAuth] = [
-        AccessLog(),
-        SecurityHeaders(),
-        HostCheck(api.hosts()),
-        CsrfGuard(),
-        TokenAuth(token, api.read_access),
-    ]
-    app = falcon.App(middleware=middleware)
+    app = falcon.App(middleware=guards(token, api))
     app.req_options.strip_url_path_trailing_slash = True
     app.set_error_serializer(errors.serialize_error)
     app.add_error_handler(Exception, errors.handle_unexpected)
