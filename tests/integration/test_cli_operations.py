@@ -1,9 +1,11 @@
 """The operator commands of `flowforge` (SPEC 5): stats, ps, runs, cancel, dead, workflows validate.
 
-A real subprocess against a real database whose contents are made by driving the repository
-(trigger, scheduler passes, claim, finish) or, for ``ps``, by running role processes. Operator
-mistakes give one stderr line, a distinct exit code and no traceback. The basics (trigger,
-status, config errors, unknown ids for status/cancel/requeue) are in test_cli.py.
+The real command (``python -m flowforge.cli`` in a process of its own, forked off a preloaded
+interpreter by tests/cli_runner.py) against a real database whose contents are made by driving
+the repository (trigger, scheduler passes, claim, finish) or, for ``ps``, by running role
+processes. Operator mistakes give one stderr line, a distinct exit code and no traceback. The
+basics (trigger, status, config errors, unknown ids for status/cancel/requeue) are in
+test_cli.py.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.repository import Repository
+from tests import cli_runner
 from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, bury, claim_task, drain, task_ids, wait_for
 
@@ -76,15 +78,7 @@ def flowforge(
     if url is not None:
         env["FLOWFORGE_DATABASE_URL"] = url
     config_args = ("-c", str(config)) if config is not None else ()
-    return subprocess.run(
-        [sys.executable, "-m", "flowforge.cli", *config_args, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    return cli_runner.run([*config_args, *args], env, cwd=REPO)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
