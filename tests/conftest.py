@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from flowforge.config import DatabaseConfig
@@ -77,6 +78,15 @@ def database_url(pg_server_url: str) -> Iterator[str]:
     migrate(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(TEST_EXECUTIONS_DDL)
+        # A commit returns before its WAL reaches the disk (every session of this database,
+        # role processes too): what a commit makes visible, and when, is unchanged; only a
+        # crash of the server could lose the last commits, and no test here crashes the
+        # shared server (tests/chaos do that to private instances, which keep the default).
+        conn.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = off").format(
+                psycopg.sql.Identifier(str(conn.info.dbname))
+            )
+        )
     yield url
     drop_database(pg_server_url, url)
 

@@ -639,6 +639,7 @@ def _ready(api: Api) -> Reply:
     return api.request("GET", "/health/ready", auth=False, timeout=15)
 
 
+@pytest.mark.slow  # real role processes
 def test_ready_needs_a_scheduler_a_publisher_and_a_worker(api_stack: Stack) -> None:
     api = start_api(api_stack)
     scheduler, publisher, worker = api_stack.start_all(workers=1)
@@ -743,6 +744,7 @@ def flowforge_up(stack: Stack, **settings: Any) -> Iterator[subprocess.Popen[byt
         log.close()
 
 
+@pytest.mark.slow  # real role processes
 def test_metrics_parse_and_move_as_tasks_run_under_flowforge_up(api_stack: Stack) -> None:
     port = free_ports(1)[0]
     api_stack.extra_env = {TOKEN_ENV: TOKEN}

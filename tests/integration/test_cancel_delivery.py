@@ -24,7 +24,7 @@ from flowforge.store.repository import Repository
 from tests.e2e import REPO, Stack
 from tests.helpers import single, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 

@@ -176,6 +176,7 @@ def password_server() -> Iterator[int]:
         shutil.rmtree(base_dir, ignore_errors=True)
 
 
+@pytest.mark.slow  # starts a private PostgreSQL
 def test_a_bad_password_is_a_config_error(tmp_path: Path, password_server: int) -> None:
     port = password_server
     right = write_config(tmp_path, f"postgresql://ff:right@127.0.0.1:{port}/flowforge")
@@ -191,6 +192,7 @@ def test_a_bad_password_is_a_config_error(tmp_path: Path, password_server: int) 
     assert_up_fails_to_boot(config, expected)
 
 
+@pytest.mark.slow  # starts a private PostgreSQL
 def test_a_role_that_has_run_logs_a_refused_password_each_time_and_recovers(
     tmp_path: Path, password_server: int
 ) -> None:

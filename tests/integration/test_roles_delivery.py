@@ -50,7 +50,7 @@ from tests.delivery import (
 from tests.e2e import RoleProcess, Stack
 from tests.helpers import FAST_RETRY, drain, single, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
