@@ -256,6 +256,7 @@ def assert_answers_under(flood: Slowloris, api: Api) -> None:
     assert flood.reopened > 0  # the flood really was pressing: the api closed some of it
 
 
+@pytest.mark.slow  # a 4 s flood of 120 connections
 def test_probes_and_reads_answer_while_120_slow_clients_trickle_headers(stack: Stack) -> None:
     """One address: the per-client cap (20) keeps the flood to 20 connections, the longest
     waiting of which makes room for each new one."""
@@ -266,12 +267,13 @@ def test_probes_and_reads_answer_while_120_slow_clients_trickle_headers(stack: S
         wait_for(lambda: flood.open_count() <= 20, timeout=5, interval=0.1, what="the cap")
 
 
+@pytest.mark.slow  # a 4 s flood of 120 connections
 def test_at_the_connection_limit_the_longest_waiting_connection_makes_room(
     stack: Stack,
 ) -> None:
     """120 addresses (127.0.0.2 ...), one connection each, against a limit of 50: no cap
     applies, the connection limit does."""
-    api = start_api(stack, connection_limit=50)
+    api = start_api(stack, connection_limit=limit)
     sources = [f"127.0.0.{i}" for i in range(2, 2 + SLOW_CLIENTS)]
     with slowloris(api.port, SLOW_CLIENTS, sources) as flood:
         assert_answers_under(flood, api)
@@ -403,6 +405,37 @@ def test_at_the_per_client_cap_a_new_connection_displaces_the_longest_waiting_on
             what="the oldest partial head to be closed",
         )
         assert not server_closed(socks[1]) and not server_closed(socks[2])
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_at_the_connection_limit_a_new_connection_closes_the_longest_waiting_partial_head(
+    stack: Stack,
+) -> None:
+    """The connection limit's rule without a flood (the flood is the slow test above): more
+    partial heads than the limit holds, each from its own address so no per-client cap
+    applies; each one accepted past the limit closes the oldest, and a client that sends
+    its request at once is answered."""
+    limit = 6
+    # no head deadline within the test: only the limit can close a connection
+    api = start_api(stack, connection_limit=limit, request_head_timeout_s=60)
+    settle(api)
+    socks: list[socket.socket] = []
+    try:
+        for i in range(limit):  # the listening socket holds a slot too: more than fit
+            sock = socket.create_connection(("127.0.0.1", api.port), 5, (f"127.0.1.{1 + i}", 0))
+            socks.append(sock)
+            sock.sendall(b"GET /health/live HTTP/1.1\r\n")
+        settle(api)  # queued behind every partial head: accepted after each of them
+        wait_for(
+            lambda: server_closed(socks[0]),
+            timeout=5,
+            interval=0.05,
+            what="the oldest partial head to be closed",
+        )
+        assert not server_closed(socks[-1])
+        assert sum(not server_closed(s) for s in socks) < limit
     finally:
         for sock in socks:
             sock.close()
