@@ -273,7 +273,7 @@ def test_at_the_connection_limit_the_longest_waiting_connection_makes_room(
 ) -> None:
     """120 addresses (127.0.0.2 ...), one connection each, against a limit of 50: no cap
     applies, the connection limit does."""
-    api = start_api(stack, connection_limit=limit)
+    api = start_api(stack, connection_limit=50)
     sources = [f"127.0.0.{i}" for i in range(2, 2 + SLOW_CLIENTS)]
     with slowloris(api.port, SLOW_CLIENTS, sources) as flood:
         assert_answers_under(flood, api)
