@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,12 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from flowforge.config import load_config
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.states import TaskState
 from flowforge.store.repository import Repository
+from tests.api_here import ApiHere
 from tests.e2e import REPO, RoleProcess, Stack
 from tests.harness.resources import free_ports
 from tests.helpers import bury, drain, task_ids, wait_for
@@ -220,6 +222,35 @@ def api(
         stack.delete_queue()
 
 
+StartApi = Callable[..., Api]
+
+
+@pytest.fixture
+def api_here(api_stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[StartApi]:
+    """``start(token=TOKEN, **api)``: the api role on a thread of this process (tests/api_here.py)
+    with ``api_stack``'s config and ``api`` settings, serving on a free port; stopped at the
+    end. For what the server does with requests; its process and log need ``start_api``."""
+    started: list[ApiHere] = []
+
+    def start(token: str | None = TOKEN, **api: Any) -> Api:
+        port = free_ports(1)[0]
+        if token is None:
+            monkeypatch.delenv(TOKEN_ENV, raising=False)
+        else:
+            monkeypatch.setenv(TOKEN_ENV, token)
+        path = api_stack.config_path(**api_settings(api_stack.directory, port, **api))
+        server = ApiHere(load_config(path, env={}))
+        started.append(server)
+        server.start()
+        return Api(port, token, path)
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
 @pytest.fixture
 def api_stack(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[Stack]:
     """Role processes (and an api) for one test, on a fresh queue; all stopped at the end."""
@@ -304,8 +335,8 @@ def test_mutations_need_the_bearer_token(api: Api, sql: Sql) -> None:
     assert count_runs(sql) == 1
 
 
-def test_without_a_configured_token_every_mutation_is_refused(api_stack: Stack, sql: Sql) -> None:
-    api = start_api(api_stack, token=None)
+def test_without_a_configured_token_every_mutation_is_refused(api_here: StartApi, sql: Sql) -> None:
+    api = api_here(token=None)
     body = {"workflow": "api-record", "input": {}}
     for token in ("anything", TOKEN, ""):
         reply = api.post("/api/v1/runs", body, headers={"Authorization": f"Bearer {token}"})
@@ -473,8 +504,8 @@ def test_a_body_far_over_the_limit_is_still_a_json_413(api: Api, sql: Sql) -> No
     assert count_runs(sql) == 0
 
 
-def test_a_smaller_max_body_bytes_is_enforced(api_stack: Stack, sql: Sql) -> None:
-    api = start_api(api_stack, max_body_bytes=2048)
+def test_a_smaller_max_body_bytes_is_enforced(api_here: StartApi, sql: Sql) -> None:
+    api = api_here(max_body_bytes=2048)
     small = api.post("/api/v1/runs", {"workflow": "api-record", "input": {"pad": "x" * 1500}})
     assert small.status == 201, small.body
     big = {"workflow": "api-record", "input": {"pad": "x" * 2100}}
