@@ -1,6 +1,8 @@
 """The HTTP api (SPEC 5, 5.1) against the real api child (`flowforge role api`, `flowforge up`).
 
-Every request goes over a socket with ``http.client`` to a real process. Proven here:
+Every request goes over a socket with ``http.client``: to a real api child, or, for a test that
+needs an api of its own config, to the api role served from this process (``api_here``,
+tests/api_here.py). Proven here:
 
 - ``POST /api/v1/runs`` creates (201, Location), replays an ``Idempotency-Key`` (200, same run)
   and refuses the key with another body (409); mutations need the bearer token (401 without,

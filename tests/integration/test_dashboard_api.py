@@ -1,8 +1,9 @@
 """The dashboard's JSON endpoints, pages and request-forgery checks against a real api child.
 
 The api child is ``flowforge role api`` started the way tests/integration/test_api.py starts
-it (its helpers are reused); states are driven through the repository as in
-test_transitions.py; every request goes over a socket. Proven here:
+it (its helpers are reused; the processes listing uses an api served from this process, which
+registers at once); states are driven through the repository as in test_transitions.py; every
+request goes over a socket. Proven here:
 
 - ``GET /api/v1/overview``: runs and tasks by state (every state present), tasks finished per
   minute over the last hour (60 minutes), retry backlog, poison candidates (threshold), dead
