@@ -122,23 +122,54 @@ def stack(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[
     running.delete_queue()
 
 
+class _Emptier:
+    """Empties every FlowForge table and restarts their sequences in one round trip, on a
+    connection kept for the session (reopened if it broke)."""
+
+    def __init__(self, database_url: str) -> None:
+        self._url = database_url
+        self._conn = psycopg.connect(database_url, autocommit=True)
+        names = [table.strip() for table in TABLES.split(",")]
+        # the sequences owned by columns of those tables: what RESTART IDENTITY would reset
+        sequences = [
+            str(row[0])
+            for row in self._conn.execute(
+                "SELECT s.oid::regclass::text FROM pg_class s"
+                " JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = s.oid"
+                " JOIN pg_class t ON t.oid = d.refobjid"
+                " WHERE s.relkind = 'S' AND d.deptype IN ('a', 'i') AND t.relname = ANY(%s)",
+                (names,),
+            ).fetchall()
+        ]
+        # one simple query: its statements run as one transaction (children first)
+        self._statement = psycopg.sql.SQL("; ").join(
+            [psycopg.sql.SQL("DELETE FROM {}").format(psycopg.sql.Identifier(n)) for n in names]
+            + [
+                psycopg.sql.SQL("SELECT setval({}::regclass, 1, false)").format(
+                    psycopg.sql.Literal(seq)
+                )
+                for seq in sorted(sequences)
+            ]
+        )
+
+    def empty(self) -> None:
+        if self._conn.closed:
+            self._conn = psycopg.connect(self._url, autocommit=True)
+        self._conn.execute(self._statement, prepare=False)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 @pytest.fixture(scope="session")
-def _sequences(database_url: str) -> list[str]:
-    """The sequences owned by columns of the emptied tables (what RESTART IDENTITY resets)."""
-    names = [table.strip() for table in TABLES.split(",")]
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        found = conn.execute(
-            "SELECT s.oid::regclass::text FROM pg_class s"
-            " JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = s.oid"
-            " JOIN pg_class t ON t.oid = d.refobjid"
-            " WHERE s.relkind = 'S' AND d.deptype IN ('a', 'i') AND t.relname = ANY(%s)",
-            (names,),
-        ).fetchall()
-    return sorted(str(row[0]) for row in found)
+def _emptier(database_url: str) -> Iterator[_Emptier]:
+    emptier = _Emptier(database_url)
+    yield emptier
+    emptier.close()
 
 
 @pytest.fixture
-def clean_database_url(database_url: str, _sequences: list[str]) -> str:
+def clean_database_url(database_url: str, _emptier: _Emptier) -> str:
     """The session database with every FlowForge table emptied and its sequences restarted.
 
     ``DELETE`` (children first), not ``TRUNCATE``: on these small tables it takes a few
@@ -147,10 +178,7 @@ def clean_database_url(database_url: str, _sequences: list[str]) -> str:
     (no rows, ids from 1) except for dead tuples, which only a test reading query plans could
     notice: those take :func:`truncated_database_url`.
     """
-    with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
-        for table in TABLES.split(","):
-            conn.execute(f"DELETE FROM {table.strip()}")
-        conn.execute("SELECT setval(s, 1, false) FROM unnest(%s::regclass[]) s", (_sequences,))
+    _emptier.empty()
     return database_url
 
 
