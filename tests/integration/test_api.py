@@ -227,24 +227,26 @@ def api(
 StartApi = Callable[..., Api]
 
 
+def serve_here(stack: Stack, token: str | None = TOKEN, **api: Any) -> tuple[Api, ApiHere]:
+    """The api role on a thread of this process (tests/api_here.py) with ``stack``'s config and
+    ``api`` settings, serving on a free port; the caller stops it."""
+    port = free_ports(1)[0]
+    path = stack.config_path(**api_settings(stack.directory, port, **api))
+    server = ApiHere(load_config(path, env={}), token)
+    server.start()
+    return Api(port, token, path), server
+
+
 @pytest.fixture
-def api_here(api_stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[StartApi]:
-    """``start(token=TOKEN, **api)``: the api role on a thread of this process (tests/api_here.py)
-    with ``api_stack``'s config and ``api`` settings, serving on a free port; stopped at the
-    end. For what the server does with requests; its process and log need ``start_api``."""
+def api_here(api_stack: Stack) -> Iterator[StartApi]:
+    """``start(token=TOKEN, **api)``: :func:`serve_here` on ``api_stack``, stopped at the end.
+    For what the server does with requests; its process and log need ``start_api``."""
     started: list[ApiHere] = []
 
     def start(token: str | None = TOKEN, **api: Any) -> Api:
-        port = free_ports(1)[0]
-        if token is None:
-            monkeypatch.delenv(TOKEN_ENV, raising=False)
-        else:
-            monkeypatch.setenv(TOKEN_ENV, token)
-        path = api_stack.config_path(**api_settings(api_stack.directory, port, **api))
-        server = ApiHere(load_config(path, env={}))
+        found, server = serve_here(api_stack, token, **api)
         started.append(server)
-        server.start()
-        return Api(port, token, path)
+        return found
 
     try:
         yield start

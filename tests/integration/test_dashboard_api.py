@@ -1,9 +1,9 @@
-"""The dashboard's JSON endpoints, pages and request-forgery checks against a real api child.
+"""The dashboard's JSON endpoints, pages and request-forgery checks against the api's server.
 
-The api child is ``flowforge role api`` started the way tests/integration/test_api.py starts
-it (its helpers are reused; the processes listing uses an api served from this process, which
-registers at once); states are driven through the repository as in test_transitions.py; every
-request goes over a socket. Proven here:
+The api is the api role served from this process (tests/api_here.py, through
+tests/integration/test_api.py's helpers; the api child itself is test_api.py's); states are
+driven through the repository as in test_transitions.py; every request goes over a socket.
+Proven here:
 
 - ``GET /api/v1/overview``: runs and tasks by state (every state present), tasks finished per
   minute over the last hour (60 minutes), retry backlog, poison candidates (threshold), dead
@@ -53,7 +53,7 @@ from tests.integration.test_api import (
     api_here,
     api_stack,
     assert_json_error,
-    start_api,
+    serve_here,
 )
 
 pytestmark = pytest.mark.integration
@@ -132,12 +132,14 @@ OFF_SITE = re.compile(r"(?:https?:)?//(?!www\.w3\.org/2000/svg)[a-z0-9.-]+\.[a-z
 def api(
     tmp_path_factory: pytest.TempPathFactory, database_url: str, broker_url: str
 ) -> Iterator[Api]:
-    """One api child (with a token) for this module, on the session database."""
+    """One api (with a token) for this module, on the session database, served from this
+    process (the api child itself: test_api.py's module api)."""
     stack = Stack(tmp_path_factory.mktemp("dashboard-api"), database_url, broker_url)
+    found, server = serve_here(stack)
     try:
-        yield start_api(stack)
+        yield found
     finally:
-        stack.stop_all()
+        server.stop()
         stack.delete_queue()
 
 
