@@ -13,7 +13,13 @@ from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import Attempt, Run, TaskRun, TriggerResult
 from flowforge.errors import DefinitionError, UnknownWorkflowError
 from flowforge.store.db import Database
-from flowforge.store.repository import Repository
+from flowforge.store.operator import Operator
+from flowforge.store.triggers import Triggers
+
+
+class ClientStatements(Triggers, Operator):
+    """The client's part of the store: new runs, and the operator's cancel and requeue (which
+    answer with the read models of ``Reads``, :class:`Operator`'s base)."""
 
 
 class Client:
@@ -28,7 +34,7 @@ class Client:
         self._extra = tuple(workflows)
         self._workflows: dict[str, WorkflowDef] | None = None
         self._db = Database(config.database, application_name="flowforge-client")
-        self._repo = Repository(self._db)
+        self._store = ClientStatements(self._db)
 
     @property
     def workflows(self) -> Mapping[str, WorkflowDef]:
@@ -47,8 +53,10 @@ class Client:
         return self._config
 
     @property
-    def repository(self) -> Repository:
-        return self._repo
+    def database(self) -> Database:
+        """The connection pool :meth:`open` opens: the api builds the store parts it needs
+        over it (``api/app.py``), so one process keeps one pool."""
+        return self._db
 
     def open(self) -> Client:
         self._db.open()
@@ -75,7 +83,7 @@ class Client:
         idempotency_key: str | None = None,
     ) -> TriggerResult:
         """Start a run of ``workflow``; a replayed ``idempotency_key`` returns the same run."""
-        return self._repo.trigger(self._definition(workflow), input, idempotency_key)
+        return self._store.trigger(self._definition(workflow), input, idempotency_key)
 
     def trigger_many(
         self,
@@ -84,7 +92,7 @@ class Client:
         idempotency_keys: Sequence[str | None] | None = None,
     ) -> list[TriggerResult]:
         """Start one run per input in a single transaction (much faster than one by one)."""
-        return self._repo.trigger_many(self._definition(workflow), inputs, idempotency_keys)
+        return self._store.trigger_many(self._definition(workflow), inputs, idempotency_keys)
 
     def _definition(self, workflow: str) -> WorkflowDef:
         definition = self.workflows.get(workflow)
@@ -93,15 +101,15 @@ class Client:
         return definition
 
     def status(self, run_id: UUID | str) -> Run:
-        return self._repo.get_run(run_id)
+        return self._store.get_run(run_id)
 
     def cancel(self, run_id: UUID | str) -> Run:
-        return self._repo.cancel_run(run_id)
+        return self._store.cancel_run(run_id)
 
     def requeue(
         self, task_run_id: UUID | str, requested_by: str, reason: str | None = None
     ) -> TaskRun:
-        return self._repo.requeue_dead(task_run_id, requested_by, reason)
+        return self._store.requeue_dead(task_run_id, requested_by, reason)
 
     def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
-        return self._repo.attempts(task_run_id)
+        return self._store.attempts(task_run_id)

@@ -1,13 +1,17 @@
 """Configuration: a YAML file turned into frozen dataclasses, validated, with env overrides.
 
 Nothing is read at import time: :func:`load_config` is called by whoever needs a config.
-Relative paths in ``workflows`` are resolved against the config file's directory, and that
-directory is where handler modules are imported from (so a config folder is self-contained).
+Relative paths in ``workflows`` and the ``*_file`` keys are resolved against the config file's
+directory, and that directory is where handler modules are imported from (so a config folder is
+self-contained). Every secret (the database and broker URLs or their passwords, the api token)
+can come from a file instead (:mod:`flowforge.secretfiles`); :func:`load_config` reads them, so
+the config it returns holds the secrets themselves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -17,24 +21,36 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from flowforge import yamlfile
+from flowforge import tlsfiles, yamlfile
 from flowforge.errors import ConfigError
-from flowforge.schema import SchemaError, build
+from flowforge.redact import redact_url as redact_url  # README: flowforge.config.redact_url
+from flowforge.schema import DERIVED, SchemaError, build
+from flowforge.secretfiles import (
+    Given,
+    Secret,
+    amqp_with_password,
+    choose,
+    pg_holds_password,
+    pg_with_password,
+    resolve,
+    userinfo,
+)
+
+logger = logging.getLogger(__name__)
 
 ENV_CONFIG = "FLOWFORGE_CONFIG"
 ENV_DATABASE_URL = "FLOWFORGE_DATABASE_URL"
 ENV_BROKER_URL = "FLOWFORGE_BROKER_URL"
+#: Each secret's file variant: the variable names a file holding what the other one would hold.
+FILE_SUFFIX = "_FILE"
+ENV_DATABASE_URL_FILE = ENV_DATABASE_URL + FILE_SUFFIX
+ENV_DATABASE_PASSWORD_FILE = "FLOWFORGE_DATABASE_PASSWORD_FILE"
+ENV_BROKER_URL_FILE = ENV_BROKER_URL + FILE_SUFFIX
+ENV_BROKER_PASSWORD_FILE = "FLOWFORGE_BROKER_PASSWORD_FILE"
+DEFAULT_TOKEN_ENV = "FLOWFORGE_API_TOKEN"
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/flowforge"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_QUEUE = "flowforge.tasks"
-#: A parameter whose value is a secret, in a URL query or a libpq ``key=value`` string; the value
-#: runs to the next ``&``, ``#`` or blank, or is a quoted string.
-_SECRET_PARAM = re.compile(
-    r"((?:^|[?&;\s]))(\w*(?:pass|secret|token)\w*)\s*=\s*(?:'(?:[^'\\]|\\.)*'?|[^&#\s]*)",
-    re.IGNORECASE,
-)
-#: Where a comma starts another URL (a list of broker nodes), not another host of the same URL.
-_URL_START = re.compile(r",(?=\s*[a-z][a-z0-9+.-]*://)", re.IGNORECASE)
 
 
 def _positive(value: float, name: str) -> None:
@@ -44,9 +60,16 @@ def _positive(value: float, name: str) -> None:
 
 @dataclass(frozen=True)
 class DatabaseConfig:
-    """PostgreSQL connection settings. Timeouts are in milliseconds."""
+    """PostgreSQL connection settings. Timeouts are in milliseconds.
+
+    ``url_file`` names a file holding the URL; ``password_file`` one holding only the password,
+    which :func:`load_config` adds to the URL. After loading, ``url`` is the whole URL and the
+    two name the files it came from (None: not from a file).
+    """
 
     url: str = DEFAULT_DATABASE_URL
+    url_file: str | None = None
+    password_file: str | None = None
     pool_min: int = 1
     pool_max: int = 4
     connect_timeout_s: float = 5.0
@@ -61,14 +84,40 @@ class DatabaseConfig:
 
 
 @dataclass(frozen=True)
+class BrokerTlsConfig:
+    """This client's TLS to ``amqps://`` nodes: PEM files, relative paths under the config
+    file's directory (made absolute by :func:`load_config`). Each node's certificate must be
+    valid for the host of its URL; the files are read at every connection attempt."""
+
+    ca_file: str | None = None  # the CA(s) that signed the brokers' certificates; None: system's
+    cert_file: str | None = None  # this client's certificate; None: none is presented
+    key_file: str | None = None  # its private key (unencrypted); None: it is in cert_file
+
+    def __post_init__(self) -> None:
+        for name in ("ca_file", "cert_file", "key_file"):
+            if getattr(self, name) == "":
+                raise ValueError(f"{name} is empty (leave it out instead)")
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file (the certificate of that key)")
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
-    """RabbitMQ settings; ``url`` holds one URL per cluster node, tried in order."""
+    """RabbitMQ settings; ``url`` holds one URL per cluster node, tried in order.
+
+    ``url_file`` names a file holding the URLs (one per line, or separated by commas);
+    ``password_file`` one holding only the password, which :func:`load_config` puts into every
+    node's URL (each must name its user). After loading, ``url`` holds the whole URLs.
+    """
 
     url: tuple[str, ...] = (DEFAULT_BROKER_URL,)
+    url_file: str | None = None
+    password_file: str | None = None
     queue: str = DEFAULT_QUEUE
     heartbeat_s: int = 30
     prefetch: int = 16  # unacked deliveries per worker; also its largest batch of claims
     quorum_initial_group_size: int | None = None
+    tls: BrokerTlsConfig | None = None  # for amqps:// nodes; None: the system's CAs, no cert
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -109,7 +158,9 @@ _ALLOWED_HOST = re.compile(r"\*|(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::[0-9]{
 
 @dataclass(frozen=True)
 class ApiConfig:
-    """The HTTP api child. The bearer token is read from the ``token_env`` variable.
+    """The HTTP api child. The bearer token is read from the ``token_env`` variable, or from
+    the file that ``<token_env>_FILE`` or ``token_file`` names; :func:`load_config` puts it in
+    ``token`` (None: no token, every request that needs one is refused).
 
     ``allowed_hosts`` None means the listen address's host and localhost (see
     :meth:`hosts`). Time limits are in seconds; ``max_connections_per_client`` 0 means no cap;
@@ -117,7 +168,8 @@ class ApiConfig:
     """
 
     listen: str = "127.0.0.1:8080"
-    token_env: str = "FLOWFORGE_API_TOKEN"
+    token_env: str = DEFAULT_TOKEN_ENV
+    token_file: str | None = None
     max_body_bytes: int = 1024 * 1024
     read_access: ReadAccess = ReadAccess.TOKEN
     allowed_hosts: tuple[str, ...] | None = None
@@ -129,6 +181,8 @@ class ApiConfig:
     connection_limit: int = 200  # open connections in all; waitress's own limit
     threads: int = 4  # requests served at once
     ready_cache_s: float = 2.0
+    # never from the file itself: only through token_env or a token file (never in a repr)
+    token: str | None = field(default=None, repr=False, metadata=DERIVED)
 
     def __post_init__(self) -> None:
         _positive(self.max_body_bytes, "max_body_bytes")
@@ -249,6 +303,8 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     base_dir: str = "."
+    #: What loading found worth a warning (a secret file others may read), for whoever logs.
+    warnings: tuple[str, ...] = field(default=(), compare=False, metadata=DERIVED)
 
     def workflow_paths(self) -> tuple[Path, ...]:
         """``workflows`` entries as absolute paths (relative ones are under ``base_dir``)."""
@@ -260,8 +316,10 @@ def load_config(
 ) -> Config:
     """Read, validate and override a config file.
 
-    ``path`` defaults to ``$FLOWFORGE_CONFIG``; with neither, defaults are used. Raises
-    :class:`ConfigError` with one line naming the file and the key path.
+    ``path`` defaults to ``$FLOWFORGE_CONFIG``; with neither, defaults are used. The
+    environment's URLs, token and secret files win over the file's (README, "Secrets from
+    files"). Raises :class:`ConfigError` with one line naming the file and the key path (or the
+    variable), and for a secret file its path and the reason; never a secret.
     """
     env = os.environ if env is None else env
     path = path or env.get(ENV_CONFIG)
@@ -279,7 +337,19 @@ def load_config(
         config = build(Config, {**data, "base_dir": str(base_dir)}, "")
     except SchemaError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    return _apply_env(config, env, where)
+    try:
+        config = _with_secrets(config, data, env)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    _check_broker_urls(config.broker, where)
+    return _absolute_files(config)
+
+
+def log_warnings(config: Config) -> None:
+    """Log what loading ``config`` found worth a warning; called once logging is set up (a
+    config is loaded before that)."""
+    for warning in config.warnings:
+        logger.warning("%s", warning, extra={"action": "config_warning"})
 
 
 def _read_yaml(path: Path) -> Any:
@@ -301,44 +371,171 @@ def _normalise(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _apply_env(config: Config, env: Mapping[str, str], where: str) -> Config:
-    if env.get(ENV_DATABASE_URL):
-        config = dataclasses.replace(
-            config, database=dataclasses.replace(config.database, url=env[ENV_DATABASE_URL])
+def _with_secrets(config: Config, data: Mapping[str, Any], env: Mapping[str, str]) -> Config:
+    """``config`` with every secret taken from where it is set, by precedence: the
+    environment, then the file (a value or its ``*_file``, never both in one of them)."""
+    found = _Secrets(config.base_dir, data, env)
+    database, broker = found.database(config.database), found.broker(config.broker)
+    api = found.api(config.api) if config.api is not None else None
+    return dataclasses.replace(
+        config, database=database, broker=broker, api=api, warnings=tuple(found.warnings)
+    )
+
+
+class _Secrets:
+    """Finds each secret in the environment ``env`` or the parsed file ``data``; relative
+    paths are under ``base_dir``. Collects the warnings reading them gave."""
+
+    def __init__(self, base_dir: str, data: Mapping[str, Any], env: Mapping[str, str]) -> None:
+        self.base_dir, self.data, self.env = base_dir, data, env
+        self.warnings: list[str] = []
+
+    def in_env(self, name: str, is_file: bool = False) -> Given:
+        return Given(name, self.env.get(name) or None, is_file)
+
+    def in_file(self, section: str, key: str, value: str | None, is_file: bool = False) -> Given:
+        part = self.data.get(section)
+        given = isinstance(part, Mapping) and part.get(key) is not None
+        return Given(f"{section}.{key}", value if given else None, is_file)
+
+    def read(self, given: Given, multiline: bool = False) -> Secret:
+        secret = resolve(given, self.base_dir, multiline=multiline)
+        if secret.warning:
+            self.warnings.append(secret.warning)
+        return secret
+
+    def password(self, env_name: str, section: str, value: str | None) -> Given | None:
+        return choose(
+            (self.in_env(env_name, True),),
+            (self.in_file(section, "password_file", value, True),),
         )
-    if env.get(ENV_BROKER_URL):
-        urls = tuple(u.strip() for u in env[ENV_BROKER_URL].split(",") if u.strip())
-        if not urls:
-            raise ConfigError(f"{where}: {ENV_BROKER_URL} holds no URL")
-        config = dataclasses.replace(config, broker=dataclasses.replace(config.broker, url=urls))
-    return config
+
+    def database(self, db: DatabaseConfig) -> DatabaseConfig:
+        url_from = choose(
+            (self.in_env(ENV_DATABASE_URL), self.in_env(ENV_DATABASE_URL_FILE, True)),
+            (
+                self.in_file("database", "url", db.url),
+                self.in_file("database", "url_file", db.url_file, True),
+            ),
+        )
+        url = self.read(url_from) if url_from else Secret(db.url, "the default database.url")
+        password_from = self.password(ENV_DATABASE_PASSWORD_FILE, "database", db.password_file)
+        if password_from and pg_holds_password(url.text):
+            raise ConfigError(
+                f"{password_from.name} and a password in the database URL ({url.source}) are "
+                "both set: set one of them"
+            )
+        password = self.read(password_from) if password_from else None
+        return dataclasses.replace(
+            db,
+            url=pg_with_password(url.text, password.text) if password else url.text,
+            url_file=_path(url),
+            password_file=_path(password),
+        )
+
+    def broker(self, broker: BrokerConfig) -> BrokerConfig:
+        urls_from = choose(
+            (self.in_env(ENV_BROKER_URL), self.in_env(ENV_BROKER_URL_FILE, True)),
+            (
+                # broker.url's list stays where it is: only whether the file set it matters
+                self.in_file("broker", "url", "set"),
+                self.in_file("broker", "url_file", broker.url_file, True),
+            ),
+        )
+        urls, source, urls_file = broker.url, "the default broker.url", None
+        if urls_from and urls_from.name != "broker.url":
+            found = self.read(urls_from, multiline=True)
+            urls = tuple(u.strip() for u in re.split(r"[,\n]", found.text) if u.strip())
+            if not urls:
+                raise ConfigError(f"{found.source} holds no URL")
+            source, urls_file = found.source, _path(found)
+        elif urls_from:
+            source = urls_from.name
+        password_from = self.password(ENV_BROKER_PASSWORD_FILE, "broker", broker.password_file)
+        password = None
+        if password_from:
+            _check_broker_users(urls, source, password_from.name)
+            password = self.read(password_from)
+            urls = tuple(amqp_with_password(u, password.text) for u in urls)
+        else:
+            _check_broker_passwords(urls, source)
+        return dataclasses.replace(
+            broker, url=urls, url_file=urls_file, password_file=_path(password)
+        )
+
+    def api(self, api: ApiConfig) -> ApiConfig:
+        token_from = choose(
+            (self.in_env(api.token_env), self.in_env(api.token_env + FILE_SUFFIX, True)),
+            (self.in_file("api", "token_file", api.token_file, True),),
+        )
+        token = self.read(token_from) if token_from else None
+        return dataclasses.replace(
+            api, token=token.text if token else None, token_file=_path(token)
+        )
 
 
-def redact_url(url: str) -> str:
-    """``url`` with every secret shown as ``***``: safe to print or log.
+def _check_broker_urls(broker: BrokerConfig, where: str) -> None:
+    """Every node is ``amqp://`` or ``amqps://``; with ``broker.tls`` every one is ``amqps://``
+    (a plain node would silently go without the TLS the config asks for)."""
+    for i, url in enumerate(broker.url, 1):
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in ("amqp", "amqps"):
+            raise ConfigError(
+                f"{where}: broker URL {i} ({redact_url(url)}) is not an amqp:// or amqps:// URL"
+            )
+        if scheme == "amqp" and broker.tls is not None:
+            raise ConfigError(
+                f"{where}: broker URL {i} ({redact_url(url)}) is amqp:// but broker.tls is set: "
+                "use amqps:// for every node (or remove broker.tls)"
+            )
 
-    Handles a URL (``postgresql://``, ``amqp://``, ...; the password of its userinfo and any
-    query parameter whose name holds ``pass``, ``secret`` or ``token``: ``password``,
-    ``sslpassword``, ``oauth_client_secret``), several URLs separated by commas (a broker
-    list), and a libpq ``key=value`` connection string (quoted values too). The user name, hosts,
-    ports, database and other parameters stay visible.
-    """
-    urls = _URL_START.split(url)
-    return ",".join(_SECRET_PARAM.sub(r"\1\2=***", _redact_userinfo(u)) for u in urls)
+
+def _absolute_files(config: Config) -> Config:
+    """Certificate and key paths (``database.url``'s ``sslrootcert`` & co, ``broker.tls``)
+    made absolute against the config file's directory (flowforge/tlsfiles.py); a warning if
+    ``broker.tls.key_file`` is readable by others."""
+    base = config.base_dir
+    database = dataclasses.replace(
+        config.database, url=tlsfiles.database_url(config.database.url, base)
+    )
+    broker, tls, warnings = config.broker, config.broker.tls, list(config.warnings)
+    if tls is not None:
+        tls = BrokerTlsConfig(
+            *(None if f is None else tlsfiles.absolute(f, base) for f in dataclasses.astuple(tls))
+        )
+        broker = dataclasses.replace(broker, tls=tls)
+        key = tls.key_file and tlsfiles.open_key_warning("broker.tls.key_file", tls.key_file)
+        warnings += [key] if key else []
+    return dataclasses.replace(config, database=database, broker=broker, warnings=tuple(warnings))
 
 
-def _redact_userinfo(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    # the userinfo ends at the last "@" of the authority; a password holding a raw "/", "?" or
-    # "#" (not percent-encoded) pushes that "@" further: then the last "@" of all is taken, so a
-    # malformed URL is redacted too much rather than too little
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    at = authority.rfind("@")
-    if at < 0:
-        at = rest.rfind("@")
-    if at < 0 or ":" not in rest[:at]:
-        return url
-    user = rest[:at].split(":", 1)[0]
-    return f"{scheme}://{user}:***@{rest[at + 1 :]}"
+def _check_broker_users(urls: tuple[str, ...], source: str, password_name: str) -> None:
+    """A password file needs every node's URL to name a user and hold no password."""
+    for i, url in enumerate(urls, 1):
+        found = userinfo(url)
+        if found is None or not found[0]:
+            raise ConfigError(
+                f"{password_name}: broker URL {i} ({redact_url(url)}, from {source}) names no"
+                " user: write it as amqp://USER@HOST:PORT/VHOST"
+            )
+        if found[1] is not None:
+            raise ConfigError(
+                f"{password_name} and a password in broker URL {i} ({source}) are both set:"
+                " set one of them"
+            )
+
+
+def _check_broker_passwords(urls: tuple[str, ...], source: str) -> None:
+    """A node naming a user without a password (pika cannot even parse it) is most likely one
+    whose password file was forgotten."""
+    for i, url in enumerate(urls, 1):
+        found = userinfo(url)
+        if found is not None and found[1] is None:
+            raise ConfigError(
+                f"broker URL {i} ({redact_url(url)}, from {source}) names a user but no"
+                f" password: set {ENV_BROKER_PASSWORD_FILE} or broker.password_file"
+            )
+
+
+def _path(secret: Secret | None) -> str | None:
+    return str(secret.path) if secret and secret.path else None

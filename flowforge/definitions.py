@@ -87,14 +87,6 @@ def _unregistered(data: Any, handlers: Collection[str]) -> list[tuple[str, str]]
     ]
 
 
-def load_file(path: Path) -> WorkflowDef:
-    """The workflow in ``path``; :class:`DefinitionError` names its first problem."""
-    workflow, problems = check_file(path)
-    _raise_first(problems)
-    assert workflow is not None
-    return workflow
-
-
 def check_paths(
     paths: Iterable[Path], handlers: Collection[str] | None = None
 ) -> tuple[dict[str, WorkflowDef], list[str]]:

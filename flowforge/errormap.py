@@ -22,6 +22,7 @@ from flowforge.broker.messages import MessageError
 from flowforge.cli import exitcodes
 from flowforge.errors import (
     BootError,
+    BrokerConfigError,
     BrokerError,
     BrokerUnavailableError,
     ConfigError,
@@ -92,6 +93,7 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     # broker
     BrokerError: _INTERNAL,
     BrokerUnavailableError: _OUTAGE,
+    BrokerConfigError: _OPERATORS,
     QueueTypeMismatchError: _INTERNAL,
     MessageError: _INTERNAL,
     # roles

@@ -96,7 +96,10 @@ class DatabaseUnavailableError(StoreError):
 
 
 class TransactionConflictError(StoreError):
-    """A deadlock or serialization failure: the transaction may be run again as is."""
+    """A deadlock or serialization failure: the transaction may be run again as is.
+
+    ``Database.run`` / ``Database.execute`` do so; raised only once they have given up.
+    """
 
 
 class MigrationError(StoreError):
@@ -134,6 +137,15 @@ class BrokerUnavailableError(BrokerError):
     """A connection-level failure: the broker is down, restarting or unreachable (transient)."""
 
 
+class BrokerConfigError(ConfigError):
+    """RabbitMQ refuses this configuration for a reason retrying cannot fix: a TLS failure (the
+    broker's certificate not signed by ``broker.tls.ca_file``, not valid for the URL's host,
+    this client's certificate missing or refused) or a certificate file that cannot be read.
+    Like :class:`DatabaseConfigError`: exit 2 from the CLI, a role that meets it before it ever
+    started fails to boot (exit 3).
+    """
+
+
 class QueueTypeMismatchError(BrokerError):
     """The task queue exists with another type than quorum. An operator must fix it; not retried."""
 
@@ -145,10 +157,11 @@ class BootError(FlowForgeError):
     """A role cannot start for a reason that retrying will not fix (config, imports, topology)."""
 
 
-#: Failures that a role survives by reconnecting with backoff (a transaction conflict only
-#: gets here after ``Database.run`` retried it several times: contention, not a bug).
+#: Outages: what a role survives by reconnecting with backoff (``run_role``), and what the
+#: worker's finish is retried through. A :class:`TransactionConflictError` is not one: the
+#: ``Database`` already ran the transaction again, and is the only level that does
+#: (``flowforge/roles/runner.py``, "Who retries a failed statement").
 TRANSIENT_ERRORS: tuple[type[FlowForgeError], ...] = (
     DatabaseUnavailableError,
     BrokerUnavailableError,
-    TransactionConflictError,
 )

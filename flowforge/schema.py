@@ -20,6 +20,10 @@ from flowforge.errors import FlowForgeError
 
 T = TypeVar("T")
 
+#: Field metadata marking a value the loader fills in (a secret read from a file, say): a
+#: document may not set it, and a key of that name is refused as unknown.
+DERIVED = {"derived": True}
+
 
 class SchemaError(ValueError):
     """Values that do not fit their declared types.
@@ -55,7 +59,11 @@ def build(cls: type[T], data: Any, path: str) -> T:
     if not isinstance(data, Mapping):
         raise SchemaError(path, f"expected a mapping, got {_kind(data)}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {
+        f.name: f
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if not f.metadata.get("derived")
+    }
     errors = [(_join(path, str(k)), "unknown key") for k in data if k not in fields]
     kwargs: dict[str, Any] = {}
     for name, spec in fields.items():

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flowforge.broker import quiet_pika_logs
-from flowforge.config import Config, redact_url
+from flowforge.config import Config, log_warnings, redact_url
 from flowforge.telemetry import METRICS_DIR_ENV
 from supervisor import logs
 from supervisor.child import ChildContext
@@ -90,7 +90,9 @@ def run(config: Config, config_label: str) -> int:
         # Before the first fork: every process of the tree writes its samples here.
         os.environ[METRICS_DIR_ENV] = metrics_dir
         logs.configure("supervisor", config.logging.format, config.logging.level)
+        faulthandler.enable()  # a watchdog's SIGABRT (systemd) prints where the loop was stuck
         set_title(f"{TITLE_PREFIX}: supervisor [{config_label}]")
+        log_warnings(config)
         preload_driver()
         return _supervise(config)
 

@@ -1,4 +1,4 @@
-"""JSON shapes of runs, task runs and attempts — one definition for the CLI and the HTTP api."""
+"""JSON shapes of the read models — one definition for the CLI and the HTTP api."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
-from flowforge.domain.model import Attempt, Run, TaskRun
+from flowforge.domain.model import (
+    Attempt,
+    Overview,
+    PoisonCandidate,
+    RetryBacklog,
+    Run,
+    Stats,
+    TaskRun,
+)
 
 
 def _default(value: Any) -> Any:
@@ -56,3 +64,52 @@ def attempt_dict(attempt: Attempt) -> dict[str, Any]:
     data: dict[str, Any] = to_dict(attempt)
     data["duration_s"] = duration_s(attempt.started_at, attempt.finished_at)
     return data
+
+
+def retry_backlog_dict(backlog: RetryBacklog) -> dict[str, Any]:
+    return {"n": backlog.n, "next_at": backlog.next_at, "latest_at": backlog.latest_at}
+
+
+def poison_dict(candidate: PoisonCandidate) -> dict[str, Any]:
+    return {
+        "id": candidate.id,
+        "run_id": candidate.run_id,
+        "name": candidate.name,
+        "handler": candidate.handler,
+        "state": candidate.state,
+        "attempt": candidate.attempt,
+        "failure_reason": candidate.failure_reason,
+        "workflow": candidate.workflow,
+    }
+
+
+def overview_dict(overview: Overview) -> dict[str, Any]:
+    """The ``GET /api/v1/overview`` shape (docs/dashboard-contract.md), without the request's
+    ``poison_threshold`` and ``fresh_s``."""
+    return {
+        "runs": dict(overview.runs),
+        "tasks": dict(overview.tasks),
+        "finished_per_minute": [
+            {"minute": m.minute, "succeeded": m.succeeded, "dead": m.dead, "cancelled": m.cancelled}
+            for m in overview.finished_per_minute
+        ],
+        "retry_backlog": retry_backlog_dict(overview.retry_backlog),
+        "poison_candidates": [poison_dict(p) for p in overview.poison_candidates],
+        "dead_by_reason": dict(overview.dead_by_reason),
+        "outbox": {"pending": overview.outbox.pending, "oldest_s": overview.outbox.oldest_s},
+        "processes": [{"host": p.host, "role": p.role, "n": p.n} for p in overview.processes],
+    }
+
+
+def stats_dict(stats: Stats) -> dict[str, Any]:
+    """The ``flowforge stats --json`` shape."""
+    return {
+        "attempts": dict(stats.attempts),
+        "failure_reasons": dict(stats.failure_reasons),
+        "retry_backlog": retry_backlog_dict(stats.retry_backlog),
+        "poison_candidates": [poison_dict(p) for p in stats.poison_candidates],
+        "dead": [
+            {"workflow": d.workflow, "handler": d.handler, "reason": d.reason, "n": d.n}
+            for d in stats.dead
+        ],
+    }

@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import select
-import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from supervisor import notify as sd
 from supervisor.child import ChildContext, release_free_memory, set_child_subreaper, spawn
+from supervisor.selfpipe import SignalPipe, signal_pipe
 
 
 class OsApi(Protocol):
@@ -35,7 +35,9 @@ class OsApi(Protocol):
     def supervising(self, handled_signals: Sequence[int]) -> AbstractContextManager[None]:
         """While inside: this process reaps orphans, ``handled_signals`` are queued for
         :meth:`wait_for_signals` (their handlers do nothing else), and the C heap was trimmed
-        before the first child is started. Everything is put back on the way out."""
+        before the first child is started. Everything is put back on the way out — except the
+        service manager's variables (``NOTIFY_SOCKET``, ``WATCHDOG_*``): taken out of the
+        environment on the way in, for good, so that no child inherits them."""
         ...
 
     def spawn(self, target: Callable[[ChildContext], int], ctx: ChildContext) -> int:
@@ -55,42 +57,54 @@ class OsApi(Protocol):
         """The handled signals that arrived, in order; waits at most ``timeout_s`` for one."""
         ...
 
+    def notify(self, fields: Sequence[str]) -> None:
+        """Tell the service manager that started this process (systemd's ``$NOTIFY_SOCKET``)
+        the ``KEY=value`` ``fields`` in one message; nothing when there is none. Never raises."""
+        ...
+
+    def watchdog_interval_s(self) -> float | None:
+        """How often the service manager wants ``WATCHDOG=1`` from this process (seconds: half
+        its ``WATCHDOG_USEC``); None when it watches nothing."""
+        ...
+
 
 class RealOs:
     """The operating system itself (Linux; works without ``prctl`` elsewhere)."""
 
     def __init__(self) -> None:
+        self._notifier = sd.Notifier()  # nowhere, until supervising() reads the environment
         self._handled: tuple[int, ...] = ()
-        self._pipe: tuple[int, int] = (-1, -1)
+        self._signals: SignalPipe | None = None  # while supervising
 
     def monotonic(self) -> float:
         return time.monotonic()
 
+    def notify(self, fields: Sequence[str]) -> None:
+        self._notifier.send(fields)
+
+    def watchdog_interval_s(self) -> float | None:
+        return self._notifier.watchdog_interval_s()
+
     @contextlib.contextmanager
     def supervising(self, handled_signals: Sequence[int]) -> Iterator[None]:
+        self._notifier = sd.Notifier.from_environment()  # before the first fork
         set_child_subreaper()
-        # Signal handlers do nothing: set_wakeup_fd writes each signal's number to this pipe,
-        # which wait_for_signals reads.
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(read_fd, False)
-        os.set_blocking(write_fd, False)
-        self._pipe = (read_fd, write_fd)
-        self._handled = tuple(handled_signals)
-        previous = {s: signal.signal(s, _queued) for s in self._handled}
-        old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        release_free_memory()  # before the first fork: every child inherits what stays resident
-        try:
-            yield
-        finally:
-            signal.set_wakeup_fd(old_wakeup)
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            os.close(read_fd)
-            os.close(write_fd)
-            self._pipe = (-1, -1)
+        # Signal handlers do nothing: each signal's number goes to a pipe that
+        # wait_for_signals reads (supervisor/selfpipe.py).
+        handled = tuple(handled_signals)
+        with signal_pipe(handled) as pipe:
+            self._signals = pipe
+            self._handled = handled
+            release_free_memory()  # before the first fork: every child inherits what stays
+            try:
+                yield
+            finally:
+                self._signals = None
 
     def spawn(self, target: Callable[[ChildContext], int], ctx: ChildContext) -> int:
-        return spawn(target, ctx, self._handled, self._pipe)
+        pipe = self._signals
+        inherited = () if pipe is None else (pipe.read_fd, pipe.write_fd)  # the child closes
+        return spawn(target, ctx, self._handled, inherited)
 
     def reap(self) -> tuple[int, int] | None:
         try:
@@ -109,14 +123,6 @@ class RealOs:
                 raise
 
     def wait_for_signals(self, timeout_s: float) -> list[int]:
-        read_fd = self._pipe[0]
-        with contextlib.suppress(InterruptedError):
-            select.select([read_fd], [], [], timeout_s)
-        try:
-            return list(os.read(read_fd, 512))
-        except BlockingIOError:
-            return []
-
-
-def _queued(_signum: int, _frame: object) -> None:
-    """Does nothing: the wakeup fd already queued the signal number for the main loop."""
+        if self._signals is None:
+            raise RuntimeError("wait_for_signals outside supervising()")
+        return self._signals.read(timeout_s) or []

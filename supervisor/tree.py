@@ -8,7 +8,9 @@ after each slot's backoff.
 
 Every system call and every reading of the clock goes through ``Supervisor.system`` (an
 :class:`~supervisor.osapi.OsApi`): the real one by default, an in-memory fake in the tests of
-this loop, which call :meth:`Supervisor.turn` one turn at a time.
+this loop, which call :meth:`Supervisor.turn` one turn at a time. What the tree tells a service
+manager (systemd's ``Type=notify``: ready, status, watchdog, stopping) goes through the same
+seam (supervisor/service.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from supervisor import exitcodes
 from supervisor.child import ChildContext
 from supervisor.osapi import OsApi, RealOs
 from supervisor.restart import IntensityLimit, SlotBackoff
+from supervisor.service import ServiceNotifications
 from supervisor.slots import SlotTable
 from supervisor.spec import ChildSpec, Restart
 
@@ -108,6 +111,7 @@ class Supervisor:
         self._rolling: deque[int] = deque()
         self._surge: int | None = None
         self._ready = False
+        self._service = ServiceNotifications(self.system)
 
     # ------------------------------------------------------------------ the main loop
 
@@ -138,7 +142,9 @@ class Supervisor:
             if not self._children:
                 logger.info("all children stopped; exiting with %d", self._exit_code)
                 return self._exit_code
+            self._service.stopping(len(self._children))
         self._enforce_shutdown_timeouts(now)
+        self._service.tick(now)  # the watchdog hears from a loop that completes its turns
         return None
 
     # ------------------------------------------------------------------ signals
@@ -178,6 +184,7 @@ class Supervisor:
         logger.info(
             "rolling restart of %d child(ren)", len(self._rolling), extra={"action": "rolling"}
         )
+        self._service.reloading(len(self._rolling))
 
     # ------------------------------------------------------------------ starting
 
@@ -266,6 +273,7 @@ class Supervisor:
             return
         if code == exitcodes.CHILD_RECYCLE:
             logger.info("%s recycled; replacing it", label, extra={"action": "child_recycled"})
+            self._service.child_exited(f"{label} recycled; replacing it")
             slot.not_before = now
             return
         if spec.restart is Restart.TEMPORARY or (spec.restart is Restart.TRANSIENT and code == 0):
@@ -295,6 +303,7 @@ class Supervisor:
             delay,
             extra={"action": "child_died"},
         )
+        self._service.child_exited(f"{label} {describe_exit(code)}; restarting in {delay:.1f}s")
 
     # ------------------------------------------------------------------ stopping
 
@@ -311,10 +320,12 @@ class Supervisor:
             self.drain_timeout_s,
             extra={"action": "draining"},
         )
+        self._service.draining(why, self.drain_timeout_s, len(self._children))
 
     def _fast_stop(self, why: str) -> None:
         self._mode = Mode.FAST_STOP
         logger.warning("fast stop (%s): killing every child", why, extra={"action": "fast_stop"})
+        self._service.fast_stop(why, len(self._children))
 
     def _drive_stop(self, now: float) -> None:
         if self._mode is Mode.FAST_STOP or now >= self._deadline:
@@ -399,11 +410,12 @@ class Supervisor:
     def _report_readiness(self) -> None:
         readiness = self.readiness()
         ready = all(have >= want for have, want in readiness.values())
+        summary = ", ".join(f"{name} {have}/{want}" for name, (have, want) in readiness.items())
         if ready and not self._ready:
-            summary = ", ".join(f"{name} {have}/{want}" for name, (have, want) in readiness.items())
             logger.info("tree ready: %s", summary, extra={"action": "tree_ready"})
             self.on_ready(readiness)
         self._ready = ready
+        self._service.running(summary, ready, len(self._rolling))
 
     def _log_status(self, now: float) -> None:
         lines = [

@@ -12,7 +12,6 @@ module-wide api per module that reads the api.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
 
@@ -26,27 +25,19 @@ STOP_TIMEOUT_S = 15.0
 class ApiHere:
     """One api role on a thread of this process: :meth:`start`, then :meth:`stop`.
 
-    The api reads its bearer token from ``config.api.token_env`` as it starts, as the api child
-    reads its own: :meth:`start` sets that variable to ``token`` (None: unset) for the start
-    only, then puts the environment back.
+    Its bearer token is the config's (``load_config`` reads it from the environment it is
+    given, as the api child's config does from its own).
     """
 
-    def __init__(self, config: Config, token: str | None) -> None:
+    def __init__(self, config: Config) -> None:
         assert config.api is not None, "the config needs an api section"
         self._host, self.port = parse_listen(config.api.listen)
-        self._token_env = config.api.token_env
-        self._token = token
         self._server = ApiServer(config)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        before = os.environ.get(self._token_env)
-        _set_env(self._token_env, self._token)
-        try:
-            self._server.initialize()  # listening, with the token, once this returns
-        finally:
-            _set_env(self._token_env, before)
+        self._server.initialize()  # listening once this returns
         self._thread = threading.Thread(
             target=self._server.loop, args=(self._stop, lambda: None), name="api-here", daemon=True
         )
@@ -61,10 +52,3 @@ class ApiHere:
             self._thread.join(STOP_TIMEOUT_S)
             assert not self._thread.is_alive(), "the api thread did not stop"
         self._server.shutdown()
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value

@@ -19,9 +19,9 @@ import pytest
 from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
-from flowforge.store.repository import Repository
 from tests.e2e import Stack
 from tests.harness.resources import create_database, drop_database
+from tests.store import Store
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -199,8 +199,8 @@ def db(clean_database_url: str) -> Iterator[Database]:
 
 
 @pytest.fixture
-def repo(db: Database) -> Repository:
-    return Repository(db, rand=lambda: 0.5)
+def repo(db: Database) -> Store:
+    return Store(db, rand=lambda: 0.5)
 
 
 @pytest.fixture

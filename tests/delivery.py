@@ -18,9 +18,9 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from flowforge.broker import messages
 from flowforge.domain.model import Dispatch
-from flowforge.store.repository import Repository
 from supervisor import exitcodes
 from tests.e2e import RoleProcess, Stack
+from tests.store import Store
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
@@ -47,7 +47,7 @@ def worker_pid(attempt_worker: str | None) -> int:
     return int(attempt_worker.rsplit("/", 1)[1])
 
 
-def stale_completions(repo: Repository) -> int:
+def stale_completions(repo: Store) -> int:
     return repo.counters().get("stale_completions", 0)
 
 

@@ -194,6 +194,13 @@ def cancel_seen(ctx: TaskContext) -> dict[str, Any]:
     return {"stopped": seen}
 
 
+@task("e2e.environ")
+def environ(ctx: TaskContext) -> dict[str, Any]:
+    """What the worker's environment holds: ``input.names`` → each one's value (None: unset)."""
+    record(ctx, "e2e.environ")
+    return {name: os.environ.get(name) for name in ctx.input["names"]}
+
+
 @task("e2e.print")
 def print_output(ctx: TaskContext) -> dict[str, Any]:
     """Writes every way a handler can: a forged log line with terminal escapes on stdout, a

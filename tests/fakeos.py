@@ -51,15 +51,20 @@ class FakeChild:
 class FakeOs:
     """See the module docstring. ``exits_on`` maps a signal to the exit code a child exits with
     as soon as it receives it (e.g. ``{signal.SIGTERM: 0}``); any other signal is only recorded,
-    except SIGKILL, which always kills (code ``-SIGKILL``)."""
+    except SIGKILL, which always kills (code ``-SIGKILL``). ``watchdog_s``: the interval a
+    service manager asks ``WATCHDOG=1`` at (None: no watchdog); every message sent to the
+    service manager is in :attr:`notified`, with the fake time it was sent."""
 
     def __init__(
         self,
         start: float = 1000.0,
         first_pid: int = 100,
         exits_on: Mapping[int, int] | None = None,
+        watchdog_s: float | None = None,
     ) -> None:
         self.now = start
+        self.watchdog_s = watchdog_s
+        self.notified: list[tuple[float, tuple[str, ...]]] = []
         self.children: dict[int, FakeChild] = {}  # every child ever started, by pid
         self.supervised = False  # inside supervising()
         self.exits_on = dict(exits_on or {})
@@ -105,6 +110,12 @@ class FakeOs:
         signals = list(self._signals)
         self._signals.clear()
         return signals
+
+    def notify(self, fields: Sequence[str]) -> None:
+        self.notified.append((self.now, tuple(fields)))
+
+    def watchdog_interval_s(self) -> float | None:
+        return self.watchdog_s
 
     # ------------------------------------------------------------------ what a test does
 

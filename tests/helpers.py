@@ -73,12 +73,12 @@ import psycopg  # noqa: E402
 from flowforge.domain.model import Claim, ClaimOutcome  # noqa: E402
 from flowforge.domain.reasons import FailureReason  # noqa: E402
 from flowforge.domain.states import TaskState  # noqa: E402
-from flowforge.store.repository import Repository  # noqa: E402
+from tests.store import Store  # noqa: E402
 
 SCHEDULER_LIMIT = 100
 
 
-def scheduler_pass(repo: Repository, limit: int = SCHEDULER_LIMIT) -> int:
+def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
     """One scheduler pass in the scheduler's order; returns how many rows it changed."""
     return (
         repo.reap_expired(limit)
@@ -88,7 +88,7 @@ def scheduler_pass(repo: Repository, limit: int = SCHEDULER_LIMIT) -> int:
     )
 
 
-def drain(repo: Repository, max_passes: int = 50) -> int:
+def drain(repo: Store, max_passes: int = 50) -> int:
     """Run scheduler passes until one changes nothing; fail if it never settles."""
     total = 0
     for _ in range(max_passes):
@@ -119,13 +119,13 @@ def outbox_token(sql: psycopg.Connection[tuple[object, ...]], task_run_id: UUID)
     return int(str(row[0]))
 
 
-def task_ids(repo: Repository, run_id: UUID) -> dict[str, UUID]:
+def task_ids(repo: Store, run_id: UUID) -> dict[str, UUID]:
     """Task run ids of one run, by task name."""
     return {t.name: t.id for t in repo.get_run(run_id).tasks}
 
 
 def claim_task(
-    repo: Repository,
+    repo: Store,
     sql: psycopg.Connection[tuple[object, ...]],
     task_run_id: UUID,
     worker: str = "worker-1",
@@ -139,7 +139,7 @@ def claim_task(
 
 
 def bury(
-    repo: Repository,
+    repo: Store,
     sql: psycopg.Connection[tuple[object, ...]],
     task_run_id: UUID,
     error: str = "boom",

@@ -31,7 +31,13 @@ from flowforge.domain.model import (
     Finished,
 )
 from flowforge.domain.states import TaskState
-from flowforge.errors import BrokerUnavailableError, DatabaseUnavailableError, StoreError
+from flowforge.errors import (
+    BrokerUnavailableError,
+    DatabaseUnavailableError,
+    StoreError,
+    TransactionConflictError,
+)
+from flowforge.roles.hooks import Hook
 
 
 class StubBroker:
@@ -153,9 +159,10 @@ class FakeTask:
 class FakeStore:
     """The worker's statements over a dict of tasks (see module docstring).
 
-    ``outages[method]`` makes the next that many calls of ``method`` fail as an outage;
-    ``refuse(finish)`` True makes a finish statement holding that finish fail for its content
-    (as PostgreSQL refusing a value). ``on_release`` receives every (task, token) a
+    ``outages[method]`` makes the next that many calls of ``method`` fail as an outage,
+    ``conflicts[method]`` as a conflict the ``Database`` gave up on; ``refuse(finish)`` True
+    makes a finish statement holding that finish fail for its content (as PostgreSQL refusing a
+    value). ``on_release`` receives every (task, token) a
     ``release_claims`` made READY again (a publisher's outbox row: tests publish it).
     """
 
@@ -164,6 +171,7 @@ class FakeStore:
         # (method, pairs in it); shared with a StubBroker to see the order
         self.calls: list[tuple[str, Any]] = [] if journal is None else journal
         self.outages: collections.Counter[str] = collections.Counter()
+        self.conflicts: collections.Counter[str] = collections.Counter()
         self.refuse: Callable[[Finish], bool] = lambda finish: False
         self.on_release: Callable[[UUID, int], None] = lambda task, token: None
         self.released = threading.Event()
@@ -278,11 +286,27 @@ class FakeStore:
         )
 
     def _called(self, method: str, size: int) -> None:
-        with self._lock:  # the worker's main thread only; the lock keeps the record honest
+        with self._lock:  # the main thread and the lease keeper both call in
             self.calls.append((method, size))
             if self.outages[method]:
                 self.outages[method] -= 1
                 raise DatabaseUnavailableError(f"fake: {method} could not reach the database")
+            if self.conflicts[method]:
+                self.conflicts[method] -= 1
+                raise TransactionConflictError(f"fake: {method}: deadlock detected")
+
+
+class Outcomes(Hook):
+    """A hook that counts the outcomes a worker's finish statements took (committed or found
+    stale): what a test asks of a worker when it asks how many tasks it finished."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def after_finish(
+        self, outcomes: Sequence[tuple[Claim, Finish]], committed: frozenset[UUID]
+    ) -> None:
+        self.count += len(outcomes)
 
 
 class NullPool:

@@ -16,6 +16,32 @@ from flowforge.config import ApiConfig
 from flowforge.dashboard import pages
 from flowforge.dashboard.graph import LayoutCache
 from flowforge.errors import FlowForgeError
+from flowforge.store.operator import Operator
+from flowforge.store.processes import Processes
+
+
+class ApiStatements(Operator, Processes):
+    """The api's part of the store: read models and the operator's actions (``Operator``
+    answers with ``Reads``, its base), and the process registry (``/api/v1/processes``).
+
+    Runs are created through the :class:`Client`, which knows the workflows; the rest of the
+    api reads and acts through these."""
+
+
+Guard = AccessLog | SecurityHeaders | HostCheck | CsrfGuard | TokenAuth
+
+
+def guards(token: str | None, api: ApiConfig) -> list[Guard]:
+    """The middleware every request passes, in order: the Host check before anything, the
+    CSRF checks before authentication (a forged request is refused, token or not); responses
+    pass them in reverse order."""
+    return [
+        AccessLog(),
+        SecurityHeaders(),
+        HostCheck(api.hosts()),
+        CsrfGuard(),
+        TokenAuth(token, api.read_access),
+    ]
 
 
 def create_app(
@@ -31,35 +57,26 @@ def create_app(
     ``token``; so must every read of ``/api/...`` and ``/metrics`` unless ``api.read_access``
     is ``open``.
     """
-    # in order: the Host check before anything, the CSRF checks before authentication (a
-    # forged request is refused, token or not); responses pass them in reverse order
-    middleware: list[AccessLog | SecurityHeaders | HostCheck | CsrfGuard | TokenAuth] = [
-        AccessLog(),
-        SecurityHeaders(),
-        HostCheck(api.hosts()),
-        CsrfGuard(),
-        TokenAuth(token, api.read_access),
-    ]
-    app = falcon.App(middleware=middleware)
+    app = falcon.App(middleware=guards(token, api))
     app.req_options.strip_url_path_trailing_slash = True
     app.set_error_serializer(errors.serialize_error)
     app.add_error_handler(Exception, errors.handle_unexpected)
     app.add_error_handler(FlowForgeError, errors.handle_flowforge_error)
-    repo = client.repository
+    store = ApiStatements(client.database)  # over the client's pool: one pool per process
     max_body = api.max_body_bytes
-    app.add_route("/api/v1/runs", runs.Runs(client, max_body))
-    app.add_route("/api/v1/runs/{run_id}", runs.OneRun(client))
-    app.add_route("/api/v1/runs/{run_id}/cancel", runs.CancelRun(client))
-    app.add_route("/api/v1/runs/{run_id}/graph", RunGraph(client, LayoutCache()))
-    app.add_route("/api/v1/task-runs/{task_run_id}", tasks.TaskRunDetail(client))
-    app.add_route("/api/v1/task-runs/{task_run_id}/requeue", dead.Requeue(client, max_body))
-    app.add_route("/api/v1/dead", dead.DeadTasks(client))
-    app.add_route("/api/v1/dead/requeue", dead.BulkRequeue(client, max_body))
-    app.add_route("/api/v1/overview", overview.Overview(client))
-    app.add_route("/api/v1/processes", overview.Processes(client))
+    app.add_route("/api/v1/runs", runs.Runs(client, store, max_body))
+    app.add_route("/api/v1/runs/{run_id}", runs.OneRun(store))
+    app.add_route("/api/v1/runs/{run_id}/cancel", runs.CancelRun(store))
+    app.add_route("/api/v1/runs/{run_id}/graph", RunGraph(store, LayoutCache()))
+    app.add_route("/api/v1/task-runs/{task_run_id}", tasks.TaskRunDetail(store))
+    app.add_route("/api/v1/task-runs/{task_run_id}/requeue", dead.Requeue(store, max_body))
+    app.add_route("/api/v1/dead", dead.DeadTasks(store))
+    app.add_route("/api/v1/dead/requeue", dead.BulkRequeue(store, max_body))
+    app.add_route("/api/v1/overview", overview.Overview(store))
+    app.add_route("/api/v1/processes", overview.Processes(store))
     app.add_route("/health/live", health.Live())
-    ready = health.Ready(health.Checks(repo, client.config.broker), tree, api.ready_cache_s)
+    ready = health.Ready(health.Checks(store, client.config.broker), tree, api.ready_cache_s)
     app.add_route("/health/ready", ready)
-    app.add_route("/metrics", Metrics(repo))
+    app.add_route("/metrics", Metrics(store))
     pages.add_routes(app)
     return app

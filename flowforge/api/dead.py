@@ -1,6 +1,6 @@
 """Dead tasks: ``GET /api/v1/dead`` (filtered, paginated), requeue one, requeue all matching.
 
-Every requeue goes through :meth:`Repository.requeue_dead`'s transaction and writes an audit
+Every requeue goes through :meth:`Operator.requeue_dead`'s transaction and writes an audit
 row with the reason given. A bulk requeue takes at most :data:`MAX_BULK_REQUEUE` tasks per
 request (the response says how many matched, so the caller can repeat), and its dry run
 changes nothing.
@@ -15,9 +15,10 @@ import falcon
 from flowforge.api import params
 from flowforge.api.errors import json_error
 from flowforge.api.security import read_json
-from flowforge.client import Client
 from flowforge.domain.model import DeadFilter
 from flowforge.domain.reasons import FailureReason
+from flowforge.store.operator import Operator
+from flowforge.store.reads import Reads
 from flowforge.views import task_dict
 
 DEFAULT_PAGE = 100
@@ -36,8 +37,8 @@ class DeadTasks:
     ``{"tasks": [task + "workflow"], "next_cursor"}``, newest death first.
     """
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         reason = params.choice(req, "reason", list(FailureReason))
@@ -47,7 +48,7 @@ class DeadTasks:
             handler=params.text(req, "handler"),
         )
         limit = params.limit(req, DEFAULT_PAGE)
-        found = self._client.repository.list_dead(limit + 1, match=match, before=params.cursor(req))
+        found = self._reads.list_dead(limit + 1, match=match, before=params.cursor(req))
         page = found[:limit]
         last = page[-1] if len(found) > limit else None
         next_cursor = None
@@ -59,8 +60,8 @@ class DeadTasks:
 class Requeue:
     """``POST /api/v1/task-runs/{task_run_id}/requeue`` with an optional ``{"reason"}``."""
 
-    def __init__(self, client: Client, max_body: int) -> None:
-        self._client = client
+    def __init__(self, operator: Operator, max_body: int) -> None:
+        self._operator = operator
         self._max_body = max_body
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, task_run_id: str) -> None:
@@ -73,7 +74,7 @@ class Requeue:
         params.storable(by, "requested_by")
         if reason is not None:
             params.storable(reason, "reason")
-        params.send(resp, task_dict(self._client.requeue(task_run_id, by, reason)))
+        params.send(resp, task_dict(self._operator.requeue_dead(task_run_id, by, reason)))
 
 
 class BulkRequeue:
@@ -85,13 +86,13 @@ class BulkRequeue:
     ``limit`` are requeued per request and ``more`` says whether matches remain beyond it.
     """
 
-    def __init__(self, client: Client, max_body: int) -> None:
-        self._client = client
+    def __init__(self, operator: Operator, max_body: int) -> None:
+        self._operator = operator
         self._max_body = max_body
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = _bulk_request(read_json(req, self._max_body))
-        outcome = self._client.repository.requeue_dead_matching(
+        outcome = self._operator.requeue_dead_matching(
             body["match"],
             body["requested_by"],
             body["reason"],

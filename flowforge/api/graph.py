@@ -12,9 +12,9 @@ import falcon
 
 from flowforge.api import params
 from flowforge.api.errors import json_error
-from flowforge.client import Client
 from flowforge.dashboard.graph import EdgePath, LayoutCache, TooLargeError
 from flowforge.domain.model import TaskRun
+from flowforge.store.reads import Reads
 from flowforge.views import run_dict
 
 
@@ -26,12 +26,12 @@ class RunGraph:
     ``{"from", "to", "points": [[x, y], ...], "path"}`` (``path``: the SVG path data).
     """
 
-    def __init__(self, client: Client, cache: LayoutCache) -> None:
-        self._client = client
+    def __init__(self, reads: Reads, cache: LayoutCache) -> None:
+        self._reads = reads
         self._cache = cache
 
     def on_get(self, _req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
-        run = self._client.status(run_id)
+        run = self._reads.get_run(run_id)
         try:
             drawn = self._cache.get([(t.name, t.depends_on) for t in run.tasks])
         except TooLargeError as exc:

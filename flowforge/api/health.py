@@ -23,7 +23,7 @@ import pika.exceptions
 from flowforge.broker.topology import connection_parameters
 from flowforge.config import BrokerConfig
 from flowforge.errors import FlowForgeError
-from flowforge.store.repository import Repository
+from flowforge.store.reads import Reads
 from flowforge.views import dumps
 
 #: A registered process seen within this many seconds counts as alive.
@@ -82,15 +82,15 @@ class Ready:
 class Checks:
     """PostgreSQL, RabbitMQ and the process registry, each ``"ok"`` or ``"error"``."""
 
-    def __init__(self, repo: Repository, broker: BrokerConfig) -> None:
-        self._repo = repo
+    def __init__(self, reads: Reads, broker: BrokerConfig) -> None:
+        self._reads = reads
         self._broker = broker
 
     def __call__(self) -> dict[str, str]:
         checks = {"postgres": "ok", "rabbitmq": self._check_broker()}
         try:
-            self._repo.ping()
-            alive = self._repo.live_process_counts(FRESH_S)
+            self._reads.ping()
+            alive = self._reads.live_process_counts(FRESH_S)
         except FlowForgeError:
             checks["postgres"] = "error"
             alive = {}
@@ -99,7 +99,10 @@ class Checks:
         return checks
 
     def _check_broker(self) -> str:
-        params = connection_parameters(self._broker)
+        try:
+            params = connection_parameters(self._broker)
+        except FlowForgeError:  # a broker.tls file that cannot be used
+            return "error"
         for p in params:
             p.socket_timeout = BROKER_CHECK_TIMEOUT_S
             p.stack_timeout = BROKER_CHECK_TIMEOUT_S

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from flowforge.errors import FlowForgeError
-from flowforge.store.repository import Repository
+from flowforge.store.reads import Reads
 
 FRESH_S = 15.0
 
@@ -24,15 +24,15 @@ FRESH_S = 15.0
 class DatabaseCollector(Collector):
     """Gauges read from PostgreSQL on each scrape."""
 
-    def __init__(self, repo: Repository) -> None:
-        self._repo = repo
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("flowforge_database_up", "1 if PostgreSQL answered the scrape")
         try:
-            states = self._repo.task_state_counts()
-            pending, oldest_s = self._repo.outbox_backlog()
-            processes = self._repo.live_process_counts(FRESH_S)
+            states = self._reads.task_state_counts()
+            outbox = self._reads.outbox_backlog()
+            processes = self._reads.live_process_counts(FRESH_S)
         except FlowForgeError:
             up.add_metric([], 0)
             yield up
@@ -44,12 +44,12 @@ class DatabaseCollector(Collector):
             tasks.add_metric([state], n)
         yield tasks
         yield GaugeMetricFamily(
-            "flowforge_outbox_pending", "Outbox rows not yet confirmed", value=pending
+            "flowforge_outbox_pending", "Outbox rows not yet confirmed", value=outbox.pending
         )
         yield GaugeMetricFamily(
             "flowforge_outbox_oldest_pending_seconds",
             "Age of the oldest pending outbox row",
-            value=oldest_s,
+            value=outbox.oldest_s,
         )
         live = GaugeMetricFamily(
             "flowforge_processes", "Live registered processes", labels=["role"]
@@ -60,11 +60,11 @@ class DatabaseCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, repo: Repository) -> None:
+    def __init__(self, reads: Reads) -> None:
         self._registry = CollectorRegistry()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             multiprocess.MultiProcessCollector(self._registry)  # type: ignore[no-untyped-call]
-        self._registry.register(DatabaseCollector(repo))
+        self._registry.register(DatabaseCollector(reads))
 
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = CONTENT_TYPE_LATEST

@@ -7,8 +7,9 @@ import falcon
 from flowforge.api import params
 from flowforge.api.errors import json_error
 from flowforge.api.health import FRESH_S  # live means the same as in /health/ready
-from flowforge.client import Client
-from flowforge.views import to_dict
+from flowforge.store import processes as registry
+from flowforge.store.reads import Reads
+from flowforge.views import overview_dict, to_dict
 
 DEFAULT_POISON_THRESHOLD = 3
 MAX_POISON_THRESHOLD = 1_000_000
@@ -16,15 +17,15 @@ POISON_LIST = 20
 
 
 class Overview:
-    """``?poison_threshold=N`` (default 3). The body is :meth:`Repository.overview`'s plus
+    """``?poison_threshold=N`` (default 3). The body is :meth:`Reads.overview`'s plus
     ``poison_threshold`` and ``fresh_s``."""
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         threshold = _poison_threshold(req)
-        data = self._client.repository.overview(threshold, FRESH_S, POISON_LIST)
+        data = overview_dict(self._reads.overview(threshold, FRESH_S, POISON_LIST))
         params.send(resp, {**data, "poison_threshold": threshold, "fresh_s": FRESH_S})
 
 
@@ -43,11 +44,11 @@ class Processes:
     """``{"processes": [...], "fresh_s"}``: every registered process of every tree (host, pid,
     role, started_at, last_seen_at, silent_s) with ``live`` = seen within ``fresh_s``."""
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, table: registry.Processes) -> None:
+        self._table = table
 
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
-        found = self._client.repository.list_processes()
+        found = self._table.list_processes()
         params.send(
             resp,
             {

@@ -12,6 +12,8 @@ from flowforge.api.errors import json_error
 from flowforge.api.security import read_json
 from flowforge.client import Client
 from flowforge.domain.states import RunState
+from flowforge.store.operator import Operator
+from flowforge.store.reads import Reads
 from flowforge.views import run_dict
 
 MAX_KEY_LENGTH = 255
@@ -19,10 +21,13 @@ DEFAULT_PAGE = 50
 
 
 class Runs:
-    """``POST /api/v1/runs`` (create, ``Idempotency-Key``) and ``GET /api/v1/runs`` (list)."""
+    """``POST /api/v1/runs`` (create, ``Idempotency-Key``) and ``GET /api/v1/runs`` (list).
 
-    def __init__(self, client: Client, max_body: int) -> None:
+    Runs are created through the :class:`Client`, which knows the workflows."""
+
+    def __init__(self, client: Client, reads: Reads, max_body: int) -> None:
         self._client = client
+        self._reads = reads
         self._max_body = max_body
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
@@ -32,7 +37,7 @@ class Runs:
         if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
             raise json_error(falcon.HTTP_400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} chars")
         result = self._client.trigger(workflow, run_input, key)
-        run = self._client.status(result.run_id)
+        run = self._reads.get_run(result.run_id)
         resp.set_header("Location", f"/api/v1/runs/{run.id}")
         params.send(resp, run_dict(run), falcon.HTTP_201 if result.created else falcon.HTTP_200)
 
@@ -40,7 +45,7 @@ class Runs:
         """``?state=&workflow=&since=&until=&limit=&cursor=``: ``{"runs", "next_cursor"}``,
         newest first; ``since``/``until`` bound the creation time to [since, until)."""
         limit = params.limit(req, DEFAULT_PAGE)
-        runs = self._client.repository.list_runs(
+        runs = self._reads.list_runs(
             state=params.choice(req, "state", list(RunState)),
             workflow=params.text(req, "workflow"),
             since=params.time(req, "since"),
@@ -79,18 +84,18 @@ def _run_request(body: Any) -> tuple[str, Mapping[str, Any]]:
 class OneRun:
     """``GET /api/v1/runs/{run_id}``: the same shape as ``flowforge status --json``."""
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
 
     def on_get(self, _req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
-        params.send(resp, run_dict(self._client.status(run_id)))
+        params.send(resp, run_dict(self._reads.get_run(run_id)))
 
 
 class CancelRun:
     """``POST /api/v1/runs/{run_id}/cancel``."""
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, operator: Operator) -> None:
+        self._operator = operator
 
     def on_post(self, _req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
-        params.send(resp, run_dict(self._client.cancel(run_id)))
+        params.send(resp, run_dict(self._operator.cancel_run(run_id)))

@@ -8,7 +8,6 @@ second and in-flight requests get to finish.
 from __future__ import annotations
 
 import logging
-import os
 import resource
 import threading
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from flowforge.client import Client
 from flowforge.config import Config, ReadAccess
 from flowforge.errors import BootError, DatabaseUnavailableError
 from flowforge.roles.presence import Presence
+from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class ApiServer:
         self._api = config.api
         self._tree = tree
         self._client = Client(config)
-        self._presence = Presence(self._client.repository, "api")
+        self._presence = Presence(Processes(self._client.database), "api")
         self._map: dict[int, Any] = {}
         self._server: Any = None
 
@@ -81,7 +81,7 @@ class ApiServer:
     def _listen(self) -> Any:
         api = self._api
         host, port = parse_listen(api.listen)
-        token = os.environ.get(api.token_env) or None
+        token = api.token  # read by load_config, from $token_env or a token file
         if token is None:
             reads = (
                 " and every read of /api and /metrics"
@@ -89,7 +89,9 @@ class ApiServer:
                 else ""
             )
             logger.warning(
-                "$%s is not set: every mutating request%s will be refused",
+                "no api token ($%s, $%s_FILE or api.token_file): every mutating request%s"
+                " will be refused",
+                api.token_env,
                 api.token_env,
                 reads,
                 extra={"action": "api_no_token"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import falcon
 
 from flowforge.api import params
-from flowforge.client import Client
+from flowforge.store.reads import Reads
 from flowforge.views import attempt_dict, task_dict, to_dict
 
 
@@ -17,11 +17,11 @@ class TaskRunDetail:
     error, traceback) oldest first, ``audit`` every requeue (who, when, why).
     """
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
 
     def on_get(self, _req: falcon.Request, resp: falcon.Response, task_run_id: str) -> None:
-        detail = self._client.repository.task_detail(task_run_id)
+        detail = self._reads.task_detail(task_run_id)
         params.send(
             resp,
             {

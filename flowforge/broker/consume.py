@@ -26,6 +26,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
+from flowforge.broker.tls import connect_error
 from flowforge.broker.topology import (
     connection_parameters,
     is_type_mismatch,
@@ -76,9 +77,21 @@ class Consumer:
         self._buffer: collections.deque[Delivery] = collections.deque()
 
     def connect(self) -> None:
-        """Connect (first reachable node), set the prefetch, declare the quorum queue."""
+        """Connect to the first node that answers, set the prefetch, declare the quorum queue.
+
+        Reaching no node raises :class:`BrokerConfigError` if TLS refused any of them, else
+        :class:`BrokerUnavailableError` (:func:`flowforge.broker.tls.connect_error`).
+        """
+        failures: list[tuple[str, BaseException]] = []
+        for params in connection_parameters(self._config):
+            try:  # one node at a time: pika would report only the last node's failure
+                self._conn = pika.BlockingConnection(params)
+                break
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                failures.append((f"{params.host}:{params.port}", exc))
+        else:
+            raise connect_error(failures) from failures[-1][1]
         try:
-            self._conn = pika.BlockingConnection(connection_parameters(self._config))
             self._channel = self._conn.channel()
             self._channel.basic_qos(prefetch_count=self._config.prefetch)
             self._channel.add_on_cancel_callback(self._on_cancelled_by_broker)
@@ -92,7 +105,7 @@ class Consumer:
             raise BrokerUnavailableError(f"channel closed by broker: {exc!r}") from exc
         except (pika.exceptions.AMQPError, OSError) as exc:
             self.close()
-            raise BrokerUnavailableError(f"cannot connect to the broker: {exc!r}") from exc
+            raise BrokerUnavailableError(f"cannot open a channel: {exc!r}") from exc
 
     def close(self) -> None:
         """Close the connection; unacked deliveries go back to the queue."""

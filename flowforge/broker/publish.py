@@ -23,6 +23,7 @@ from pika.channel import Channel
 from pika.spec import Basic
 
 from flowforge.broker import messages
+from flowforge.broker.tls import connect_error
 from flowforge.broker.topology import (
     connection_parameters,
     is_type_mismatch,
@@ -59,16 +60,19 @@ class ConfirmingPublisher:
     # ------------------------------------------------------------------ connection
 
     def connect(self) -> None:
-        """Connect to the first reachable node and declare the queue; raise if none works."""
-        failures = []
+        """Connect to the first reachable node and declare the queue; raise if none works:
+        :class:`BrokerConfigError` if TLS refused any node, else :class:`BrokerUnavailableError`
+        (:func:`flowforge.broker.tls.connect_error`)."""
+        failures: list[tuple[str, BaseException]] = []
         for params in connection_parameters(self._config):
             try:
                 self._connect_to(params)
                 return
             except BrokerUnavailableError as exc:
-                failures.append(str(exc))
+                # pika's own error (kept as the cause) says whether TLS refused the node
+                failures.append((f"{params.host}:{params.port}", exc.__cause__ or exc))
                 self.close()
-        raise BrokerUnavailableError("no broker node reachable: " + "; ".join(failures))
+        raise connect_error(failures)
 
     def _connect_to(self, params: pika.URLParameters) -> None:
         self._ready, self._error = False, None
@@ -79,7 +83,7 @@ class ConfirmingPublisher:
             on_close_callback=self._on_closed,
         )
         if not self._run_until(lambda: self._ready, CONNECT_TIMEOUT_S):
-            raise BrokerUnavailableError(f"{params.host}:{params.port}: connection timed out")
+            raise BrokerUnavailableError(f"connection timed out after {CONNECT_TIMEOUT_S:g} s")
 
     def close(self) -> None:
         """Close the connection (best effort) and forget it."""
@@ -205,6 +209,7 @@ class ConfirmingPublisher:
 
     def _on_open_error(self, _conn: Any, error: BaseException) -> None:
         self._error = BrokerUnavailableError(f"cannot connect: {error!r}")
+        self._error.__cause__ = error  # connect() classifies it (a TLS refusal or an outage)
         self._check_done()
 
     def _on_closed(self, _conn: Any, reason: BaseException) -> None:

@@ -9,10 +9,12 @@ carrying the operator's steps, and is never retried.
 from __future__ import annotations
 
 import os
+import ssl
 from typing import Any
 
 import pika
 
+from flowforge.broker import tls
 from flowforge.config import BrokerConfig
 from flowforge.errors import QueueTypeMismatchError
 
@@ -35,13 +37,19 @@ def connection_parameters(
     """One parameter set per configured node, tried in turn (cluster failover).
 
     Each process starts at a different node (``start``, by default its pid modulo the number
-    of nodes) so the connections of many trees spread over the cluster.
+    of nodes) so the connections of many trees spread over the cluster. An ``amqps://`` node
+    gets the TLS of ``config.tls`` with its own host as the server name (flowforge/broker/tls.py;
+    raises :class:`~flowforge.errors.BrokerConfigError` if a file of it cannot be used).
     """
     urls = list(config.url)
     first = (os.getpid() if start is None else start) % len(urls)
     params = []
+    context: ssl.SSLContext | None = None  # one for every amqps:// node of this call
     for url in urls[first:] + urls[:first]:
         p = pika.URLParameters(url)
+        if p.ssl_options is not None:  # amqps://; pika's own default names no server
+            context = context or tls.context(config.tls)
+            p.ssl_options = pika.SSLOptions(context, server_hostname=p.host)
         p.heartbeat = config.heartbeat_s
         p.connection_attempts = 1
         p.socket_timeout = CONNECT_TIMEOUT_S

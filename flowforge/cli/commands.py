@@ -7,6 +7,7 @@ import argparse
 import getpass
 import json
 import logging
+import os
 import sys
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -15,18 +16,23 @@ from typing import TYPE_CHECKING
 
 from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
-from flowforge.config import Config, load_config
+from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
 from flowforge.definitions import check_paths
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import ConfigError, InputError
 from flowforge.handlers import collect
 
-if TYPE_CHECKING:  # imported where used: the other commands need none of the client
+if TYPE_CHECKING:  # imported where used: the other commands need none of the database layer
+    from flowforge.cli.statements import CliStatements
     from flowforge.client import Client
 
 
-def _config(args: argparse.Namespace) -> Config:
-    return load_config(getattr(args, "config", None))
+def _config(args: argparse.Namespace, warn: bool = True) -> Config:
+    """The config; its warnings are logged (seen with ``-v``) unless ``warn`` is False."""
+    config = load_config(getattr(args, "config", None))
+    if warn:
+        log_warnings(config)
+    return config
 
 
 @contextmanager
@@ -35,6 +41,14 @@ def _client(args: argparse.Namespace) -> Iterator[Client]:
 
     with Client(_config(args)) as client:
         yield client
+
+
+@contextmanager
+def _store(args: argparse.Namespace) -> Iterator[CliStatements]:
+    from flowforge.cli.statements import opened
+
+    with opened(_config(args)) as store:
+        yield store
 
 
 def no_action(args: argparse.Namespace) -> int:  # argparse requires an action for groups
@@ -56,8 +70,10 @@ def up(args: argparse.Namespace) -> int:
     from flowforge import up as tree
     from flowforge.tree import become_tree
 
-    config = _config(args)  # a bad config stops here: one line, exit 2, nothing started
-    path = getattr(args, "config", None)
+    # a bad config stops here: one line, exit 2, nothing started; the tree logs its warnings
+    config = _config(args, warn=False)
+    # the file load_config read: -c, else $FLOWFORGE_CONFIG (the container image's way)
+    path = getattr(args, "config", None) or os.environ.get(ENV_CONFIG) or None
     label = Path(path).name if path else "defaults"
     if sys.executable:
         try:
@@ -74,10 +90,11 @@ def role(args: argparse.Namespace) -> int:
     from flowforge.boot import run  # the roles pull in pika; other commands need not
     from supervisor import logs
 
-    config = _config(args)
+    config = _config(args, warn=False)
     # the tree's line format and escaping (supervisor/logs.py), on this process's stderr
     logs.configure(args.name, config.logging.format, config.logging.level)
     logging.disable(logging.NOTSET)
+    log_warnings(config)
     quiet_pika_logs()
     return run(args.name, config)
 
@@ -129,8 +146,8 @@ def runs(args: argparse.Namespace) -> int:
         raise InputError(f"--state must be one of {', '.join(RunState)}")
     if not 1 <= args.limit <= 1000:
         raise InputError("--limit must be between 1 and 1000")
-    with _client(args) as client:
-        found = client.repository.list_runs(state=state, workflow=args.workflow, limit=args.limit)
+    with _store(args) as store:
+        found = store.list_runs(state=state, workflow=args.workflow, limit=args.limit)
     if args.json:
         output.emit_json([output.run_dict(r, with_tasks=False) for r in found])
         return exitcodes.OK
@@ -155,8 +172,8 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def dead_list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        dead = client.repository.list_dead(limit=args.limit)
+    with _store(args) as store:
+        dead = store.list_dead(limit=args.limit)
     if args.json:
         output.emit_json([output.task_dict(t) for t in dead])
         return exitcodes.OK
@@ -171,9 +188,9 @@ def dead_list(args: argparse.Namespace) -> int:
 
 
 def dead_show(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        task = client.repository.get_task(args.task_run_id)
-        attempts = client.attempts(task.id)
+    with _store(args) as store:
+        task = store.get_task(args.task_run_id)
+        attempts = store.attempts(task.id)
     if args.json:
         output.emit_json(
             {**output.task_dict(task), "attempts": [output.attempt_dict(a) for a in attempts]}
@@ -256,43 +273,43 @@ def workflows_validate(args: argparse.Namespace) -> int:
 def stats(args: argparse.Namespace) -> int:
     if args.poison_threshold < 1:
         raise InputError("--poison-threshold must be at least 1")
-    with _client(args) as client:
-        data = client.repository.stats(args.poison_threshold)
+    with _store(args) as store:
+        data = store.stats(args.poison_threshold)
     if args.json:
-        output.emit_json(data)
+        output.emit_json(output.stats_dict(data))
         return exitcodes.OK
     output.line("attempts used per task run:")
-    output.table(("ATTEMPTS", "TASK RUNS"), sorted(data["attempts"].items()))
+    output.table(("ATTEMPTS", "TASK RUNS"), sorted(data.attempts.items()))
     print()
     output.line("failure reasons (all attempts):")
-    output.table(("REASON", "ATTEMPTS"), list(data["failure_reasons"].items()))
-    backlog = data["retry_backlog"]
+    output.table(("REASON", "ATTEMPTS"), list(data.failure_reasons.items()))
+    backlog = data.retry_backlog
     print()
     output.line(
-        f"retry backlog: {backlog['n']} waiting, next {backlog['next_at'] or '-'}, "
-        f"latest {backlog['latest_at'] or '-'}"
+        f"retry backlog: {backlog.n} waiting, next {backlog.next_at or '-'}, "
+        f"latest {backlog.latest_at or '-'}"
     )
     print()
     output.line(f"poison candidates (>= {args.poison_threshold} attempts, unfinished):")
     output.table(
         ("ID", "WORKFLOW", "TASK", "STATE", "ATTEMPT", "REASON"),
         [
-            (p["id"], p["workflow"], p["name"], p["state"], p["attempt"], p["failure_reason"])
-            for p in data["poison_candidates"]
+            (p.id, p.workflow, p.name, p.state, p.attempt, p.failure_reason)
+            for p in data.poison_candidates
         ],
     )
     print()
     output.line("dead tasks:")
     output.table(
         ("WORKFLOW", "HANDLER", "REASON", "COUNT"),
-        [(d["workflow"], d["handler"], d["reason"], d["n"]) for d in data["dead"]],
+        [(d.workflow, d.handler, d.reason, d.n) for d in data.dead],
     )
     return exitcodes.OK
 
 
 def ps(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        found = client.repository.list_processes()
+    with _store(args) as store:
+        found = store.list_processes()
     if args.json:
         output.emit_json([output.to_dict(p) for p in found])
         return exitcodes.OK

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from flowforge.text import escape
-from flowforge.views import attempt_dict, dumps, run_dict, task_dict, to_dict
+from flowforge.views import attempt_dict, dumps, run_dict, stats_dict, task_dict, to_dict
 
 __all__ = [
     "attempt_dict",
@@ -26,6 +26,7 @@ __all__ = [
     "line",
     "one_line",
     "run_dict",
+    "stats_dict",
     "table",
     "task_dict",
     "to_dict",

@@ -22,7 +22,7 @@ from flowforge.durations import parse_duration
 from flowforge.errors import InputError
 
 if TYPE_CHECKING:
-    from flowforge.store.repository import Repository
+    from flowforge.store.operator import Operator
 
 #: Runs per batch (one transaction each) unless --batch-size says otherwise.
 DEFAULT_BATCH = 500
@@ -66,17 +66,16 @@ def purge(args: argparse.Namespace) -> int:
         raise InputError(f"--older-than: {exc}") from None
     if args.batch_size < 1:
         raise InputError("--batch-size must be at least 1")
-    from flowforge.client import Client  # the database layer only for a valid command line
+    from flowforge.cli.statements import opened  # the database layer only for a valid command line
 
-    with Client(load_config(getattr(args, "config", None))) as client:
-        repo = client.repository
+    with opened(load_config(getattr(args, "config", None))) as operator:
         if args.dry_run:
-            total = repo.preview_dead_purge(age_s, args.workflow, show=DRY_RUN_SHOWN)
+            total = operator.preview_dead_purge(age_s, args.workflow, show=DRY_RUN_SHOWN)
             batches = 0
-            kept = repo.count_old_dead(age_s, args.workflow) - len(total.dead_task_ids)
+            kept = operator.count_old_dead(age_s, args.workflow) - len(total.dead_task_ids)
         else:
-            total, batches = _purge_all(repo, args, age_s)
-            kept = repo.count_old_dead(age_s, args.workflow)
+            total, batches = _purge_all(operator, args, age_s)
+            kept = operator.count_old_dead(age_s, args.workflow)
     report = {
         "dry_run": args.dry_run,
         "older_than_s": age_s,
@@ -96,13 +95,13 @@ def purge(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-def _purge_all(repo: Repository, args: argparse.Namespace, age_s: float) -> tuple[DeadPurge, int]:
+def _purge_all(operator: Operator, args: argparse.Namespace, age_s: float) -> tuple[DeadPurge, int]:
     """Batch after batch until one finds nothing; the sums of every batch, and their count."""
     by = args.by or getpass.getuser()
     runs = tasks = batches = 0
     dead: list[UUID] = []
     streams: set[str] = set()
-    while (batch := repo.purge_dead(age_s, by, args.batch_size, args.workflow)).runs:
+    while (batch := operator.purge_dead(age_s, by, args.batch_size, args.workflow)).runs:
         batches += 1
         runs, tasks = runs + batch.runs, tasks + batch.tasks
         dead += batch.dead_task_ids

@@ -1,4 +1,5 @@
-"""Read models: immutable snapshots of runs, task runs and attempts as the store returns them."""
+"""Read models: immutable snapshots of runs, task runs, attempts and counts of the whole system,
+as the store returns them (``store/rows.py`` maps the rows, ``views.py`` the JSON)."""
 
 from __future__ import annotations
 
@@ -153,14 +154,6 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class Renewal:
-    """A lease renewal: ``held`` is False once the token is stale (stop, do not finish)."""
-
-    held: bool
-    cancel_requested: bool = False
-
-
-@dataclass(frozen=True)
 class PassReport:
     """What one scheduler pass changed, by kind of work."""
 
@@ -295,3 +288,95 @@ class DeadPurge:
     dead_task_ids: tuple[UUID, ...] = ()
     released_streams: tuple[str, ...] = ()
     shown: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class FinishedMinute:
+    """Task runs that reached a final state within one minute (by the database clock)."""
+
+    minute: datetime
+    succeeded: int
+    dead: int
+    cancelled: int
+
+
+@dataclass(frozen=True)
+class RetryBacklog:
+    """Task runs waiting in RETRYING: how many, and when the first and the last are due."""
+
+    n: int = 0
+    next_at: datetime | None = None
+    latest_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class PoisonCandidate:
+    """An unfinished task run that has used many attempts already."""
+
+    id: UUID
+    run_id: UUID
+    name: str
+    handler: str
+    state: TaskState
+    attempt: int
+    failure_reason: FailureReason | None
+    workflow: str
+
+
+@dataclass(frozen=True)
+class OutboxBacklog:
+    """Outbox rows not yet confirmed, and the age of the oldest in seconds (0 when none)."""
+
+    pending: int = 0
+    oldest_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LiveProcesses:
+    """How many processes of one role on one host were seen lately."""
+
+    host: str
+    role: str
+    n: int
+
+
+@dataclass(frozen=True)
+class DeadCount:
+    """Dead task runs of one workflow, handler and failure reason."""
+
+    workflow: str
+    handler: str
+    reason: FailureReason | None
+    n: int
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The dashboard's overview (``GET /api/v1/overview``), read in one transaction.
+
+    ``runs`` and ``tasks`` count by state, every state present; ``finished_per_minute`` covers
+    the last hour, oldest first, every minute present; ``poison_candidates`` are bounded by the
+    caller's limit; ``dead_by_reason`` counts DEAD task runs by reason (``unknown`` for none);
+    ``processes`` are those seen within the caller's freshness.
+    """
+
+    runs: Mapping[str, int]
+    tasks: Mapping[str, int]
+    finished_per_minute: tuple[FinishedMinute, ...]
+    retry_backlog: RetryBacklog
+    poison_candidates: tuple[PoisonCandidate, ...]
+    dead_by_reason: Mapping[str, int]
+    outbox: OutboxBacklog
+    processes: tuple[LiveProcesses, ...]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """``flowforge stats``: task runs by attempts used (``{attempts: task runs}``), failure
+    reasons of all attempts, the retry backlog, poison candidates and dead task runs."""
+
+    attempts: Mapping[int, int]
+    failure_reasons: Mapping[str, int]
+    retry_backlog: RetryBacklog
+    poison_candidates: tuple[PoisonCandidate, ...]
+    dead: tuple[DeadCount, ...]

@@ -1,7 +1,7 @@
 """Retry policy and the decision taken after a failed attempt.
 
 Pure: randomness is injected (``rand`` returns a float in [0, 1)), and delays are returned in
-seconds for the repository to add to the *database* clock.
+seconds for the store to add to the *database* clock.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The legal task-run transitions, written as data.
 
-Every state change in the repository names its source and target states; :func:`check` is
+Every state change in the store names its source and target states; :func:`check` is
 called before any SQL runs, so an illegal request raises :class:`IllegalTransitionError`
 instead of silently matching zero rows (which would look like a lost race).
 """

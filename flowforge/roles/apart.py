@@ -29,8 +29,9 @@ from flowforge.errors import (
 logger = logging.getLogger(__name__)
 
 #: Errors of a finish statement that say nothing about the values in it: the database is away
-#: or a transaction lost a race. They are retried as they are, never finished apart.
-OUTAGES = (DatabaseUnavailableError, TransactionConflictError)
+#: (the ledger retries the statement as it is) or a transaction kept losing a race (the
+#: ``Database`` ran it again already; it propagates). Never a reason to finish apart.
+NOT_THE_CONTENT = (DatabaseUnavailableError, TransactionConflictError)
 #: What a finish statement raises when it is its content that is refused.
 REFUSALS = (StoreError, UnstorableValueError)
 
@@ -39,8 +40,8 @@ Commit = Callable[[Sequence[tuple[UUID, int, Finish]]], Finished | None]
 
 
 def refused(exc: BaseException) -> bool:
-    """True if a finish statement failed for its content, not for an outage."""
-    return isinstance(exc, REFUSALS) and not isinstance(exc, OUTAGES)
+    """True if a finish statement failed for its content, not for an outage or a conflict."""
+    return isinstance(exc, REFUSALS) and not isinstance(exc, NOT_THE_CONTENT)
 
 
 def finish_apart(outcomes: list[tuple[Claim, Finish]], commit: Commit) -> Finished:

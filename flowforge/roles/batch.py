@@ -2,11 +2,12 @@
 
 A :class:`Batch` owns its claims, their outcomes and the pending ack. :meth:`Batch.run` runs
 the handlers one after another on the handler thread and waits for each on the main thread
-(serving the broker, beating, renewing leases while one is slow). When a handler outlasts
-``worker.fast_handler_ms``, the batch stops the consumer, acks, commits the outcomes already
-known and hands back the claims queued behind it; once every handler it kept has ended, it acks
-(if not done yet) and commits the rest in one statement, which may claim the dependents it
-releases for this worker (:attr:`Batch.claimed`; the others are in :attr:`Batch.ready`).
+(serving the broker and beating while one is slow; the leases renew on a thread of their own).
+When a handler outlasts ``worker.fast_handler_ms``, the batch stops the consumer, acks, commits
+the outcomes already known and hands back the claims queued behind it; once every handler it
+kept has ended, it acks (if not done yet) and commits the rest in one statement, which may claim
+the dependents it releases for this worker (:attr:`Batch.claimed`; the others are in
+:attr:`Batch.ready`).
 """
 
 from __future__ import annotations
@@ -139,15 +140,14 @@ class Batch:
                 self._outcomes.append((task.claim, said))
                 self.abandoned = True
                 return False
-            budget = fast_s - elapsed if fast else min(PUMP_INTERVAL_S, crew.leases.due_in())
+            budget = fast_s - elapsed if fast else PUMP_INTERVAL_S
             if said is not None:
                 budget = min(budget, said)
             if job.done.wait(max(budget, 0.0)):
                 break
             if not fast:
-                crew.intake.serve()
+                crew.intake.serve()  # the leases are the keeper thread's (roles/lease.py)
                 crew.beat()
-                crew.leases.maybe_renew()
         assert job.started is not None
         duration_s = time.monotonic() - job.started
         finish = classify(job, crew.max_result_bytes)

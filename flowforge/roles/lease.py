@@ -1,5 +1,13 @@
 """Renewing the leases a worker holds while handlers run, and hearing of cancellations.
 
+Leases are renewed by a thread of their own (:meth:`Leases.start`), not by the worker's main
+thread: the main thread can be held up in a broker call far longer than a lease — a quorum
+queue's ``basic.cancel`` or ``basic.consume`` waits for the queue's leader, up to RabbitMQ's
+30 s command timeout per node, while a leader is being elected — and a lease that lapsed under a
+handler that already ran would make the reaper run that task a second time. A main thread that
+stays stuck stops beating and the supervisor replaces the process (``liveness_timeout_s``); its
+leases then lapse with it.
+
 Two paths set a held task's ``ctx.cancelled``: :class:`CancelWatch` (a thread LISTENing on
 ``flowforge_cancel``, which the cancelling transaction NOTIFYs with the run id) within
 milliseconds, and the lease renewal every ``heartbeat_s`` (the renewal returns each task's
@@ -34,9 +42,11 @@ LISTEN_POLL_S = 1.0
 class Leases:
     """The claims a worker holds until their outcome commits, renewed together.
 
-    Every ``heartbeat_s`` one statement extends all of them by ``lease_s``; a claim whose run
-    was cancelled, or whose lease was lost (reaped, finished elsewhere), gets its
-    ``ctx.cancelled`` set so a cooperative handler stops.
+    Every ``heartbeat_s`` one statement, run by the ``lease-keeper`` thread, extends all of them
+    by ``lease_s``; a claim whose run was cancelled, or whose lease was lost (reaped, finished
+    elsewhere), gets its ``ctx.cancelled`` set so a cooperative handler stops. A finish or a
+    hand-back runs inside :meth:`settling`, so a renewal never reads a task it just finished as
+    lost.
     """
 
     def __init__(self, repo: WorkerStore, lease_s: float, heartbeat_s: float) -> None:
@@ -44,9 +54,34 @@ class Leases:
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
         self._held: dict[UUID, tuple[Claim, TaskContext]] = {}
-        self._lock = threading.Lock()  # the cancel listener's thread reads what is held
+        self._lock = threading.Lock()  # the keeper and the cancel listener read what is held
+        self._settling = threading.Lock()  # a renewal and a finish/hand-back never interleave
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.renewed_at = time.monotonic()
         self._next_at = self.renewed_at + heartbeat_s
+
+    def start(self) -> None:
+        """Start the keeper thread (once; later calls do nothing while it runs)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = threading.Event()  # a thread from before a stop keeps its own event
+        self._thread = threading.Thread(
+            target=self._keep, args=(self._stop,), name="lease-keeper", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the keeper to end (at once, or after the renewal it is running)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread = None
+
+    def settling(self) -> threading.Lock:
+        """Held around a statement that ends claims (finish, hand-back) and the :meth:`drop`
+        that follows it."""
+        return self._settling
 
     def hold(self, claims: list[tuple[Claim, TaskContext]]) -> None:
         """Start holding freshly claimed tasks (their lease was just set by the claim)."""
@@ -56,11 +91,17 @@ class Leases:
                 self._next_at = self.renewed_at + self._heartbeat_s
             for claim, ctx in claims:
                 self._held[claim.task_run_id] = (claim, ctx)
+        self._wake.set()  # the keeper sleeps without end while nothing is held
 
     def drop(self, task_run_ids: list[UUID]) -> None:
         with self._lock:
             for task_run_id in task_run_ids:
                 self._held.pop(task_run_id, None)
+
+    def drop_all(self) -> None:
+        """Stop holding anything (the role resets: what it held is left to the reaper)."""
+        with self._lock:
+            self._held.clear()
 
     def cancel_run(self, run_id: UUID) -> int:
         """Set ``ctx.cancelled`` of every held task of ``run_id`` (its run was asked to stop);
@@ -84,27 +125,48 @@ class Leases:
         """Make the next renewal due now (the cancel listener connected: a cancel requested
         before its LISTEN took effect is read by that renewal). Safe from any thread."""
         self._next_at = 0.0
+        self._wake.set()
 
     def due_in(self) -> float:
         """Seconds until the next renewal is due (0 when overdue)."""
         return max(0.0, self._next_at - time.monotonic())
 
+    def _keep(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()  # before looking: a hold() from now on wakes the wait below
+            with self._lock:
+                holding = bool(self._held)
+            if not holding:
+                self._wake.wait()
+            elif self.due_in() > 0:
+                self._wake.wait(self.due_in())
+            elif not stop.is_set():
+                try:
+                    self.maybe_renew()
+                except Exception:  # never let the keeper die silently: retry, logged
+                    logger.exception("lease renewal failed", extra={"action": "renew_failed"})
+                    self._next_at = time.monotonic() + RENEW_RETRY_S
+
     def maybe_renew(self) -> None:
+        """Renew every held lease if a renewal is due (the keeper's step)."""
         now = time.monotonic()
         if not self._held or now < self._next_at:
             return
-        with self._lock:
-            pairs = [(c.task_run_id, c.fencing_token) for c, _ in self._held.values()]
-        try:
-            held = self._repo.renew_leases(pairs, self._lease_s)
-        except DatabaseUnavailableError as exc:
-            logger.warning("lease renewal failed: %s", exc, extra={"action": "renew_failed"})
-            self._next_at = now + RENEW_RETRY_S
-            return
-        self.renewed_at = now
-        self._next_at = now + self._heartbeat_s
-        with self._lock:
-            renewed = list(self._held.items())
+        with self._settling:
+            with self._lock:
+                pairs = [(c.task_run_id, c.fencing_token) for c, _ in self._held.values()]
+            if not pairs:
+                return
+            try:
+                held = self._repo.renew_leases(pairs, self._lease_s)
+            except DatabaseUnavailableError as exc:
+                logger.warning("lease renewal failed: %s", exc, extra={"action": "renew_failed"})
+                self._next_at = now + RENEW_RETRY_S
+                return
+            self.renewed_at = now
+            self._next_at = now + self._heartbeat_s
+            with self._lock:
+                renewed = [(i, self._held[i]) for i, _ in pairs if i in self._held]
         for task_run_id, (_claim, ctx) in renewed:
             if task_run_id not in held:
                 self.drop([task_run_id])

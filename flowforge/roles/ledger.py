@@ -6,6 +6,9 @@
   broker meanwhile — until it commits or the leases have lapsed (the reaper then retries the
   tasks); it is never dropped silently. Should PostgreSQL refuse it for its content, its tasks
   are finished one by one so that only the culprit fails (:mod:`flowforge.roles.apart`).
+  This is the only retry of an outage below ``run_role``; a conflict was already run again by
+  the ``Database`` and propagates (``flowforge/roles/runner.py``, "Who retries a failed
+  statement").
 * A hand-back that cannot reach the database leaves the claims to their leases.
 """
 
@@ -86,8 +89,8 @@ class Ledger:
     def finish(self, outcomes: list[tuple[Claim, Finish]], then: Then | None) -> Finished | None:
         """Commit ``outcomes`` in one statement (see module docstring); None if given up.
 
-        With ``then`` the finish's transaction also claims dependents it releases. Once
-        committed, the leases are dropped and ``after_finish`` hooks hear of it (``outcomes``
+        With ``then`` the finish's transaction also claims dependents it releases. The leases
+        are dropped with the commit and ``after_finish`` hooks hear of it (``outcomes``
         then holds the finishes as stored).
         """
         batch = [(c.task_run_id, c.fencing_token, f) for c, f in outcomes]
@@ -97,8 +100,9 @@ class Ledger:
             if not refused(exc):
                 raise
             finished = finish_apart(outcomes, self._commit)
-        if finished is not None:
+            # one whose failure could not be stored either is left to its lease to lapse
             self._leases.drop([c.task_run_id for c, _ in outcomes])
+        if finished is not None:
             self._hooks.after_finish(outcomes, finished.committed)
         return finished
 
@@ -107,18 +111,19 @@ class Ledger:
         if not claims:
             return 0
         pairs = [(c.task_run_id, c.fencing_token) for c in claims]
-        try:
-            released = self._store.release_claims(pairs)
-        except DatabaseUnavailableError as exc:
-            # Still ours until their leases lapse: then the reaper re-dispatches them.
-            logger.warning(
-                "could not hand back %d claim(s): %s",
-                len(pairs),
-                exc,
-                extra={"action": "release_failed"},
-            )
-            released = 0
-        self._leases.drop([task_run_id for task_run_id, _ in pairs])
+        with self._leases.settling():
+            try:
+                released = self._store.release_claims(pairs)
+            except DatabaseUnavailableError as exc:
+                # Still ours until their leases lapse: then the reaper re-dispatches them.
+                logger.warning(
+                    "could not hand back %d claim(s): %s",
+                    len(pairs),
+                    exc,
+                    extra={"action": "release_failed"},
+                )
+                released = 0
+            self._leases.drop([task_run_id for task_run_id, _ in pairs])
         return released
 
     def _commit(
@@ -131,10 +136,13 @@ class Ledger:
             # decided per attempt: serving the broker between retries may have found it broken
             continuation = then(len(batch)) if then is not None else None
             try:
-                # only what one window can take comes back; the rest go out as messages
-                return self._store.finish_many(
-                    batch, offer=self._config.broker.prefetch, then=continuation
-                )
+                with self._leases.settling():
+                    # only what one window can take comes back; the rest go out as messages
+                    finished = self._store.finish_many(
+                        batch, offer=self._config.broker.prefetch, then=continuation
+                    )
+                    self._leases.drop([task_run_id for task_run_id, _, _ in batch])
+                return finished
             except DatabaseUnavailableError as exc:
                 failures += 1
                 if self._leases.expired_locally() and failures > FINISH_ATTEMPTS_BEFORE_GIVING_UP:

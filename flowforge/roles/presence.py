@@ -24,10 +24,12 @@ class Presence:
         self._repo = repo
         self._role = role
         self._last_touch = 0.0
+        self._announced = False
 
     def announce(self) -> None:
         self._repo.register_process(self.id, socket.gethostname(), os.getpid(), self._role)
         self._last_touch = time.monotonic()
+        self._announced = True
 
     def tick(self) -> None:
         """Refresh (or re-create) the registration if :data:`TOUCH_INTERVAL_S` has passed."""
@@ -35,7 +37,12 @@ class Presence:
             self.announce()
 
     def leave(self) -> None:
-        """Deregister; if the database is gone, the scheduler forgets the silent row later."""
+        """Deregister; if the database is gone, the scheduler forgets the silent row later.
+
+        Nothing to do for a process that never registered (a boot that failed before): no
+        wait on a database that refused it."""
+        if not self._announced:
+            return
         try:
             self._repo.deregister_process(self.id)
         except Exception:  # shutting down: nothing to do about a failure but note it

@@ -1,4 +1,4 @@
-"""The scheduler role: runs the repository's passes continuously.
+"""The scheduler role: runs the store's passes continuously.
 
 A pass reaps expired leases, routes failed attempts, applies the consequences of finished tasks
 (release dependents, fail-fast, run states) and promotes READY tasks with their outbox rows.

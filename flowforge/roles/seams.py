@@ -2,8 +2,9 @@
 
 :class:`~flowforge.roles.worker.WorkerStatements` (the store's ``Claims`` and ``Processes``)
 and :class:`~flowforge.store.db.Database` implement these; fast tests replace them with a fake
-(``tests/stubs.py``). Every method raises :class:`~flowforge.errors.DatabaseUnavailableError`
-when the database cannot be reached.
+(``tests/stubs.py``). tests/unit/test_seams.py holds both to these signatures exactly. Every
+method raises :class:`~flowforge.errors.DatabaseUnavailableError` when the database cannot be
+reached.
 """
 
 from __future__ import annotations

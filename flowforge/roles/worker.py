@@ -20,8 +20,10 @@
 * A claim that fails because PostgreSQL is unreachable leaves the messages unacked: the role
   drops its connections (the broker requeues them) and reconnects with backoff.
 * A redelivered message for a task already claimed or finished is acked without executing.
-* While a slow handler runs, the main thread serves the broker connection (heartbeats) and
-  renews the leases it holds; a thread LISTENs for cancellations (roles/lease.py).
+* While a slow handler runs, the main thread serves the broker connection (heartbeats); a
+  thread of its own renews the leases, so a broker call that blocks (a quorum queue electing a
+  leader) cannot make a lease lapse under a handler that ran; another LISTENs for
+  cancellations (roles/lease.py).
 * Finishing a batch that cannot reach the database is retried until it commits or the leases
   have lapsed (the reaper then retries the tasks); it is never dropped silently.
 * Results, error text and tracebacks are made storable before any finish (see
@@ -98,8 +100,8 @@ class Worker:
         repo: WorkerStore = store or WorkerStatements(database)
         self._handlers = handlers
         self._recycle = Recycle()
-        self._recycling = Recycling(config.processes, self._recycle, rand)
-        builtin = [Metrics(telemetry or Telemetry()), TaskLog(), TimeLimit(), self._recycling]
+        recycling = Recycling(config.processes, self._recycle, rand)
+        builtin = [Metrics(telemetry or Telemetry()), TaskLog(), TimeLimit(), recycling]
         self._hooks = Hooks([*builtin, *hooks])
         self._intake = Intake(broker or Consumer(config.broker), config.broker.prefetch)
         self._presence = Presence(repo, "worker")
@@ -130,16 +132,12 @@ class Worker:
         """True once this worker asked to be replaced (exit code 75)."""
         return self._recycle.asked
 
-    @property
-    def tasks_done(self) -> int:
-        """Tasks whose outcome this worker committed."""
-        return self._recycling.done
-
     def initialize(self) -> None:
         if self._handlers is None:  # import errors are boot failures, not outages
             self._handlers = collect(self._config.handlers, self._config.base_dir)
         self._ledger.worker_id = f"{socket.gethostname()}/{os.getpid()}"
         self._db.open()
+        self._leases.start()
         self._presence.announce()
         self._intake.connect()  # take() starts consuming, with the prefetch of the batch
 
@@ -172,11 +170,13 @@ class Worker:
     def reset(self) -> None:
         self._ready = []
         self._claimed_next = []  # their leases lapse; the reaper re-dispatches them
+        self._leases.drop_all()  # a batch cut short by an error: the same
         self._intake.close()
         self._db.close()
 
     def shutdown(self) -> None:
         self._cancels.stop()
+        self._leases.stop()
         self._presence.leave()
         self.reset()
 

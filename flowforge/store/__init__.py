@@ -1,1 +1,1 @@
-"""PostgreSQL storage: pool, migrations, named queries and the repository."""
+"""PostgreSQL storage: pool, migrations, named queries and the store's parts by caller."""

@@ -19,9 +19,7 @@ from flowforge.domain.model import (
     Continuation,
     Finish,
     Finished,
-    Renewal,
 )
-from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import IllegalTransitionError
 from flowforge.store import rows
@@ -34,12 +32,6 @@ class _KeyBusyError(Exception):
 
 class Claims(Part):
     """READY → RUNNING → SUCCEEDED / FAILED / CANCELLED, fenced by each task's token."""
-
-    def claim(
-        self, task_run_id: UUID, token: int, worker: str, lease_s: float, key_wait_s: float = 1.0
-    ) -> ClaimResult:
-        """READY → RUNNING for the generation ``token`` names (see :meth:`claim_many`)."""
-        return self.claim_many([(task_run_id, token)], worker, lease_s, key_wait_s)[0]
 
     def claim_many(
         self,
@@ -105,11 +97,6 @@ class Claims(Part):
             return 0
         return len(self._query("release_claims", rows.pair_params(claims)))
 
-    def renew_lease(self, task_run_id: UUID, token: int, lease_s: float) -> Renewal:
-        """Extend a held lease by ``lease_s`` from the database's now; report cancellation."""
-        held = self.renew_leases([(task_run_id, token)], lease_s)
-        return Renewal(held=task_run_id in held, cancel_requested=held.get(task_run_id, False))
-
     def renew_leases(self, claims: Sequence[tuple[UUID, int]], lease_s: float) -> dict[UUID, bool]:
         """Extend every lease still held among ``claims`` by ``lease_s`` (database clock).
 
@@ -118,26 +105,9 @@ class Claims(Part):
         """
         if not claims:
             return {}
-        found = self._query("renew_leases", {**rows.pair_params(claims), "lease_s": lease_s})
-        return {row["id"]: bool(row["cancel_requested"]) for row in found}
-
-    def finish(
-        self,
-        task_run_id: UUID,
-        token: int,
-        state: TaskState,
-        *,
-        result: Any = None,
-        reason: FailureReason | None = None,
-        error: str | None = None,
-        traceback: str | None = None,
-    ) -> bool:
-        """RUNNING → ``state`` (SUCCEEDED, FAILED or CANCELLED) if ``token`` is current.
-
-        Returns False for a stale token (the task was reaped or finished by someone else).
-        """
-        outcome = Finish(state, result, reason, error, traceback)
-        return bool(self.finish_many([(task_run_id, token, outcome)]).committed)
+        return rows.held_leases(
+            self._query("renew_leases", {**rows.pair_params(claims), "lease_s": lease_s})
+        )
 
     def finish_many(
         self,

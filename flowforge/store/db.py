@@ -4,6 +4,12 @@
 a role object can be built in the supervisor and opened in the child. Every session gets
 ``statement_timeout`` and ``idle_in_transaction_session_timeout`` so the server cleans up after
 a process killed in the middle of a transaction.
+
+Retries: a transaction PostgreSQL rolled back for a conflict (a deadlock, a serialization
+failure) is run again here, whole, and by nothing above; an outage is never retried here — it
+is raised once, and the level that owns the statement decides (the worker's ledger for its
+finish, ``run_role`` for every other statement of a role, the caller for the API and the CLI;
+``flowforge/roles/runner.py``, "Who retries a failed statement").
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from psycopg_pool import ConnectionPool
 
 from flowforge.config import DatabaseConfig
 from flowforge.errors import (
+    DatabaseConfigError,
     DatabaseUnavailableError,
     FlowForgeError,
     StoreError,
@@ -34,7 +41,11 @@ Row = dict[str, Any]
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Row]
 
+#: Runs of a transaction that keeps meeting conflicts before the conflict is raised.
 TRANSACTION_ATTEMPTS = 5
+
+#: Makes the pool (``ConnectionPool``; a seam: unit tests count attempts on a fake pool).
+PoolFactory = Callable[..., ConnectionPool[psycopg.Connection[Row]]]
 
 
 def session_options(config: DatabaseConfig) -> str:
@@ -59,23 +70,50 @@ def connect_once(url: str, connect_timeout_s: float = 5.0) -> Iterator[psycopg.C
 
 
 class Database:
-    """A connection pool with a transaction helper that retries deadlocks."""
+    """A connection pool whose statements run once, but for a conflict (see module docstring)."""
 
-    def __init__(self, config: DatabaseConfig, application_name: str = "flowforge") -> None:
+    def __init__(
+        self,
+        config: DatabaseConfig,
+        application_name: str = "flowforge",
+        *,
+        pool_factory: PoolFactory = ConnectionPool,
+        connect: Callable[..., Any] = psycopg.connect,
+    ) -> None:
+        """``pool_factory`` and ``connect`` (one connection outside the pool) are seams for
+        tests; production uses psycopg_pool's ConnectionPool and psycopg.connect."""
         self._config = config
         self._application_name = application_name
+        self._pool_factory = pool_factory
+        self._connect = connect
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
+        self._checked = False  # the server has not refused this configuration (first open)
 
     @property
     def config(self) -> DatabaseConfig:
         return self._config
 
     def open(self) -> None:
-        """Create the pool. Call after fork: a pool never crosses a process boundary."""
+        """Create the pool. Call after fork: a pool never crosses a process boundary.
+
+        The first open makes one direct connection first, so a server that refuses this
+        configuration (TLS, authentication, no such database: :class:`DatabaseConfigError`) is
+        reported at once, at boot, rather than after the pool's ``connect_timeout_s`` of
+        retries. An outage is left to the pool, as before: the api keeps serving (503s) through
+        one. Later opens (a role reconnecting) go straight to the pool.
+        """
         if self._pool is not None:
             return
         check_url(self._config.url)
-        self._pool = ConnectionPool(
+        if not self._checked:
+            refusal = self._connect_directly()
+            if isinstance(refusal, DatabaseConfigError):
+                raise refusal
+            self._checked = True
+        self._start_pool()
+
+    def _start_pool(self) -> None:
+        self._pool = self._pool_factory(
             self._config.url,
             min_size=self._config.pool_min,
             max_size=self._config.pool_max,
@@ -107,16 +145,22 @@ class Database:
             pool.close(timeout=1.0)
 
     def reset(self) -> None:
-        """Drop every pooled connection (after an outage) and open a fresh pool."""
+        """Drop every pooled connection (after an outage) and open a fresh pool; never raises
+        for the server (no direct connection: callers are recovering from a failure).
+
+        A fresh pool connects at once; the old one would refill in the background on
+        psycopg_pool's own backoff, which the next attempt of the caller's retry should not
+        wait for."""
         self.close()
-        self.open()
+        check_url(self._config.url)
+        self._start_pool()
 
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:
         """One transaction on a pooled connection; commits on success, rolls back on error.
 
-        Connection-level failures surface as :class:`DatabaseUnavailableError`. The pool
-        checks a connection that failed and discards it, so the next call reconnects.
+        Connection-level failures surface as :class:`DatabaseUnavailableError`, not retried.
+        The pool checks a connection that failed and discards it, so the next call reconnects.
         """
         if self._pool is None:
             raise StoreError("database pool is not open")
@@ -131,7 +175,7 @@ class Database:
     def execute(self, query: bytes, params: Mapping[str, Any] | None = None) -> list[Row]:
         """One statement as its own transaction (one round trip); returns its rows, if any.
 
-        Deadlocks and serialization failures are retried like :meth:`run`.
+        Deadlocks and serialization failures are retried like :meth:`run`; nothing else is.
         """
 
         def one(cur: Cursor) -> list[Row]:
@@ -158,24 +202,34 @@ class Database:
         authentication failed, ...). If that attempt succeeds, the server is fine and every
         pooled connection stayed busy for the whole wait.
         """
+        return self._connect_directly() or DatabaseUnavailableError(
+            f"database busy: all {self._config.pool_max} pooled connection(s) stayed in use "
+            f"for {self._config.connect_timeout_s:g} s"
+        )
+
+    def _connect_directly(self) -> FlowForgeError | None:
+        """Connect once with the pool's URL and settings, outside the pool; what went wrong,
+        translated, or None."""
         try:
-            psycopg.connect(
+            self._connect(
                 self._config.url,
                 connect_timeout=_timeout(self._config.connect_timeout_s),
                 application_name=self._application_name,
             ).close()
         except (psycopg.Error, UnicodeEncodeError) as exc:
             return translate(exc, self._config.url)
-        return DatabaseUnavailableError(
-            f"database busy: all {self._config.pool_max} pooled connection(s) stayed in use "
-            f"for {self._config.connect_timeout_s:g} s"
-        )
+        return None
 
     def run(self, work: Callable[..., T], *args: Any) -> T:
-        """Run ``work(cursor, *args)`` in a transaction, retrying deadlocks/serialization."""
+        """Run ``work(cursor, *args)`` in a transaction; a conflict runs it again, whole, in a
+        new transaction, up to :data:`TRANSACTION_ATTEMPTS` runs (``work`` must have no effect
+        outside the transaction that a second run would repeat). Nothing else is retried."""
         return self._retrying(self.transaction, work, *args)
 
     def _retrying(self, scope: Callable[[], Any], work: Callable[..., T], *args: Any) -> T:
+        """``work`` in ``scope``, run again at once after a conflict: PostgreSQL rolled the
+        transaction back, so nothing of it took effect, and a deadlock was already waited out
+        (``deadlock_timeout``) before it was reported."""
         for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
             try:
                 with scope() as cur:

@@ -109,13 +109,3 @@ def _apply_pending(
         )
         done.append(migration.version)
     return done
-
-
-def current_version(url: str) -> int | None:
-    """The newest applied version, or None on a database FlowForge never migrated."""
-    with connect_once(url) as conn:
-        exists = conn.execute("SELECT to_regclass('flowforge_migrations') IS NOT NULL").fetchone()
-        if not exists or not exists[0]:
-            return None
-        row = conn.execute("SELECT max(version) FROM flowforge_migrations").fetchone()
-        return int(str(row[0])) if row and row[0] is not None else None

@@ -2,7 +2,8 @@
 
 Each action is audited or logged; a requeue is one transaction per task (a bulk requeue is many
 of them), so a failure part-way leaves every task either requeued and audited or untouched.
-Actions answer with the read model after (:class:`~flowforge.store.reads.Reads`).
+Actions answer with the read model after (:class:`~flowforge.store.reads.Reads`), read in the
+action's own transaction.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flowforge.domain.values import MAX_NOTE_BYTES, check_text
 from flowforge.errors import NotDeadError, NotFoundError
 from flowforge.store import rows
 from flowforge.store.part import Tx
-from flowforge.store.reads import Reads, dead_params, text_filter
+from flowforge.store.reads import Reads, dead_params, run_with_tasks, task_by_id, text_filter
 from flowforge.store.runs import derive_states, stop_runs
 
 logger = logging.getLogger(__name__)
@@ -30,9 +31,7 @@ class Operator(Reads):
 
     def cancel_run(self, run_id: UUID | str) -> Run:
         """Cancel what has not started, ask running tasks to stop; return the run after."""
-        rid = parse_id(run_id, "run id")
-        self._transaction(_cancel, rid)
-        return self.get_run(rid)
+        return self._transaction(_cancel, parse_id(run_id, "run id"))
 
     def requeue_dead(
         self, task_run_id: UUID | str, requested_by: str, reason: str | None = None
@@ -42,9 +41,10 @@ class Operator(Reads):
         Tasks of the same run that were cancelled only because this one died come back too.
         """
         tid = parse_id(task_run_id, "task run id")
-        _check_requeue_text(requested_by, reason)
-        self._requeue(tid, requested_by, reason)
-        return self.get_task(tid)
+        _check_requeue(requested_by, reason)
+        task = self._transaction(_requeue_and_read, tid, requested_by, reason)
+        _log_requeued(tid)
+        return task
 
     def requeue_dead_matching(
         self,
@@ -61,18 +61,19 @@ class Operator(Reads):
         audited or untouched. A task no longer DEAD when its turn comes is skipped. A dry run
         only counts the matches.
         """
-        _check_requeue_text(requested_by, reason)
+        _check_requeue(requested_by, reason)
         matched, ids = self._transaction(_matching_dead, dead_params(match), limit, dry_run)
         if dry_run:
             return BulkRequeue(matched, limit, dry_run=True)
         requeued: list[UUID] = []
         skipped: list[UUID] = []
-        for tid in ids:
+        for tid in ids:  # one transaction each (see the module docstring)
             try:
-                self._requeue(tid, requested_by, reason)
+                self._transaction(_requeue, tid, requested_by, reason)
             except (NotDeadError, NotFoundError):
                 skipped.append(tid)  # requeued or purged by someone else meanwhile
             else:
+                _log_requeued(tid)
                 requeued.append(tid)
         logger.info(
             "bulk requeue: %d of %d matching dead task(s) requeued, %d skipped",
@@ -82,13 +83,6 @@ class Operator(Reads):
             extra={"action": "tasks_requeued"},
         )
         return BulkRequeue(matched, limit, False, tuple(requeued), tuple(skipped))
-
-    def _requeue(self, tid: UUID, requested_by: str, reason: str | None) -> None:
-        """One dead task → PENDING with its audit row, in one transaction."""
-        transitions.check(TaskState.DEAD, TaskState.PENDING)
-        transitions.check(TaskState.CANCELLED, TaskState.PENDING)
-        self._transaction(_requeue, tid, requested_by, reason)
-        logger.info("requeued dead task run %s", tid, extra={"action": "task_requeued"})
 
     def purge_dead(
         self, age_s: float, requested_by: str, limit: int, workflow: str | None = None
@@ -137,20 +131,29 @@ class Operator(Reads):
         return int(found[0]["n"])
 
 
-def _check_requeue_text(requested_by: str, reason: str | None) -> None:
-    """What the operator wrote for the audit, refused (never altered) before any change if
-    PostgreSQL text could not hold it: NUL, a lone surrogate, over MAX_NOTE_BYTES."""
+def _check_requeue(requested_by: str, reason: str | None) -> None:
+    """The transitions of a requeue, and what the operator wrote for the audit, refused (never
+    altered) before any change if PostgreSQL text could not hold it: NUL, a lone surrogate,
+    over MAX_NOTE_BYTES."""
+    transitions.check(TaskState.DEAD, TaskState.PENDING)
+    transitions.check(TaskState.CANCELLED, TaskState.PENDING)  # its collateral cancellations
     check_text(requested_by, "requested_by", MAX_NOTE_BYTES)
     if reason is not None:
         check_text(reason, "the requeue reason", MAX_NOTE_BYTES)
 
 
-def _cancel(tx: Tx, rid: UUID) -> None:
+def _log_requeued(tid: UUID) -> None:
+    """After the commit: a retried transaction logs once."""
+    logger.info("requeued dead task run %s", tid, extra={"action": "task_requeued"})
+
+
+def _cancel(tx: Tx, rid: UUID) -> Run:
     stop_runs(tx, [rid], CancelCause.OPERATOR)
     if tx.one("mark_run_cancel_requested", {"id": rid}) is None:
         raise NotFoundError(f"no run with id {rid}")
     derive_states(tx, [rid])
     tx.all("notify_scheduler")
+    return run_with_tasks(tx, rid)
 
 
 def _matching_dead(
@@ -163,7 +166,13 @@ def _matching_dead(
     return matched, [r["id"] for r in tx.all("dead_ids_matching", {**params, "limit": limit})]
 
 
+def _requeue_and_read(tx: Tx, tid: UUID, requested_by: str, reason: str | None) -> TaskRun:
+    _requeue(tx, tid, requested_by, reason)
+    return task_by_id(tx, tid)
+
+
 def _requeue(tx: Tx, tid: UUID, requested_by: str, reason: str | None) -> None:
+    """One dead task → PENDING with its audit row (and its run's collateral cancellations)."""
     current = tx.one("task_state", {"id": tid})
     if current is None:
         raise NotFoundError(f"no task run with id {tid}")

@@ -9,10 +9,20 @@ column is a :class:`DatabaseNotMigratedError`; a refused value (SQLSTATE class 2
 a deadlock or serialization failure a :class:`TransactionConflictError`; anything else a plain
 :class:`StoreError` carrying the server's first line.
 
-libpq gives no SQLSTATE for a failed connection attempt, only its message (``connection to
-server at "h", port p failed: FATAL:  database "x" does not exist``): those are classified by
-the server's reason, which names the problem in a stable form. An unrecognised reason counts as
-an outage, so a role keeps retrying rather than giving up on something that may pass.
+libpq gives no SQLSTATE for a failed connection attempt (psycopg's ``OperationalError`` from
+``connect`` has ``sqlstate`` None, even for the server's ``FATAL`` 28000), only its message
+(``connection to server at "h", port p failed: FATAL:  database "x" does not exist``): those are
+classified by the reason, which names the problem in a stable form. TLS failures are refusals
+of the configuration too, whether the server said them (``connection requires a valid client
+certificate``) or libpq did (``SSL error: certificate verify failed``, ``server certificate for
+"h" does not match host name "n"``, ``root certificate file "f" does not exist``, ``private key
+file "f" has group or world access``, ``could not load private key file``, ``SSL error: tlsv1
+alert unknown ca``); an end of stream in the handshake (``SSL SYSCALL error``, ``SSL error:
+unexpected eof``) is not, a restarting server looks the same. When several hosts or addresses
+were tried, psycopg lists every attempt: a refusal in any of them makes the whole a
+configuration error (the config is wrong for that server, whatever the others did). An
+unrecognised reason counts as an outage, so a role keeps retrying rather than giving up on
+something that may pass.
 """
 
 from __future__ import annotations
@@ -43,11 +53,20 @@ _ATTEMPT = re.compile(
     r'|on socket "(?P<socket>[^"]*)") failed: (?P<reason>[^\n]*)'
 )
 _SEVERITY = re.compile(r"^(?:FATAL|ERROR):\s+")
-#: Reasons a server gives when it refuses *this* configuration (retrying cannot help).
+#: Reasons a server (or libpq) gives when it refuses *this* configuration (retrying cannot
+#: help): TLS among them, but not an end of stream during the handshake.
 _CONFIG_REASON = re.compile(
     r"does not exist|authentication failed|no password supplied|password is required"
-    r"|no pg_hba\.conf entry|permission denied|does not support SSL|certificate",
+    r"|no pg_hba\.conf entry|permission denied|does not support SSL|certificate|private key"
+    r"|SSL error: (?!unexpected eof)|invalid \w+ value|sslrootcert|\bSNI\b",
     re.IGNORECASE,
+)
+#: What to check for the commonest TLS refusals (the reason itself stays first and whole).
+_TLS_HINTS = (
+    ("certificate verify failed", "is sslrootcert the CA that signed the server's certificate?"),
+    ("requires a valid client certificate", "set sslcert and sslkey in database.url"),
+    ("alert unknown ca", "the server does not trust the CA that signed sslcert"),
+    ("root certificate file", "sslrootcert must name the CA's certificate file"),
 )
 #: SQLSTATEs of a connection-level trouble: class 08, 53 (too many clients, disk full, out of
 #: memory), 57P01-57P05 (shut down, crashed, starting up, ...).
@@ -106,15 +125,19 @@ def translate(exc: BaseException, url: str | None = None) -> FlowForgeError:
 def connection_failure(message: str, url: str | None = None) -> FlowForgeError:
     """Classify a failed connection (or a connection lost) from libpq's message."""
     text = re.sub(r"^(?:connection failed|connection is bad): ", "", message.strip())
-    match = _ATTEMPT.search(text)
-    if match:
-        where = match["socket"] or f"{match['host']}:{match['port']}"
-        reason = _SEVERITY.sub("", match["reason"].strip())
-    else:
-        where, reason = _target(url), _SEVERITY.sub("", text.splitlines()[0] if text else "")
-    at = f" at {where}" if where else ""
-    if _CONFIG_REASON.search(reason):
-        return DatabaseConfigError(f"cannot use the database{at}: {reason}")
+    attempts = [
+        (m["socket"] or f"{m['host']}:{m['port']}", _SEVERITY.sub("", m["reason"].strip()))
+        for m in _ATTEMPT.finditer(text)
+    ]
+    if not attempts:
+        attempts = [(_target(url), _SEVERITY.sub("", text.splitlines()[0] if text else ""))]
+    for where, reason in attempts:
+        if _CONFIG_REASON.search(reason):
+            at = f" at {where}" if where else ""
+            hint = next((h for said, h in _TLS_HINTS if said in reason.lower()), None)
+            more = f" ({hint})" if hint else ""
+            return DatabaseConfigError(f"cannot use the database{at}: {reason}{more}")
+    where, reason = attempts[0]
     lower = reason.lower()
     if "connection refused" in lower:
         said = f"connection refused by {where or 'the server'}"

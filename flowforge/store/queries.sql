@@ -736,11 +736,6 @@ SELECT id, host, pid, role, started_at, last_seen_at,
   FROM processes
  ORDER BY host, role, pid;
 
--- ------------------------------------------------------------------ counters
-
--- name: read_counters
-SELECT name, value FROM counters ORDER BY name;
-
 -- ------------------------------------------------------------------ operations
 
 -- name: ping

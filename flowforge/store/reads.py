@@ -10,11 +10,23 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from flowforge.domain.model import Attempt, DeadFilter, DeadTask, Run, TaskDetail, TaskRun, parse_id
-from flowforge.domain.states import RunState, TaskState
+from flowforge.domain.model import (
+    Attempt,
+    DeadFilter,
+    DeadTask,
+    OutboxBacklog,
+    Overview,
+    Run,
+    Stats,
+    TaskDetail,
+    TaskRun,
+    parse_id,
+)
+from flowforge.domain.states import RunState
 from flowforge.domain.values import check_text
 from flowforge.errors import NotFoundError
 from flowforge.store import rows
+from flowforge.store.db import Row
 from flowforge.store.part import Part, Tx
 
 
@@ -23,7 +35,7 @@ class Reads(Part):
 
     def get_run(self, run_id: UUID | str) -> Run:
         """The run with its tasks; :class:`NotFoundError` if there is none."""
-        return self._transaction(_run_with_tasks, parse_id(run_id, "run id"))
+        return self._transaction(run_with_tasks, parse_id(run_id, "run id"))
 
     def get_task(self, task_run_id: UUID | str) -> TaskRun:
         """A task run; :class:`NotFoundError` if there is none."""
@@ -87,25 +99,18 @@ class Reads(Part):
         history, read in one transaction; :class:`NotFoundError` if there is none."""
         return self._transaction(_task_detail, parse_id(task_run_id, "task run id"))
 
-    def overview(self, poison_threshold: int, fresh_s: float, limit: int = 20) -> dict[str, Any]:
-        """The dashboard's overview, read in one transaction.
-
-        Keys: ``runs`` and ``tasks`` (count by state, every state present), ``finished_per_minute``
-        (60 rows, oldest first: ``minute``, ``succeeded``, ``dead``, ``cancelled``),
-        ``retry_backlog`` (``n``, ``next_at``, ``latest_at``), ``poison_candidates`` (at most
-        ``limit`` unfinished tasks with ``poison_threshold`` attempts or more),
-        ``dead_by_reason`` ({reason: n}), ``outbox`` (``pending``, ``oldest_s``) and
-        ``processes`` (``host``, ``role``, ``n`` of processes seen within ``fresh_s``).
+    def overview(self, poison_threshold: int, fresh_s: float, limit: int = 20) -> Overview:
+        """The dashboard's overview, read in one transaction: counts of runs and tasks by
+        state, the last hour's finishes per minute, the retry backlog, at most ``limit``
+        poison candidates (unfinished tasks with ``poison_threshold`` attempts or more), dead
+        tasks by reason, the outbox backlog and the processes seen within ``fresh_s`` seconds.
         """
         return self._transaction(_overview, poison_threshold, fresh_s, limit)
 
-    def stats(self, poison_threshold: int, limit: int = 20) -> dict[str, Any]:
-        """Retry distribution, failure reasons, retry backlog, poison candidates, dead tasks."""
+    def stats(self, poison_threshold: int, limit: int = 20) -> Stats:
+        """Retry distribution, failure reasons, retry backlog, poison candidates (as in
+        :meth:`overview`) and dead tasks by workflow, handler and reason, in one transaction."""
         return self._transaction(_stats, poison_threshold, limit)
-
-    def counters(self) -> dict[str, int]:
-        """Global event counters (e.g. ``stale_completions``)."""
-        return {r["name"]: r["value"] for r in self._query("read_counters")}
 
     def ping(self) -> None:
         """Raise :class:`DatabaseUnavailableError` unless PostgreSQL answers."""
@@ -113,16 +118,15 @@ class Reads(Part):
 
     def task_state_counts(self) -> dict[str, int]:
         """Task runs by state (states with none are absent)."""
-        return {r["state"]: r["n"] for r in self._query("task_state_counts")}
+        return rows.tally(self._query("task_state_counts"), "state")
 
-    def outbox_backlog(self) -> tuple[int, float]:
-        """(pending outbox rows, age in seconds of the oldest one; 0 when none)."""
-        found = self._query("outbox_backlog")
-        return (found[0]["pending"], found[0]["oldest_s"]) if found else (0, 0.0)
+    def outbox_backlog(self) -> OutboxBacklog:
+        """Pending outbox rows and the age in seconds of the oldest one (0 when none)."""
+        return rows.outbox_backlog(_first(self._query("outbox_backlog")))
 
     def live_process_counts(self, fresh_s: float) -> dict[str, int]:
         """Registered processes seen within ``fresh_s`` seconds, by role."""
-        return {r["role"]: r["n"] for r in self._query("live_process_counts", {"fresh_s": fresh_s})}
+        return rows.tally(self._query("live_process_counts", {"fresh_s": fresh_s}), "role")
 
 
 def dead_params(match: DeadFilter) -> dict[str, Any]:
@@ -139,12 +143,21 @@ def text_filter(value: str | None, name: str) -> str | None:
     return None if value is None else check_text(value, f"the {name} filter")
 
 
-def _run_with_tasks(tx: Tx, rid: UUID) -> Run:
+def run_with_tasks(tx: Tx, rid: UUID) -> Run:
+    """The run with its tasks, in the caller's transaction (an action answers with it)."""
     row = tx.one("get_run", {"id": rid})
     if row is None:
         raise NotFoundError(f"no run with id {rid}")
     tasks = tx.all("get_run_tasks", {"id": rid})
     return rows.run(row, tuple(rows.task_run(t) for t in tasks))
+
+
+def task_by_id(tx: Tx, tid: UUID) -> TaskRun:
+    """A task run, in the caller's transaction (an action answers with it)."""
+    row = tx.one("get_task", {"id": tid})
+    if row is None:
+        raise NotFoundError(f"no task run with id {tid}")
+    return rows.task_run(row)
 
 
 def _task_detail(tx: Tx, tid: UUID) -> TaskDetail:
@@ -165,44 +178,28 @@ def _task_detail(tx: Tx, tid: UUID) -> TaskDetail:
     )
 
 
-def _overview(tx: Tx, poison_threshold: int, fresh_s: float, limit: int) -> dict[str, Any]:
-    runs = tx.all("run_state_counts")
-    tasks = tx.all("task_state_counts")
-    minutes = tx.all("finished_per_minute")
-    retries = _retry_backlog_and_poison(tx, poison_threshold, limit)
-    dead = tx.all("dead_by_reason")
-    outbox = tx.one("outbox_backlog")
-    processes = tx.all("live_processes_by_host", {"fresh_s": fresh_s})
-    return {
-        "runs": {**{str(s): 0 for s in RunState}, **{r["state"]: r["n"] for r in runs}},
-        "tasks": {**{str(s): 0 for s in TaskState}, **{r["state"]: r["n"] for r in tasks}},
-        "finished_per_minute": [dict(r) for r in minutes],
-        **retries,
-        "dead_by_reason": {r["reason"]: r["n"] for r in dead},
-        "outbox": dict(outbox or {"pending": 0, "oldest_s": 0.0}),
-        "processes": [dict(r) for r in processes],
-    }
+def _overview(tx: Tx, poison_threshold: int, fresh_s: float, limit: int) -> Overview:
+    return rows.overview(
+        runs=tx.all("run_state_counts"),
+        tasks=tx.all("task_state_counts"),
+        minutes=tx.all("finished_per_minute"),
+        backlog=tx.one("stats_retry_backlog"),
+        poison=tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit}),
+        dead=tx.all("dead_by_reason"),
+        outbox=tx.one("outbox_backlog"),
+        processes=tx.all("live_processes_by_host", {"fresh_s": fresh_s}),
+    )
 
 
-def _stats(tx: Tx, poison_threshold: int, limit: int) -> dict[str, Any]:
-    attempts = tx.all("stats_attempts")
-    reasons = tx.all("stats_failure_reasons")
-    retries = _retry_backlog_and_poison(tx, poison_threshold, limit)
-    dead = tx.all("stats_dead_by_workflow")
-    return {
-        "attempts": {r["attempt"]: r["n"] for r in attempts},
-        "failure_reasons": {r["reason"]: r["n"] for r in reasons},
-        **retries,
-        "dead": [dict(r) for r in dead],
-    }
+def _stats(tx: Tx, poison_threshold: int, limit: int) -> Stats:
+    return rows.stats(
+        attempts=tx.all("stats_attempts"),
+        reasons=tx.all("stats_failure_reasons"),
+        backlog=tx.one("stats_retry_backlog"),
+        poison=tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit}),
+        dead=tx.all("stats_dead_by_workflow"),
+    )
 
 
-def _retry_backlog_and_poison(tx: Tx, poison_threshold: int, limit: int) -> dict[str, Any]:
-    """``retry_backlog`` (n, next_at, latest_at) and ``poison_candidates`` (at most ``limit``
-    unfinished tasks with ``poison_threshold`` attempts or more), for stats and overview."""
-    backlog = tx.one("stats_retry_backlog")
-    poison = tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit})
-    return {
-        "retry_backlog": dict(backlog or {"n": 0, "next_at": None, "latest_at": None}),
-        "poison_candidates": [dict(r) for r in poison],
-    }
+def _first(found: list[Row]) -> Row | None:
+    return found[0] if found else None

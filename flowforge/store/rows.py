@@ -18,14 +18,22 @@ from flowforge.domain.model import (
     Attempt,
     AuditEntry,
     Claim,
+    DeadCount,
     DeadPurge,
     DeadTask,
     Dispatch,
     Finish,
     Finished,
+    FinishedMinute,
+    LiveProcesses,
+    OutboxBacklog,
+    Overview,
+    PoisonCandidate,
     ProcessInfo,
+    RetryBacklog,
     Routed,
     Run,
+    Stats,
     TaskRun,
 )
 from flowforge.domain.plan import PlannedTask
@@ -160,6 +168,11 @@ def finished(found: Sequence[Row]) -> Finished:
     )
 
 
+def held_leases(found: Sequence[Row]) -> dict[UUID, bool]:
+    """The ``renew_leases`` rows: ``{task run id: cancel requested}`` of the leases held."""
+    return {row["id"]: bool(row["cancel_requested"]) for row in found}
+
+
 def retry_policy(row: Row) -> RetryPolicy:
     """A ``lock_failed`` / ``lock_expired_leases`` row's retry policy."""
     return RetryPolicy(
@@ -216,6 +229,89 @@ def dead_purge(row: Row) -> DeadPurge:
         dead_task_ids=tuple(row["dead_task_ids"]),
         released_streams=tuple(row["released_streams"]),
         shown=tuple(row["shown"]),
+    )
+
+
+def tally(found: Sequence[Row], key: str, value: str = "n") -> dict[Any, int]:
+    """``{row[key]: row[value]}`` of a ``GROUP BY`` (in the rows' order)."""
+    return {row[key]: int(row[value]) for row in found}
+
+
+def retry_backlog(row: Row | None) -> RetryBacklog:
+    """The ``stats_retry_backlog`` aggregate."""
+    if row is None:
+        return RetryBacklog()
+    return RetryBacklog(int(row["n"]), row["next_at"], row["latest_at"])
+
+
+def poison_candidate(row: Row) -> PoisonCandidate:
+    """A ``stats_poison_candidates`` row."""
+    return PoisonCandidate(
+        id=row["id"],
+        run_id=row["run_id"],
+        name=row["name"],
+        handler=row["handler"],
+        state=TaskState(row["state"]),
+        attempt=row["attempt"],
+        failure_reason=_reason(row["failure_reason"]),
+        workflow=row["workflow"],
+    )
+
+
+def outbox_backlog(row: Row | None) -> OutboxBacklog:
+    """The ``outbox_backlog`` aggregate."""
+    if row is None:
+        return OutboxBacklog()
+    return OutboxBacklog(int(row["pending"]), float(row["oldest_s"]))
+
+
+def overview(
+    *,
+    runs: Sequence[Row],
+    tasks: Sequence[Row],
+    minutes: Sequence[Row],
+    backlog: Row | None,
+    poison: Sequence[Row],
+    dead: Sequence[Row],
+    outbox: Row | None,
+    processes: Sequence[Row],
+) -> Overview:
+    """The overview from its statements' rows: ``run_state_counts``, ``task_state_counts``,
+    ``finished_per_minute``, ``stats_retry_backlog``, ``stats_poison_candidates``,
+    ``dead_by_reason``, ``outbox_backlog`` and ``live_processes_by_host``."""
+    return Overview(
+        runs={**{str(s): 0 for s in RunState}, **tally(runs, "state")},
+        tasks={**{str(s): 0 for s in TaskState}, **tally(tasks, "state")},
+        finished_per_minute=tuple(
+            FinishedMinute(r["minute"], int(r["succeeded"]), int(r["dead"]), int(r["cancelled"]))
+            for r in minutes
+        ),
+        retry_backlog=retry_backlog(backlog),
+        poison_candidates=tuple(poison_candidate(r) for r in poison),
+        dead_by_reason=tally(dead, "reason"),
+        outbox=outbox_backlog(outbox),
+        processes=tuple(LiveProcesses(r["host"], r["role"], int(r["n"])) for r in processes),
+    )
+
+
+def stats(
+    *,
+    attempts: Sequence[Row],
+    reasons: Sequence[Row],
+    backlog: Row | None,
+    poison: Sequence[Row],
+    dead: Sequence[Row],
+) -> Stats:
+    """The stats from their statements' rows: ``stats_attempts``, ``stats_failure_reasons``,
+    ``stats_retry_backlog``, ``stats_poison_candidates`` and ``stats_dead_by_workflow``."""
+    return Stats(
+        attempts=tally(attempts, "attempt"),
+        failure_reasons=tally(reasons, "reason"),
+        retry_backlog=retry_backlog(backlog),
+        poison_candidates=tuple(poison_candidate(r) for r in poison),
+        dead=tuple(
+            DeadCount(r["workflow"], r["handler"], _reason(r["reason"]), int(r["n"])) for r in dead
+        ),
     )
 
 

@@ -1,6 +1,6 @@
 """Fixtures for chaos tests, which stop, kill and restart PostgreSQL and RabbitMQ.
 
-They never touch the shared dev services (55432/55672) nor the machine's 5432/5672: one
+They never touch the shared dev services (26432/26672) nor the machine's 5432/5672: one
 private instance of each is started for the whole chaos session on free ports, in a base
 directory of its own (mode 0755, so the postgres/rabbitmq accounts can enter it), and stopped
 at the end. Before and after every test both services are brought back up, so a test that

@@ -31,11 +31,11 @@ from flowforge.domain.dag import WorkflowDef
 from flowforge.errors import DatabaseUnavailableError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
-from flowforge.store.repository import Repository
 from tests.conftest import TEST_EXECUTIONS_DDL
 from tests.e2e import RoleProcess
 from tests.harness import resources
 from tests.harness.services import PrivatePostgres, PrivateRabbitMQ
+from tests.store import Store
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -198,7 +198,7 @@ class ChaosDb:
         self.url = url
         self._db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2))
         self._db.open()
-        self.repo = Repository(self._db)
+        self.repo = Store(self._db)
 
     def close(self) -> None:
         self._db.close()

@@ -38,11 +38,11 @@ import pytest
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
-from flowforge.store.repository import Repository
 from supervisor import exitcodes
 from tests.chaos import supervisor_targets as targets
 from tests.e2e import REPO, Stack
 from tests.helpers import wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.chaos
 
@@ -425,7 +425,7 @@ def generic() -> Iterator[Callable[..., GenericTree]]:
         tree.stop()
 
 
-def trigger(repo: Repository, workflow: WorkflowDef, count: int, **run_input: Any) -> list[UUID]:
+def trigger(repo: Store, workflow: WorkflowDef, count: int, **run_input: Any) -> list[UUID]:
     return [repo.trigger(workflow, {"i": i, **run_input}).run_id for i in range(count)]
 
 
@@ -615,7 +615,7 @@ def test_a_child_that_keeps_crashing_trips_the_restart_limit_with_4(
 
 @pytest.mark.slow
 def test_each_kind_of_child_sigkilled_in_flight_is_restarted_and_the_batch_succeeds(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     tree = up(write_config(stack))
     tree.wait_ready()
@@ -717,7 +717,7 @@ def test_a_child_that_raises_logs_its_traceback_as_json_lines_with_role_and_pid(
 
 
 def test_sigterm_lets_in_flight_tasks_finish_and_exits_0(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     tree = up(write_config(stack))
     tree.wait_ready()
@@ -757,7 +757,7 @@ def test_sigterm_lets_in_flight_tasks_finish_and_exits_0(
 
 
 def test_a_second_sigterm_kills_every_child_at_once(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     tree = up(write_config(stack))
     tree.wait_ready()
@@ -780,7 +780,7 @@ def test_a_second_sigterm_kills_every_child_at_once(
 
 @pytest.mark.slow
 def test_sigkill_of_the_supervisor_leaves_no_orphan_and_the_next_up_finishes_the_work(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     config = write_config(stack)
     first = up(config)
@@ -814,7 +814,7 @@ def test_sigkill_of_the_supervisor_leaves_no_orphan_and_the_next_up_finishes_the
 
 @needs_unshare
 def test_as_pid_1_of_a_pid_namespace_up_drains_on_sigterm(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     tree = up(write_config(stack, processes={"workers": 1}), pid_namespace=True)
     tree.wait_ready()
@@ -944,7 +944,7 @@ def test_the_supervisor_preloads_the_database_driver_but_opens_no_connection(
 
 
 def test_workers_are_recycled_after_max_tasks_per_child_and_no_task_is_lost(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     per_child = 3
     tree = up(write_config(stack, processes={"max_tasks_per_child": per_child}))
@@ -967,7 +967,7 @@ def test_workers_are_recycled_after_max_tasks_per_child_and_no_task_is_lost(
 
 
 def test_sighup_replaces_every_worker_new_before_old_and_tasks_keep_completing(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     tree = up(write_config(stack))
     tree.wait_ready()
@@ -1044,7 +1044,7 @@ def test_sighup_stops_each_old_child_only_once_its_replacement_is_ready(
 
 @pytest.mark.slow
 def test_two_trees_share_one_queue_and_sigkill_of_one_whole_tree_loses_nothing(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     config = write_config(stack)
     doomed, survivor = up(config), up(config)

@@ -22,10 +22,10 @@ import pytest
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
-from flowforge.store.repository import Repository
 from tests.chaos.test_supervisor import BATCH_S, Tree, up, write_config
 from tests.e2e import Stack
 from tests.helpers import wait_for
+from tests.store import Store
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -64,7 +64,7 @@ def final_rows(sql: Sql, run_ids: list[UUID]) -> dict[UUID, tuple[str, str | Non
 
 
 def test_unstorable_values_beside_normal_runs_keep_every_process_and_run_each_task_once(
-    stack: Stack, up: Callable[..., Tree], repo: Repository, sql: Sql
+    stack: Stack, up: Callable[..., Tree], repo: Store, sql: Sql
 ) -> None:
     tree = up(
         write_config(

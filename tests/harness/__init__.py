@@ -2,6 +2,7 @@
 
 - ``services``: private PostgreSQL and RabbitMQ instances (``scripts/services``);
 - ``replication``, ``cluster``: a replicated PostgreSQL pair, a private RabbitMQ cluster;
+- ``tls``: a throwaway CA, and private PostgreSQL / RabbitMQ that take TLS clients;
 - ``bench`` with ``bench_handlers``: ``scripts/bench``;
 - ``chaos`` with ``chaos_handlers``: ``scripts/chaos``;
 - ``resources``: scratch databases, free ports, child processes.

@@ -33,11 +33,18 @@ from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
-from flowforge.store.repository import Repository
-from tests.harness import services
-from tests.harness.resources import child_pids, create_database, drop_database, start_tree
+from flowforge.store.triggers import Triggers
+from tests.harness import bench_api, services
+from tests.harness.resources import (
+    child_pids,
+    create_database,
+    drop_database,
+    free_ports,
+    start_tree,
+)
 
 HANDLER_MODULE = "tests.harness.bench_handlers"
+API_WORKFLOW = "bench-api"
 TABLES = (
     "counters, processes, requeue_audit, idempotency_keys, outbox, task_attempts, task_edges, "
     "task_runs, workflow_runs, workflow_definitions"
@@ -59,6 +66,8 @@ class Settings:
     chain: int = 200
     latency_runs: int = 500
     scale: tuple[int, ...] = (1000, 10000)
+    api_requests: int = 2000
+    api_clients: int = 4
     timeout_s: float = 600.0
 
 
@@ -88,11 +97,18 @@ class Tree:
 
     def __init__(self, directory: Path, database_url: str, broker_url: str, workers: int) -> None:
         self.queue = f"flowforge.bench.{uuid.uuid4().hex[:8]}"
+        [self.api_port] = free_ports(1)
+        workflows = directory / "workflows"
+        workflows.mkdir()
+        api_workflow = {"name": API_WORKFLOW, "tasks": [{"name": "t", "handler": "bench.noop"}]}
+        (workflows / "api.yaml").write_text(yaml.safe_dump(api_workflow))
         config = {
             "database": {"url": database_url, "pool_max": 4},
             "broker": {"url": broker_url, "queue": self.queue},
             "handlers": [HANDLER_MODULE],
+            "workflows": ["workflows"],
             "processes": {"workers": workers},
+            "api": bench_api.api_settings(self.api_port),
             "logging": {"level": "WARNING"},
         }
         self.config_path = directory / "bench.yaml"
@@ -105,6 +121,7 @@ class Tree:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
+        env[bench_api.TOKEN_ENV] = bench_api.TOKEN
         self.proc = start_tree(self.config_path, env, self.log_path)
         deadline = time.monotonic() + READY_TIMEOUT_S
         with psycopg.connect(self.database_url, autocommit=True) as conn:
@@ -194,7 +211,7 @@ def _wait_until(
     raise RuntimeError(f"timed out after {timeout_s}s waiting for: {query}")
 
 
-def throughput(repo: Repository, conn: psycopg.Connection[Any], s: Settings) -> dict[str, float]:
+def throughput(repo: Triggers, conn: psycopg.Connection[Any], s: Settings) -> dict[str, float]:
     wf = _one("throughput")
     started = time.perf_counter()
     for offset in range(0, s.tasks, TRIGGER_BATCH):
@@ -217,7 +234,7 @@ def throughput(repo: Repository, conn: psycopg.Connection[Any], s: Settings) -> 
 
 
 def _run_to_success(
-    repo: Repository, conn: psycopg.Connection[Any], workflow: WorkflowDef, timeout_s: float
+    repo: Triggers, conn: psycopg.Connection[Any], workflow: WorkflowDef, timeout_s: float
 ) -> uuid.UUID:
     """Trigger one run of ``workflow`` and wait until it SUCCEEDED; return its id."""
     run_id = repo.trigger(workflow).run_id
@@ -231,7 +248,7 @@ def _run_to_success(
 
 
 def fanout(
-    repo: Repository, conn: psycopg.Connection[Any], width: int, timeout_s: float
+    repo: Triggers, conn: psycopg.Connection[Any], width: int, timeout_s: float
 ) -> dict[str, float]:
     run_id = _run_to_success(repo, conn, _fanout(width), timeout_s)
     row = conn.execute(
@@ -244,7 +261,7 @@ def fanout(
 
 
 def chain(
-    repo: Repository, conn: psycopg.Connection[Any], length: int, timeout_s: float
+    repo: Triggers, conn: psycopg.Connection[Any], length: int, timeout_s: float
 ) -> dict[str, float]:
     run_id = _run_to_success(repo, conn, _chain(length), timeout_s)
     # A hop is one step's finish to the next step's finish: the next step's claim, its no-op
@@ -268,7 +285,7 @@ def chain(
 
 
 def dispatch(
-    repo: Repository, conn: psycopg.Connection[Any], runs: int, timeout_s: float
+    repo: Triggers, conn: psycopg.Connection[Any], runs: int, timeout_s: float
 ) -> dict[str, float]:
     wf = _one("latency")
     for i in range(runs):
@@ -340,7 +357,7 @@ def measure(
         tree = Tree(Path(tmp), url, broker_url, settings.workers)
         db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
         db.open()
-        repo = Repository(db)
+        repo = Triggers(db)
         try:
             floor = floors(url)
             tree.start()
@@ -369,6 +386,7 @@ def measure(
                     for width in settings.scale:
                         s = fanout(repo, conn, width, settings.timeout_s)
                         record(f"per-task cost @{width}", "ms/task", s["ms_per_task"])
+                    api_workloads(tree.api_port, settings, record)
         finally:
             tree.stop()
             db.close()
@@ -379,6 +397,22 @@ def measure(
         "memory": memory,
         "floors": floor,
     }
+
+
+def api_workloads(port: int, settings: Settings, record: Callable[..., None]) -> None:
+    """The api's request path (tests/harness/bench_api.py), while the tree runs what it creates."""
+    n, clients = settings.api_requests, settings.api_clients
+    bench_api.wait_live(port, READY_TIMEOUT_S)
+    created, run_ids = bench_api.trigger(port, API_WORKFLOW, n, clients)
+    record("api trigger", "req/s", created.requests_per_s, requests=n, clients=clients)
+    record("api trigger p50", "ms", created.p50_ms)
+    record("api trigger p99", "ms", created.p99_ms)
+    got = bench_api.read(port, run_ids, n, clients)
+    record("api read", "req/s", got.requests_per_s)
+    record("api read p50", "ms", got.p50_ms)
+    live = bench_api.live(port, n, clients)
+    record("api live", "req/s", live.requests_per_s)
+    record("api live p50", "ms", live.p50_ms)
 
 
 def floors(url: str) -> dict[str, float]:
@@ -486,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             chain=20,
             latency_runs=20,
             scale=(50, 200),
+            api_requests=200,
             timeout_s=120,
         )
     with service_urls(args) as (server_url, broker_url):

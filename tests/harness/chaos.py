@@ -36,7 +36,7 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.errors import FlowForgeError
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
-from flowforge.store.repository import Repository
+from flowforge.store.triggers import Triggers
 from tests.harness.resources import child_pids, create_database, free_ports, start_tree
 from tests.harness.services import PrivatePostgres, PrivateRabbitMQ
 
@@ -137,7 +137,7 @@ class Soak:
         )
         db.open()
         self.db = db
-        self.repo = Repository(db)
+        self.repo = Triggers(db)
 
     def start_tree(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}

@@ -4,7 +4,7 @@
 nodes (``<prefix>-<pid>-<tag>-<i>@localhost``) on free 127.0.0.1 ports, in a directory of
 its own under ``base_dir``. The nodes share one Erlang cookie made for this cluster (never
 the machine's) and one private epmd on a free port, so neither a node nor ``rabbitmqctl``
-can reach the machine's broker (5672) or the dev services (55672, ``flowforge-dev``), even
+can reach the machine's broker (5672) or the dev services (26672, ``flowforge-dev``), even
 with a mistyped node name. Processes are only ever addressed by the pids the nodes
 recorded. Every wait is bounded by a deadline and polls.
 

@@ -3,11 +3,16 @@ child processes, a ``flowforge up`` tree. One definition each, instead of one pe
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import random
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import psycopg
@@ -15,6 +20,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.harness import CHECKOUT
+from tests.harness.services import DEFAULT_PORTS, ephemeral_range
 
 
 def create_database(server_url: str, prefix: str) -> str:
@@ -36,16 +42,100 @@ def drop_database(server_url: str, database_url: str) -> None:
         )
 
 
+#: Where :func:`free_ports` draws from: up to the kernel's ephemeral range, from here.
+PORT_FLOOR = 20000
+#: One shared file; a port is reserved by a byte-range lock at its number (see free_ports).
+RESERVATIONS = Path(tempfile.gettempdir()) / "flowforge-test-ports.lock"
+_DRAWS_PER_PORT = 50  # candidates tried per port asked for before giving up
+
+
+class _Reservations:
+    """The ports this process holds: byte-range locks on :data:`RESERVATIONS`, released by the
+    kernel when the process ends. A POSIX lock is the process's: another process cannot take
+    it, and this one must not close any descriptor of the file while it lives (it never does).
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._opened = False
+        self.held: set[int] = set()
+
+    def take(self, port: int) -> bool:
+        """Reserve ``port`` for this process; False if it is already held (here or elsewhere)."""
+        if port in self.held:
+            return False
+        fd = self._file()
+        if fd is not None:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port, os.SEEK_SET)
+            except OSError:  # EAGAIN / EACCES: another test process holds it
+                return False
+        self.held.add(port)
+        return True
+
+    def _file(self) -> int | None:
+        """The shared file, opened once; None where it cannot be (then ports are only
+        checked free, not reserved)."""
+        if not self._opened:
+            self._opened = True
+            try:
+                self._fd = os.open(RESERVATIONS, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except OSError:
+                self._fd = None
+            else:
+                with contextlib.suppress(OSError):  # another account's tests reserve here too
+                    os.fchmod(self._fd, 0o666)
+        return self._fd
+
+
+_reservations = _Reservations()
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct currently free ports on 127.0.0.1 (held together, then released)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct ports on 127.0.0.1 that nothing listens on, reserved for this process.
+
+    They come from below the kernel's ephemeral range (:data:`PORT_FLOOR` up to it, without the
+    dev services' defaults), so no
+    outgoing connection of this machine is ever given one — neither between this choice and
+    the server's bind nor while a test has stopped the server that owns it (the flake of a fixed
+    or bind-to-0 port in that range). A port something is bound to is skipped, and each port is
+    reserved until this process ends, so two test processes never get the same one. A port
+    still taken by another program between the choice and the bind fails that start with a
+    message naming it (``tests.harness.services``: "AMQP port N on 127.0.0.1 is already in
+    use"). Raises RuntimeError if ``count`` ports cannot be found.
+    """
+    first, _last = ephemeral_range()
+    candidates = [p for p in range(PORT_FLOOR, first) if p not in DEFAULT_PORTS]
+    random.shuffle(candidates)
+    return choose_ports(count, candidates[: count * _DRAWS_PER_PORT])
+
+
+def choose_ports(count: int, candidates: Iterable[int]) -> list[int]:
+    """The first ``count`` of ``candidates`` that are bindable on 127.0.0.1 now and not held by
+    any test process (see :func:`free_ports`); they are reserved for this process."""
+    chosen: list[int] = []
+    for port in candidates:
+        if len(chosen) == count:
+            break
+        if port not in _reservations.held and _bindable(port) and _reservations.take(port):
+            chosen.append(port)
+    if len(chosen) < count:
+        raise RuntimeError(
+            f"found only {len(chosen)} of {count} free port(s) below the "
+            f"ephemeral range (from {PORT_FLOOR})"
+        )
+    return chosen
+
+
+def _bindable(port: int) -> bool:
+    """True if 127.0.0.1:``port`` can be bound now (no SO_REUSEADDR: a port in TIME_WAIT
+    counts as taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def child_pids(pid: int, recursive: bool = False) -> list[int]:

@@ -60,6 +60,8 @@ EPMD_NAME = "epmd"
 ERL_DIST_LOOPBACK_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
 LOOPBACK = "127.0.0.1"
 UNIX_SOCKET_PATH_MAX = 107  # bytes, sun_path minus the terminating NUL on Linux
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL_RANGE = (32768, 60999)  # Linux's, where /proc does not say
 
 # --- timeouts (seconds) ----------------------------------------------------------------
 PG_START_TIMEOUT_S = 60.0
@@ -82,9 +84,17 @@ COOKIE_LENGTH = 32
 # --- command line defaults ------------------------------------------------------------------
 DEFAULT_BASE_DIR = CHECKOUT / ".services"
 BASE_DIR_ENV = "FLOWFORGE_SERVICES_DIR"
-DEFAULT_PG_PORT = 55432
-DEFAULT_AMQP_PORT = 55672
-DEFAULT_DIST_PORT = 55673
+# Below the kernel's ephemeral range (32768-60999 on Linux): an outgoing connection of this
+# machine is never given one, so a start never finds one taken by chance (55672 once was), and
+# clear of RabbitMQ's own 25672 (a distribution port of the machine's broker). The private epmd
+# takes DEFAULT_DIST_PORT + 1.
+DEFAULT_PG_PORT = 26432
+DEFAULT_AMQP_PORT = 26672
+DEFAULT_DIST_PORT = 26673
+#: Every port the dev services use by default (tests.harness.resources never hands them out).
+DEFAULT_PORTS = frozenset(
+    {DEFAULT_PG_PORT, DEFAULT_AMQP_PORT, DEFAULT_DIST_PORT, DEFAULT_DIST_PORT + 1}
+)
 DEFAULT_NODE_NAME = "flowforge-dev"
 STATE_FILE_NAME = "services.json"
 LOCK_FILE_NAME = "services.lock"
@@ -355,6 +365,15 @@ def _kill_and_wait(pid: int, timeout: float = KILL_WAIT_S) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     _wait_until(lambda: not _pid_alive(pid), timeout, f"pid {pid} to exit after SIGKILL")
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (first, last)."""
+    try:
+        first, last = (int(v) for v in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL_RANGE
+    return first, last
 
 
 def _port_in_use(port: int) -> bool:
@@ -1312,6 +1331,7 @@ def _print_urls(cfg: _CliConfig) -> None:
 
 
 def _cmd_start(cfg: _CliConfig) -> int:
+    _warn_if_ephemeral(cfg)
     with _locked(cfg.base_dir):
         cfg.postgres().start()
         cfg.rabbitmq().start()
@@ -1319,6 +1339,20 @@ def _cmd_start(cfg: _CliConfig) -> int:
         (cfg.base_dir / STATE_FILE_NAME).write_text(json.dumps(state) + "\n")
     _print_urls(cfg)
     return EXIT_OK
+
+
+def _warn_if_ephemeral(cfg: _CliConfig) -> None:
+    """One stderr line per port of ``cfg`` in the ephemeral range (e.g. recorded by a start
+    before the defaults moved below it): an outgoing connection may hold it at any start."""
+    first, last = ephemeral_range()
+    for label, port in (("PostgreSQL", cfg.pg_port), ("AMQP", cfg.amqp_port)):
+        if first <= port <= last:
+            print(
+                f"services: warning: {label} port {port} is in this machine's ephemeral range "
+                f"({first}-{last}), where an outgoing connection may take it; to move to the "
+                f"defaults: stop, remove {cfg.base_dir / STATE_FILE_NAME}, start",
+                file=sys.stderr,
+            )
 
 
 def _cmd_stop(cfg: _CliConfig) -> int:

@@ -40,11 +40,11 @@ from flowforge.config import load_config
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.states import TaskState
-from flowforge.store.repository import Repository
 from tests.api_here import ApiHere
 from tests.e2e import REPO, RoleProcess, Stack
 from tests.harness.resources import free_ports
 from tests.helpers import bury, drain, task_ids, wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -198,7 +198,7 @@ def count_runs(sql: Sql) -> int:
     return int(row[0])
 
 
-def make_dead(repo: Repository, sql: Sql) -> str:
+def make_dead(repo: Store, sql: Sql) -> str:
     """A task run buried DEAD by a permanent error, driven through the repository."""
     run_id = repo.trigger(PERMANENT).run_id
     task_id = task_ids(repo, run_id)["only"]
@@ -232,7 +232,7 @@ def serve_here(stack: Stack, token: str | None = TOKEN, **api: Any) -> tuple[Api
     ``api`` settings, serving on a free port; the caller stops it."""
     port = free_ports(1)[0]
     path = stack.config_path(**api_settings(stack.directory, port, **api))
-    server = ApiHere(load_config(path, env={}), token)
+    server = ApiHere(load_config(path, env={} if token is None else {TOKEN_ENV: token}))
     server.start()
     return Api(port, token, path), server
 
@@ -523,7 +523,7 @@ def test_a_smaller_max_body_bytes_is_enforced(api_here: StartApi, sql: Sql) -> N
 
 
 def test_get_run_has_the_same_shape_as_status_json(
-    api: Api, clean_database_url: str, repo: Repository, sql: Sql
+    api: Api, clean_database_url: str, repo: Store, sql: Sql
 ) -> None:
     run = api.create("api-other", {"customer": "c-1"})
     dead_task = make_dead(repo, sql)  # a run with a failure reason and attempt history too
@@ -624,7 +624,7 @@ def test_cancel_cancels_a_run(api: Api, clean_database_url: str) -> None:
 
 
 def test_dead_tasks_are_listed_and_requeued_once_with_an_audit_row(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     assert api.get("/api/v1/dead").json() == {"tasks": [], "next_cursor": None}
     first, second = make_dead(repo, sql), make_dead(repo, sql)
@@ -659,7 +659,7 @@ def test_dead_tasks_are_listed_and_requeued_once_with_an_audit_row(
 
 
 def test_a_requeue_reason_the_database_cannot_store_is_a_4xx(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     dead = make_dead(repo, sql)
     reply = api.post(f"/api/v1/task-runs/{dead}/requeue", {"reason": "a\u0000b"})

@@ -24,7 +24,6 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Claim, ClaimOutcome, Continuation, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
-from flowforge.store.repository import Repository
 from tests.helpers import (
     FAST_RETRY,
     chain,
@@ -37,6 +36,7 @@ from tests.helpers import (
     single,
     task_ids,
 )
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ LEASE_S = 30.0
 # ------------------------------------------------------------------ helpers
 
 
-def ready_singles(repo: Repository, count: int, name: str = "batch") -> list[uuid.UUID]:
+def ready_singles(repo: Store, count: int, name: str = "batch") -> list[uuid.UUID]:
     """``count`` one-task runs made READY by a scheduler pass; their task run ids, in order."""
     results = repo.trigger_many(single(name, retry=FAST_RETRY), [{"n": n} for n in range(count)])
     drain(repo)
@@ -101,7 +101,7 @@ def db_now(sql: Sql) -> datetime:
     return row[0]  # type: ignore[no-any-return]
 
 
-def stale_completions(repo: Repository) -> int:
+def stale_completions(repo: Store) -> int:
     return repo.counters().get("stale_completions", 0)
 
 
@@ -111,7 +111,7 @@ def claims_of(results: list[Any]) -> list[Claim]:
     return [r.claim for r in results]
 
 
-def make_stale(repo: Repository, sql: Sql, task_id: uuid.UUID) -> Claim:
+def make_stale(repo: Store, sql: Sql, task_id: uuid.UUID) -> Claim:
     """Claim a READY task, then let the reaper take it: the claim's token is stale after."""
     claim = claim_task(repo, sql, task_id, worker="presumed-dead")
     expire_lease(sql, task_id)
@@ -124,7 +124,7 @@ def make_stale(repo: Repository, sql: Sql, task_id: uuid.UUID) -> Claim:
 
 
 def test_claim_many_claims_every_ready_task_in_one_statement_in_input_order(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     tasks = ready_singles(repo, 4)
     wanted = [dispatched(sql, t) for t in reversed(tasks)]  # not the order they were made in
@@ -151,9 +151,7 @@ def test_claim_many_claims_every_ready_task_in_one_statement_in_input_order(
     assert {c.input["n"] for c in claims} == {0, 1, 2, 3}
 
 
-def test_a_stale_pair_is_lost_while_the_rest_of_its_batch_is_claimed(
-    repo: Repository, sql: Sql
-) -> None:
+def test_a_stale_pair_is_lost_while_the_rest_of_its_batch_is_claimed(repo: Store, sql: Sql) -> None:
     first, taken, last = ready_singles(repo, 3)
     stale = dispatched(sql, taken)
     elsewhere = claim_task(repo, sql, taken, worker="worker-2")  # its message is now stale
@@ -178,7 +176,7 @@ def test_a_stale_pair_is_lost_while_the_rest_of_its_batch_is_claimed(
 
 
 def test_keyed_tasks_in_a_batch_claim_their_key_or_reuse_a_settled_one(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     keyed = single("charge", idempotency_key="charge-{order_id}", retry=FAST_RETRY)
     settled = task_ids(repo, repo.trigger(keyed, {"order_id": 1, "try": 1}).run_id)["only"]
@@ -219,9 +217,7 @@ def test_keyed_tasks_in_a_batch_claim_their_key_or_reuse_a_settled_one(
 # ------------------------------------------------------------------ finish_many
 
 
-def test_finish_many_commits_each_outcome_and_counts_every_stale_one(
-    repo: Repository, sql: Sql
-) -> None:
+def test_finish_many_commits_each_outcome_and_counts_every_stale_one(repo: Store, sql: Sql) -> None:
     won, failed, cancelled, late_a, late_b = ready_singles(repo, 5)
     claims = claims_of(
         repo.claim_many([dispatched(sql, t) for t in (won, failed, cancelled)], "w", LEASE_S)
@@ -289,9 +285,7 @@ def test_finish_many_commits_each_outcome_and_counts_every_stale_one(
         assert [a.outcome for a in repo.attempts(task_id)] == ["lease_expired"]
 
 
-def test_finish_many_with_only_current_tokens_counts_nothing_stale(
-    repo: Repository, sql: Sql
-) -> None:
+def test_finish_many_with_only_current_tokens_counts_nothing_stale(repo: Store, sql: Sql) -> None:
     tasks = ready_singles(repo, 3)
     claims = claims_of(repo.claim_many([dispatched(sql, t) for t in tasks], "w", LEASE_S))
     counted_before = stale_completions(repo)
@@ -306,7 +300,7 @@ def test_finish_many_with_only_current_tokens_counts_nothing_stale(
 
 
 def test_finishing_a_task_releases_its_dependent_without_a_scheduler_pass(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(chain(length=2)).run_id
     ids = task_ids(repo, run_id)
@@ -334,7 +328,7 @@ def test_finishing_a_task_releases_its_dependent_without_a_scheduler_pass(
     ids=["failed", "cancelled"],
 )
 def test_an_upstream_that_did_not_succeed_releases_nothing(
-    repo: Repository, sql: Sql, outcome: Finish
+    repo: Store, sql: Sql, outcome: Finish
 ) -> None:
     run_id = repo.trigger(chain(length=2)).run_id
     ids = task_ids(repo, run_id)
@@ -348,7 +342,7 @@ def test_an_upstream_that_did_not_succeed_releases_nothing(
 
 
 def test_a_join_is_released_only_by_the_finish_of_its_last_dependency(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(diamond()).run_id
     ids = task_ids(repo, run_id)
@@ -373,7 +367,7 @@ def test_a_join_is_released_only_by_the_finish_of_its_last_dependency(
 
 
 def test_both_dependencies_finished_in_one_statement_release_their_join_once(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(diamond()).run_id
     ids = task_ids(repo, run_id)
@@ -398,7 +392,7 @@ def test_both_dependencies_finished_in_one_statement_release_their_join_once(
 
 
 def test_a_dependent_with_an_ordering_key_waits_for_the_scheduler_to_promote_it(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     workflow = WorkflowDef(
         "streamed-chain",
@@ -432,7 +426,7 @@ def test_a_dependent_with_an_ordering_key_waits_for_the_scheduler_to_promote_it(
 
 
 def test_a_released_claim_is_as_if_never_claimed_and_dispatched_again(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     [task_id] = ready_singles(repo, 1)
     dispatch(sql)  # the first message went out
@@ -461,7 +455,7 @@ def test_a_released_claim_is_as_if_never_claimed_and_dispatched_again(
     assert [(a.attempt, a.worker) for a in repo.attempts(task_id)] == [(1, "worker-2")]
 
 
-def test_releasing_a_batch_leaves_its_stale_pairs_alone(repo: Repository, sql: Sql) -> None:
+def test_releasing_a_batch_leaves_its_stale_pairs_alone(repo: Store, sql: Sql) -> None:
     held, finished = ready_singles(repo, 2)
     held_claim, done_claim = claims_of(
         repo.claim_many([dispatched(sql, t) for t in (held, finished)], "w", LEASE_S)
@@ -480,7 +474,7 @@ def test_releasing_a_batch_leaves_its_stale_pairs_alone(repo: Repository, sql: S
     assert len(outbox_rows(sql, finished)) == 1
 
 
-def test_releasing_a_stale_claim_changes_nothing(repo: Repository, sql: Sql) -> None:
+def test_releasing_a_stale_claim_changes_nothing(repo: Store, sql: Sql) -> None:
     [task_id] = ready_singles(repo, 1)
     stale = make_stale(repo, sql, task_id)
     before = repo.get_task(task_id)
@@ -492,9 +486,7 @@ def test_releasing_a_stale_claim_changes_nothing(repo: Repository, sql: Sql) -> 
     assert len(outbox_rows(sql, task_id)) == 1
 
 
-def test_releasing_a_retry_keeps_the_history_of_the_earlier_attempt(
-    repo: Repository, sql: Sql
-) -> None:
+def test_releasing_a_retry_keeps_the_history_of_the_earlier_attempt(repo: Store, sql: Sql) -> None:
     [task_id] = ready_singles(repo, 1)
     first = claim_task(repo, sql, task_id)
     assert repo.finish(
@@ -517,7 +509,7 @@ def test_releasing_a_retry_keeps_the_history_of_the_earlier_attempt(
     assert claim_task(repo, sql, task_id).attempt == 2
 
 
-def test_releasing_a_keyed_claim_frees_its_idempotency_key(repo: Repository, sql: Sql) -> None:
+def test_releasing_a_keyed_claim_frees_its_idempotency_key(repo: Store, sql: Sql) -> None:
     keyed = single("charge", idempotency_key="charge-{order_id}", retry=FAST_RETRY)
     holder, waiter = (
         task_ids(repo, repo.trigger(keyed, {"order_id": 5, "try": n}).run_id)["only"]
@@ -539,7 +531,7 @@ def test_releasing_a_keyed_claim_frees_its_idempotency_key(repo: Repository, sql
 
 
 def test_renew_leases_extends_every_held_lease_and_reports_cancellation_per_task(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     keyed = single("charge", idempotency_key="charge-{order_id}", retry=FAST_RETRY)
     plain = task_ids(repo, repo.trigger(single("plain", retry=FAST_RETRY)).run_id)["only"]
@@ -577,14 +569,14 @@ def test_renew_leases_extends_every_held_lease_and_reports_cancellation_per_task
 # ------------------------------------------------------------------ duplicates and cancellations
 
 
-def test_a_batch_naming_one_dispatch_twice_executes_it_once(repo: Repository, sql: Sql) -> None:
+def test_a_batch_naming_one_dispatch_twice_executes_it_once(repo: Store, sql: Sql) -> None:
     [task_id] = ready_singles(repo, 1)
     message = dispatched(sql, task_id)
     results = repo.claim_many([message, message], "w", LEASE_S)
     assert sorted(r.outcome for r in results) == [ClaimOutcome.EXECUTE, ClaimOutcome.LOST]
 
 
-def test_an_old_message_batched_with_the_current_one_is_lost(repo: Repository, sql: Sql) -> None:
+def test_an_old_message_batched_with_the_current_one_is_lost(repo: Store, sql: Sql) -> None:
     [task_id] = ready_singles(repo, 1)
     old = dispatched(sql, task_id)
     claim = claim_task(repo, sql, task_id)
@@ -594,9 +586,7 @@ def test_an_old_message_batched_with_the_current_one_is_lost(repo: Repository, s
     assert [r.outcome for r in results] == [ClaimOutcome.LOST, ClaimOutcome.EXECUTE]
 
 
-def test_a_claim_released_after_its_run_was_cancelled_never_runs(
-    repo: Repository, sql: Sql
-) -> None:
+def test_a_claim_released_after_its_run_was_cancelled_never_runs(repo: Store, sql: Sql) -> None:
     workflow = WorkflowDef(
         "pair",
         (TaskDef("slow", "tests.noop", retry=FAST_RETRY), TaskDef("behind", "tests.noop")),
@@ -621,7 +611,7 @@ def test_a_claim_released_after_its_run_was_cancelled_never_runs(
 
 
 def test_a_local_claim_marks_the_dispatch_sent_and_a_broker_claim_leaves_it(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(chain(length=3)).run_id
     ids = task_ids(repo, run_id)
@@ -644,7 +634,7 @@ def test_a_local_claim_marks_the_dispatch_sent_and_a_broker_claim_leaves_it(
 
 
 def test_a_finish_offers_at_most_what_the_worker_can_take_and_releases_every_dependent(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     width = 5
     fan = WorkflowDef(
@@ -669,7 +659,7 @@ def test_a_finish_offers_at_most_what_the_worker_can_take_and_releases_every_dep
 
 
 def test_a_finish_with_a_continuation_claims_the_next_step_in_its_own_transaction(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     """The dependent is RUNNING for the finishing worker, its attempt recorded and its outbox
     row stamped when the finish commits: no publisher ever sees it pending."""
@@ -698,7 +688,7 @@ def test_a_finish_with_a_continuation_claims_the_next_step_in_its_own_transactio
 
 
 def test_a_continuation_claims_at_most_its_limit_and_no_keyed_dependent(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     fan = WorkflowDef(
         "continue-limit",

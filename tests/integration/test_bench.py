@@ -22,6 +22,10 @@ FIGURES = {
     "chain p99",
     "dispatch p50",
     "dispatch p99",
+    "api trigger",
+    "api trigger p50",
+    "api read",
+    "api live",
 }
 
 

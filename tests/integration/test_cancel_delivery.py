@@ -20,9 +20,9 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
-from flowforge.store.repository import Repository
 from tests.e2e import REPO, Stack
 from tests.helpers import single, wait_for
+from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
@@ -100,12 +100,12 @@ def _cancel_by_cli(stack: Stack, run_id: UUID) -> None:
     assert done.returncode == 0, done.stderr.decode()
 
 
-def _task_of(repo: Repository, run_id: UUID, name: str = "only") -> UUID:
+def _task_of(repo: Store, run_id: UUID, name: str = "only") -> UUID:
     return next(t.id for t in repo.get_run(run_id).tasks if t.name == name)
 
 
 def test_flowforge_cancel_reaches_a_running_handler_within_a_second(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start_all(workers=1, worker=SLOW_RENEWAL)
     run_id = repo.trigger(single("cancel-prompt", "e2e.cancel_seen"), {}).run_id
@@ -131,7 +131,7 @@ def test_flowforge_cancel_reaches_a_running_handler_within_a_second(
 
 
 def test_fail_fast_stopping_a_running_sibling_reaches_it_within_a_second(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start_all(workers=2, worker=SLOW_RENEWAL)
     workflow = WorkflowDef(
@@ -155,7 +155,7 @@ def test_fail_fast_stopping_a_running_sibling_reaches_it_within_a_second(
 
 
 def test_with_the_listener_off_renewal_still_delivers_the_cancel(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     renewal = {"lease_s": 6.0, "heartbeat_s": 2.0, "listen_for_cancel": False}
     stack.start_all(workers=1, worker=renewal)

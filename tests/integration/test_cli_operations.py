@@ -28,10 +28,10 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
-from flowforge.store.repository import Repository
 from tests import cli_runner
 from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, bury, claim_task, drain, task_ids, wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -110,13 +110,13 @@ def table_rows(text: str) -> list[list[str]]:
 # ------------------------------------------------------------------ driving the repository
 
 
-def succeed(repo: Repository, sql: Sql, task_id: UUID) -> None:
+def succeed(repo: Store, sql: Sql, task_id: UUID) -> None:
     claim = claim_task(repo, sql, task_id)
     assert repo.finish(task_id, claim.fencing_token, TaskState.SUCCEEDED, result={"ok": True})
 
 
 def fail(
-    repo: Repository,
+    repo: Store,
     sql: Sql,
     task_id: UUID,
     reason: FailureReason = FailureReason.HANDLER_ERROR,
@@ -128,14 +128,14 @@ def fail(
     drain(repo)
 
 
-def start(repo: Repository, workflow: WorkflowDef, run_input: dict[str, Any] | None = None) -> UUID:
+def start(repo: Store, workflow: WorkflowDef, run_input: dict[str, Any] | None = None) -> UUID:
     """Trigger a one-task run and make its task READY; returns the task run id."""
     run_id = repo.trigger(workflow, run_input).run_id
     drain(repo)
     return task_ids(repo, run_id)["only"]
 
 
-def exhausted(repo: Repository, sql: Sql, workflow: WorkflowDef = EXHAUST) -> UUID:
+def exhausted(repo: Store, sql: Sql, workflow: WorkflowDef = EXHAUST) -> UUID:
     """A task run DEAD after three handler errors ("boom 1..3" on "worker-1..3")."""
     task_id = start(repo, workflow)
     for n in (1, 2, 3):
@@ -144,7 +144,7 @@ def exhausted(repo: Repository, sql: Sql, workflow: WorkflowDef = EXHAUST) -> UU
     return task_id
 
 
-def stats_data(repo: Repository, sql: Sql) -> dict[str, UUID]:
+def stats_data(repo: Store, sql: Sql) -> dict[str, UUID]:
     """One task run of each kind ``stats`` reports on, by kind."""
     made = {"ok": start(repo, OK), "poison": start(repo, POISON)}
     succeed(repo, sql, made["ok"])
@@ -186,7 +186,7 @@ def test_stats_on_an_empty_database(clean_database_url: str, config: Path) -> No
 
 
 def test_stats_reports_retries_reasons_backlog_poison_and_dead(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     made = stats_data(repo, sql)
     data = ok_json(flowforge("stats", "--json", url=clean_database_url, config=config))
@@ -263,7 +263,7 @@ def test_stats_reports_retries_reasons_backlog_poison_and_dead(
 
 
 def test_stats_poison_candidates_leave_out_dead_tasks(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     """``stats`` says "poison candidates (>= N attempts, unfinished)": a DEAD task is finished
     (it is reported under "dead tasks"), so only the live poison task is a candidate."""
@@ -313,7 +313,7 @@ def test_ps_lists_the_registered_processes(stack: Stack, sql: Sql, config: Path)
 
 
 def test_runs_filters_by_state_and_workflow_and_limits(
-    repo: Repository, clean_database_url: str, config: Path
+    repo: Store, clean_database_url: str, config: Path
 ) -> None:
     a = [repo.trigger(one_task("runs-a", "tests.noop"), {"n": n}).run_id for n in range(3)]
     b = [repo.trigger(one_task("runs-b", "tests.noop"), {"n": n}).run_id for n in range(2)]
@@ -354,7 +354,7 @@ def test_runs_refuses_bad_options(
 
 
 def test_cancel_json_prints_the_cancelled_run(
-    repo: Repository, clean_database_url: str, config: Path
+    repo: Store, clean_database_url: str, config: Path
 ) -> None:
     run_id = str(repo.trigger(CHAIN).run_id)
     cancelled = ok_json(
@@ -376,7 +376,7 @@ def test_cancel_json_prints_the_cancelled_run(
 
 
 def test_dead_list_and_show_with_attempts(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     assert ok_json(flowforge("dead", "list", "--json", url=clean_database_url, config=config)) == []
     task_id = str(exhausted(repo, sql))
@@ -431,7 +431,7 @@ def test_dead_show_of_an_unknown_or_malformed_id_fails(
 
 
 def test_dead_requeue_records_who_and_why_and_refuses_a_second_time(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     first, second = str(exhausted(repo, sql)), str(exhausted(repo, sql))
     args = ("--reason", "fixed in 1.2.3", "--by", "ops")
@@ -614,7 +614,7 @@ HOSTILE_ERROR = HOSTILE_FIRST_LINE + "\nsecond line\n\x1b[1mthird\x1b[0m"
 TRACEBACK = 'Traceback (most recent call last):\n  File "h.py", line 3, in h\nValueError: \x1b[5mx'
 
 
-def dead_with_hostile_error(repo: Repository, sql: Sql) -> UUID:
+def dead_with_hostile_error(repo: Store, sql: Sql) -> UUID:
     task_id = start(repo, PERMANENT, {"hostile": 1})
     bury(repo, sql, task_id, error=HOSTILE_ERROR, traceback=TRACEBACK)
     return task_id
@@ -627,7 +627,7 @@ def assert_terminal_safe(text: str) -> None:
 
 
 def test_dead_show_prints_the_whole_first_line_and_full_prints_everything_escaped(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     task_id = str(dead_with_hostile_error(repo, sql))
     shown = ok(flowforge("dead", "show", task_id, url=clean_database_url, config=config))
@@ -662,7 +662,7 @@ def test_dead_show_prints_the_whole_first_line_and_full_prints_everything_escape
 
 
 def test_every_table_and_message_escapes_stored_text(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     task_id = dead_with_hostile_error(repo, sql)
     for args in (

@@ -17,7 +17,6 @@ import pytest
 from flowforge.cli import exitcodes
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import TaskState
-from flowforge.store.repository import Repository
 from tests.helpers import FAST_RETRY, drain, single, task_ids
 from tests.integration.test_cli_operations import (
     assert_operator_error,
@@ -26,6 +25,7 @@ from tests.integration.test_cli_operations import (
     ok_json,
 )
 from tests.integration.test_retention import BLOCKING, backdate, dead_single, die
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def count(sql: Sql, table: str) -> int:
     return int(row[0])
 
 
-def aged_dead(repo: Repository, sql: Sql, hours: float, **run_input: Any) -> Any:
+def aged_dead(repo: Store, sql: Sql, hours: float, **run_input: Any) -> Any:
     """A one-task run of a blocking stream whose task died ``hours`` ago; its task id."""
     task_id = dead_single(repo, sql, BLOCKING, **run_input)
     backdate(sql, repo.get_task(task_id).run_id, hours=hours)
@@ -53,7 +53,7 @@ def aged_dead(repo: Repository, sql: Sql, hours: float, **run_input: Any) -> Any
 
 
 def test_a_dry_run_counts_and_lists_what_would_go_and_deletes_nothing(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     old = aged_dead(repo, sql, hours=100 * 24, account=1)
     aged_dead(repo, sql, hours=1, account=2)  # younger than 90d
@@ -81,7 +81,7 @@ def test_a_dry_run_counts_and_lists_what_would_go_and_deletes_nothing(
 
 
 def test_a_purge_deletes_exactly_the_old_dead_tasks_and_says_which_streams_it_released(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     old = aged_dead(repo, sql, hours=13, account=1)
     waiting = task_ids(repo, repo.trigger(BLOCKING, {"account": 1}).run_id)["only"]
@@ -112,7 +112,7 @@ def test_a_purge_deletes_exactly_the_old_dead_tasks_and_says_which_streams_it_re
 
 
 def test_a_purge_goes_in_bounded_batches_and_reports_what_it_kept(
-    repo: Repository, sql: Sql, clean_database_url: str, config: Path
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
 ) -> None:
     for n in range(3):
         dead_single(repo, sql, single("batched"), n=n)
@@ -139,7 +139,7 @@ def test_a_purge_goes_in_bounded_batches_and_reports_what_it_kept(
 
 @pytest.mark.parametrize("age", ["90", "1.5h", "0d", "-5m", "1h30m", "", "90 d", "7w", "12H"])
 def test_a_bad_duration_is_one_line_and_exit_2_and_deletes_nothing(
-    repo: Repository, sql: Sql, clean_database_url: str, age: str
+    repo: Store, sql: Sql, clean_database_url: str, age: str
 ) -> None:
     aged_dead(repo, sql, hours=24 * 365, account=1)
     result = flowforge("purge", "--dead", "--older-than", age, url=clean_database_url)

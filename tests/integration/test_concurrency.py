@@ -43,7 +43,6 @@ from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.db import Database
-from flowforge.store.repository import Repository
 from tests.helpers import (
     FAST_RETRY,
     claim_task,
@@ -55,6 +54,7 @@ from tests.helpers import (
     task_ids,
     wait_for,
 )
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ RACE_TIMEOUT_S = 30.0
 
 
 def _claim(
-    repo: Repository, task_id: uuid.UUID, token: int, worker: str, key_wait_s: float = 0.0
+    repo: Store, task_id: uuid.UUID, token: int, worker: str, key_wait_s: float = 0.0
 ) -> tuple[str, int | None, int | None]:
     result = repo.claim(task_id, token, worker, 30.0, key_wait_s=key_wait_s)
     claim = result.claim
@@ -79,7 +79,7 @@ def _claim(
 
 
 def _timed_claim(
-    repo: Repository, task_id: uuid.UUID, token: int, worker: str, key_wait_s: float = 0.0
+    repo: Store, task_id: uuid.UUID, token: int, worker: str, key_wait_s: float = 0.0
 ) -> tuple[str, int | None, int | None, float, float]:
     """A claim with its start and end on CLOCK_MONOTONIC, which all processes share."""
     started = time.monotonic()
@@ -87,11 +87,11 @@ def _timed_claim(
     return (*outcome, started, time.monotonic())
 
 
-def _reap_repeatedly(repo: Repository, times: int) -> int:
+def _reap_repeatedly(repo: Store, times: int) -> int:
     return sum(repo.reap_expired(100) for _ in range(times))
 
 
-def _promote_until_idle(repo: Repository, limit: int, max_passes: int = 50) -> int:
+def _promote_until_idle(repo: Store, limit: int, max_passes: int = 50) -> int:
     """Promotion passes until one finds nothing unlocked to promote; the total promoted."""
     total = 0
     for _ in range(max_passes):
@@ -102,13 +102,11 @@ def _promote_until_idle(repo: Repository, limit: int, max_passes: int = 50) -> i
     raise AssertionError(f"promotion did not settle within {max_passes} passes")
 
 
-def _renew(repo: Repository, task_id: uuid.UUID, token: int) -> bool:
+def _renew(repo: Store, task_id: uuid.UUID, token: int) -> bool:
     return repo.renew_lease(task_id, token, 30.0).held
 
 
-def _finish(
-    repo: Repository, task_id: uuid.UUID, token: int, state: str, payload: Any = None
-) -> bool:
+def _finish(repo: Store, task_id: uuid.UUID, token: int, state: str, payload: Any = None) -> bool:
     target = TaskState(state)
     if target is TaskState.FAILED:
         return repo.finish(
@@ -118,13 +116,13 @@ def _finish(
 
 
 def _trigger(
-    repo: Repository, workflow: WorkflowDef, run_input: dict[str, Any], key: str
+    repo: Store, workflow: WorkflowDef, run_input: dict[str, Any], key: str
 ) -> tuple[str, bool]:
     result = repo.trigger(workflow, run_input, idempotency_key=key)
     return str(result.run_id), result.created
 
 
-def _cancel(repo: Repository, run_id: uuid.UUID) -> str:
+def _cancel(repo: Store, run_id: uuid.UUID) -> str:
     return str(repo.cancel_run(run_id).state)
 
 
@@ -141,11 +139,11 @@ OPS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _open_repo(url: str, name: str) -> tuple[Database, Repository]:
+def _open_repo(url: str, name: str) -> tuple[Database, Store]:
     db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), application_name=name)
     db.open()
     db.run(lambda cur: cur.execute("SELECT 1"))  # connected before any race starts
-    return db, Repository(db, rand=lambda: 0.5)
+    return db, Store(db, rand=lambda: 0.5)
 
 
 def _racer_main(url: str, index: int, barrier: Any, inbox: Any, results: Any) -> None:
@@ -336,7 +334,7 @@ def scalar(sql: Sql, query: str, params: tuple[Any, ...] = ()) -> Any:
     return row[0]
 
 
-def ready_task(repo: Repository, sql: Sql) -> uuid.UUID:
+def ready_task(repo: Store, sql: Sql) -> uuid.UUID:
     """A fresh single-task run whose task is READY (its outbox row published)."""
     run_id = repo.trigger(single(retry=FAST_RETRY)).run_id
     drain(repo)
@@ -344,7 +342,7 @@ def ready_task(repo: Repository, sql: Sql) -> uuid.UUID:
     return task_ids(repo, run_id)["only"]
 
 
-def reaped_and_reclaimed(repo: Repository, sql: Sql) -> tuple[uuid.UUID, int, int]:
+def reaped_and_reclaimed(repo: Store, sql: Sql) -> tuple[uuid.UUID, int, int]:
     """A task whose first claim was reaped and that a second worker now holds.
 
     Returns (task id, the stale token, the current token).
@@ -363,7 +361,7 @@ def reaped_and_reclaimed(repo: Repository, sql: Sql) -> tuple[uuid.UUID, int, in
 
 
 def test_exactly_one_of_many_claims_wins(
-    racers: Racers, repo: Repository, sql: Sql, clean_database_url: str
+    racers: Racers, repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
     task_id = ready_task(repo, sql)
     token = outbox_token(sql, task_id)
@@ -381,7 +379,7 @@ def test_exactly_one_of_many_claims_wins(
 
 
 def test_exactly_one_reaper_reclaims_an_expired_lease(
-    racers: Racers, repo: Repository, sql: Sql
+    racers: Racers, repo: Store, sql: Sql
 ) -> None:
     task_id = ready_task(repo, sql)
     claim = claim_task(repo, sql, task_id, worker="presumed-dead")
@@ -406,7 +404,7 @@ def test_exactly_one_reaper_reclaims_an_expired_lease(
 # ------------------------------------------------------------------ fencing tokens
 
 
-def test_a_stale_token_cannot_renew_or_finish(repo: Repository, sql: Sql) -> None:
+def test_a_stale_token_cannot_renew_or_finish(repo: Store, sql: Sql) -> None:
     task_id = ready_task(repo, sql)
     stale = claim_task(repo, sql, task_id, worker="worker-a")
     expire_lease(sql, task_id)
@@ -431,9 +429,7 @@ def test_a_stale_token_cannot_renew_or_finish(repo: Repository, sql: Sql) -> Non
     assert [a.outcome for a in repo.attempts(task_id)] == ["lease_expired", "succeeded"]
 
 
-def test_a_stale_token_loses_even_under_concurrency(
-    racers: Racers, repo: Repository, sql: Sql
-) -> None:
+def test_a_stale_token_loses_even_under_concurrency(racers: Racers, repo: Store, sql: Sql) -> None:
     task_id, stale, current = reaped_and_reclaimed(repo, sql)
     stale_calls: list[Call] = [
         ("renew", (task_id, stale))
@@ -465,7 +461,7 @@ def test_a_stale_token_loses_even_under_concurrency(
 
 
 def test_only_one_writer_can_finish_with_the_same_token(
-    racers: Racers, repo: Repository, sql: Sql, clean_database_url: str
+    racers: Racers, repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
     task_id = ready_task(repo, sql)
     claim = claim_task(repo, sql, task_id)
@@ -498,7 +494,7 @@ def test_only_one_writer_can_finish_with_the_same_token(
 
 
 def test_repeated_advance_passes_never_duplicate_an_outbox_row(
-    racers: Racers, repo: Repository, sql: Sql
+    racers: Racers, repo: Store, sql: Sql
 ) -> None:
     runs = 30
     # each task waits on a stream of its own, so the scheduler's promote pass makes it READY
@@ -531,7 +527,7 @@ def test_repeated_advance_passes_never_duplicate_an_outbox_row(
 
 
 def test_concurrent_triggers_with_one_key_create_one_run(
-    racers: Racers, repo: Repository, sql: Sql
+    racers: Racers, repo: Store, sql: Sql
 ) -> None:
     calls: list[Call] = [("trigger", (single(), {"order": 1}, "order-1"))] * racers.n
     results = race(racers, calls)
@@ -543,7 +539,7 @@ def test_concurrent_triggers_with_one_key_create_one_run(
 
 
 def test_a_late_finish_racing_the_reaper_has_exactly_one_winner(
-    thread_racers: ThreadRacers, repo: Repository, sql: Sql
+    thread_racers: ThreadRacers, repo: Store, sql: Sql
 ) -> None:
     for _ in range(8):
         task_id = ready_task(repo, sql)
@@ -566,7 +562,7 @@ def test_a_late_finish_racing_the_reaper_has_exactly_one_winner(
 
 
 def test_a_cancel_racing_a_claim_never_leaves_a_task_running_unasked(
-    thread_racers: ThreadRacers, repo: Repository, sql: Sql
+    thread_racers: ThreadRacers, repo: Store, sql: Sql
 ) -> None:
     for _ in range(8):
         task_id = ready_task(repo, sql)
@@ -590,7 +586,7 @@ def charge_workflow() -> WorkflowDef:
 
 
 def test_two_concurrent_executions_of_one_idempotency_key_never_both_run(
-    process_racers: ProcessRacers, repo: Repository, sql: Sql
+    process_racers: ProcessRacers, repo: Store, sql: Sql
 ) -> None:
     rounds = 12
     overlapping = 0
@@ -688,14 +684,15 @@ _dt.datetime = _SkewedDatetime
 from uuid import UUID  # noqa: E402  (after the clock is skewed, on purpose)
 
 from flowforge.config import DatabaseConfig  # noqa: E402
+from flowforge.store.claims import Claims  # noqa: E402
 from flowforge.store.db import Database  # noqa: E402
-from flowforge.store.repository import Repository  # noqa: E402
 
 url, task_id, token, lease_s = sys.argv[2:6]
 db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1))
 db.open()
 try:
-    result = Repository(db).claim(UUID(task_id), int(token), f"skewed{skew:+.0f}", float(lease_s))
+    wanted = [(UUID(task_id), int(token))]
+    [result] = Claims(db).claim_many(wanted, f"skewed{skew:+.0f}", float(lease_s))
     print(json.dumps({
         "outcome": str(result.outcome),
         "python_now": time.time(),
@@ -707,7 +704,7 @@ finally:
 
 
 def test_clock_skew_does_not_reap_early_or_late(
-    repo: Repository, sql: Sql, clean_database_url: str
+    repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
     lease_s = 2.0
     skews = {3600.0: ready_task(repo, sql), -3600.0: ready_task(repo, sql)}

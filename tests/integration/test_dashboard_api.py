@@ -42,7 +42,6 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
-from flowforge.store.repository import Repository
 from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, chain, claim_task, diamond, drain, task_ids
 from tests.integration.test_api import (
@@ -55,6 +54,7 @@ from tests.integration.test_api import (
     assert_json_error,
     serve_here,
 )
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 _ = (api_here, api_stack)  # the fixtures of test_api.py, taken here by name
@@ -150,7 +150,7 @@ def ok(reply: Reply) -> Any:
 
 
 def fail_attempt(
-    repo: Repository,
+    repo: Store,
     sql: Sql,
     task_id: uuid.UUID,
     reason: FailureReason,
@@ -169,7 +169,7 @@ def fail_attempt(
     )
 
 
-def bury(repo: Repository, sql: Sql, kind: str, n: int = 0) -> str:
+def bury(repo: Store, sql: Sql, kind: str, n: int = 0) -> str:
     """A dead task of ``kind`` (see DEAD_KINDS), driven through the repository."""
     workflow, handler, reason, buried = DEAD_KINDS[kind]
     definition = WorkflowDef(workflow, (TaskDef("only", handler, retry=ONE_SHOT),))
@@ -233,7 +233,7 @@ def test_overview_of_an_empty_system_has_every_state_at_zero(
     assert data["poison_threshold"] == 3
 
 
-def test_overview_counts_what_the_system_holds(api: Api, repo: Repository, sql: Sql) -> None:
+def test_overview_counts_what_the_system_holds(api: Api, repo: Store, sql: Sql) -> None:
     # one run that succeeds, one whose task waits to retry, one dead task, one untouched diamond
     done = repo.trigger(chain("dash-done", length=1)).run_id
     claim = claim_task(repo, sql, task_ids(repo, done)["t0"])
@@ -305,7 +305,7 @@ def test_overview_counts_what_the_system_holds(api: Api, repo: Repository, sql: 
 
 
 def test_graph_has_every_task_with_state_and_coordinates_and_every_edge(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(diamond("dash-graph"), {"order": 1}).run_id
     ids = task_ids(repo, run_id)
@@ -349,7 +349,7 @@ def test_graph_has_every_task_with_state_and_coordinates_and_every_edge(
 
 
 def test_task_detail_has_attempts_with_error_and_traceback_input_and_result(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(chain("dash-chain", length=2, retry=FAST_RETRY), {"order": 7}).run_id
     ids = task_ids(repo, run_id)
@@ -401,7 +401,7 @@ def test_task_detail_has_attempts_with_error_and_traceback_input_and_result(
 
 
 def test_dead_tasks_filter_by_reason_workflow_and_handler_and_page(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     buried = [
         bury(repo, sql, kind, n)
@@ -441,7 +441,7 @@ def test_dead_tasks_filter_by_reason_workflow_and_handler_and_page(
 
 
 def test_a_bulk_dry_run_changes_nothing_and_a_real_one_requeues_with_audit_rows(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     perm = [bury(repo, sql, "a-perm", n) for n in range(3)]
     other = [bury(repo, sql, "b-unknown"), bury(repo, sql, "b-exhausted")]
@@ -478,7 +478,7 @@ def test_a_bulk_dry_run_changes_nothing_and_a_real_one_requeues_with_audit_rows(
 
 
 def test_a_single_requeue_is_audited_with_its_reason_and_shown_in_the_task_detail(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     dead = bury(repo, sql, "a-perm")
     reply = api.post(
@@ -530,7 +530,7 @@ def test_a_bulk_requeue_takes_at_most_1000_tasks_per_request(api: Api, sql: Sql)
 # ------------------------------------------------------------------ runs by time, processes
 
 
-def test_runs_can_be_bounded_by_creation_time(api: Api, repo: Repository, sql: Sql) -> None:
+def test_runs_can_be_bounded_by_creation_time(api: Api, repo: Store, sql: Sql) -> None:
     base = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
     created = {}
     for hours in range(5):
@@ -566,10 +566,10 @@ def test_runs_can_be_bounded_by_creation_time(api: Api, repo: Repository, sql: S
 
 
 def test_processes_lists_every_registered_process(
-    api_here: StartApi, repo: Repository, sql: Sql
+    api_here: StartApi, repo: Store, sql: Sql
 ) -> None:
     """On an api started after the tables were emptied (served from this process, so its own
-    registration is there at once: the module's api child re-registers only every 5 s)."""
+    registration is there at once: the module's api re-registers only every 5 s)."""
     api = api_here()
     worker, stale = uuid.uuid4(), uuid.uuid4()
     repo.register_process(worker, "host-a", 4242, "worker")
@@ -599,7 +599,7 @@ def test_processes_lists_every_registered_process(
 
 
 def test_cross_site_mutations_are_refused_and_change_nothing(
-    api: Api, repo: Repository, sql: Sql
+    api: Api, repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(diamond("dash-csrf")).run_id
     dead = bury(repo, sql, "a-perm")
@@ -634,7 +634,7 @@ def test_cross_site_mutations_are_refused_and_change_nothing(
 
 @pytest.mark.parametrize(("content_type", "body"), FORM_BODIES)
 def test_a_form_encoded_body_with_a_valid_token_is_refused_with_415(
-    api: Api, repo: Repository, sql: Sql, content_type: str, body: bytes
+    api: Api, repo: Store, sql: Sql, content_type: str, body: bytes
 ) -> None:
     dead = bury(repo, sql, "a-perm")
     run_id = repo.trigger(diamond("dash-form")).run_id
@@ -651,7 +651,7 @@ def test_a_form_encoded_body_with_a_valid_token_is_refused_with_415(
     assert sql.execute("SELECT count(*) FROM workflow_runs").fetchone() == (2,)
 
 
-def test_the_new_mutations_need_the_bearer_token(api: Api, repo: Repository, sql: Sql) -> None:
+def test_the_new_mutations_need_the_bearer_token(api: Api, repo: Store, sql: Sql) -> None:
     dead = bury(repo, sql, "a-perm")
     assert_json_error(api.post(BULK, {"reason": "x"}, auth=False), 401)
     assert_json_error(api.post(BULK, {"reason": "x"}, headers={"Authorization": "Bearer no"}), 403)
@@ -788,7 +788,7 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize(("method", "path", "body", "status"), BAD_REQUESTS)
 def test_a_bad_id_filter_cursor_or_body_is_a_json_4xx(
-    api: Api, repo: Repository, sql: Sql, method: str, path: str, body: Any, status: int
+    api: Api, repo: Store, sql: Sql, method: str, path: str, body: Any, status: int
 ) -> None:
     dead = bury(repo, sql, "a-perm")
     assert_json_error(api.request(method, path, body), status)

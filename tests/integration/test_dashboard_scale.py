@@ -30,8 +30,8 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.store import queries
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
-from flowforge.store.repository import Repository
 from tests.harness.resources import create_database, drop_database
+from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -117,10 +117,10 @@ def big(scale_url: str) -> Iterator[Sql]:
 
 
 @pytest.fixture(scope="module")
-def big_repo(scale_url: str) -> Iterator[Repository]:
+def big_repo(scale_url: str) -> Iterator[Store]:
     database = Database(DatabaseConfig(url=scale_url, pool_min=1, pool_max=2))
     database.open()
-    yield Repository(database)
+    yield Store(database)
     database.close()
 
 
@@ -218,16 +218,16 @@ def test_the_overview_and_dead_task_queries_read_task_runs_through_indexes(big: 
         assert all(n["Node Type"] != "Seq Scan" for n in scans(plan, "workflow_runs")), name
 
 
-def test_the_state_counts_are_the_one_full_read_and_add_up(big: Sql, big_repo: Repository) -> None:
+def test_the_state_counts_are_the_one_full_read_and_add_up(big: Sql, big_repo: Store) -> None:
     overview = big_repo.overview(poison_threshold=3, fresh_s=15.0)
-    assert sum(overview["runs"].values()) == RUNS
-    assert sum(overview["tasks"].values()) == RUNS * TASKS_PER_RUN
-    assert overview["runs"]["FAILED"] == RUNS // 100
-    assert sum(overview["dead_by_reason"].values()) == RUNS // 100
-    assert len(overview["poison_candidates"]) == 20  # the list is bounded
-    assert len(overview["finished_per_minute"]) == 60
+    assert sum(overview.runs.values()) == RUNS
+    assert sum(overview.tasks.values()) == RUNS * TASKS_PER_RUN
+    assert overview.runs["FAILED"] == RUNS // 100
+    assert sum(overview.dead_by_reason.values()) == RUNS // 100
+    assert len(overview.poison_candidates) == 20  # the list is bounded
+    assert len(overview.finished_per_minute) == 60
     finished_last_hour = sum(
-        m["succeeded"] + m["dead"] + m["cancelled"] for m in overview["finished_per_minute"]
+        m.succeeded + m.dead + m.cancelled for m in overview.finished_per_minute
     )
     row = big.execute(
         "SELECT count(*) FROM task_runs"
@@ -237,7 +237,7 @@ def test_the_state_counts_are_the_one_full_read_and_add_up(big: Sql, big_repo: R
 
 
 def test_the_repository_walks_the_runs_newest_first_through_cursors(
-    big: Sql, big_repo: Repository
+    big: Sql, big_repo: Store
 ) -> None:
     expected = [
         r[0]

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from flowforge.errors import MigrationError
-from flowforge.store.migrate import available_migrations, current_version, migrate
+from flowforge.store.migrate import available_migrations, migrate
 from tests.harness.resources import create_database, drop_database
 
 pytestmark = pytest.mark.integration
@@ -21,6 +21,16 @@ def empty_database_url(pg_server_url: str) -> Iterator[str]:
     url = create_database(pg_server_url, "flowforge_migrate")
     yield url
     drop_database(pg_server_url, url)
+
+
+def current_version(url: str) -> int | None:
+    """The newest applied version, or None on a database FlowForge never migrated."""
+    with psycopg.connect(url) as conn:
+        exists = conn.execute("SELECT to_regclass('flowforge_migrations') IS NOT NULL").fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = conn.execute("SELECT max(version) FROM flowforge_migrations").fetchone()
+        return int(str(row[0])) if row and row[0] is not None else None
 
 
 def _tables(url: str) -> set[str]:

@@ -5,7 +5,7 @@ the end. It proves what failover tests rely on: all nodes run and are clustered,
 queue has a replica on every node and a leader, a message confirmed by the queue survives a
 SIGKILL of the leader's node and is consumed through another node (pika given every node's
 URL, the dead one first), and a killed node restarts and rejoins. Nothing here contacts the
-machine's broker (5672) or the dev services (55672).
+machine's broker (5672) or the dev services (26672).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pika.exceptions import AMQPError
 
 from tests.chaos.support import unavailable
 from tests.harness.cluster import PrivateRabbitCluster
-from tests.harness.services import ServiceError, ServiceUnavailable
+from tests.harness.services import DEFAULT_PORTS, ServiceError, ServiceUnavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -153,7 +153,8 @@ def test_cluster_starts_with_every_node_running(cluster: PrivateRabbitCluster) -
     assert all(node.is_running() for node in cluster.nodes)
     ports = {p for n in cluster.nodes for p in (n.amqp_port, n.dist_port)} | {cluster.epmd.port}
     assert len(ports) == 2 * SIZE + 1
-    assert not ports & {5672, 55672, 55673, 55674, 4369}, "a shared or dev port was used"
+    shared = {5672, 25672, 4369}  # the machine's broker: AMQP, distribution, epmd
+    assert not ports & (shared | DEFAULT_PORTS), "a shared or dev port was used"
 
 
 def test_quorum_queue_has_a_replica_on_every_node_and_a_leader(

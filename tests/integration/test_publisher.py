@@ -31,10 +31,10 @@ from flowforge.config import BrokerConfig, load_config
 from flowforge.domain.model import Dispatch
 from flowforge.errors import QueueTypeMismatchError
 from flowforge.roles.publisher import Publisher
-from flowforge.store.repository import Repository
 from tests.delivery import broker_channel, queue_depth
 from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, single, wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ BATCH = 10
 MEET_TIMEOUT_S = 10.0
 
 
-def trigger_one(repo: Repository) -> UUID:
+def trigger_one(repo: Store) -> UUID:
     """A one-task run, READY with its outbox row; its task run id."""
     run_id = repo.trigger(single("publish", "e2e.record", retry=FAST_RETRY)).run_id
     return repo.get_run(run_id).tasks[0].id
@@ -82,7 +82,7 @@ def make_publisher(stack: Stack) -> Iterator[Any]:
 
 def test_a_lost_publisher_confirm_keeps_the_row_pending_and_the_next_sweep_stamps_it(
     stack: Stack,
-    repo: Repository,
+    repo: Store,
     sql: Sql,
     make_publisher: Any,
     monkeypatch: pytest.MonkeyPatch,
@@ -111,9 +111,7 @@ def test_a_lost_publisher_confirm_keeps_the_row_pending_and_the_next_sweep_stamp
     assert len(outbox_rows(sql, task_id)) == 1  # one generation: a worker claims it once
 
 
-def test_an_unroutable_publish_leaves_the_row_pending(
-    stack: Stack, repo: Repository, sql: Sql
-) -> None:
+def test_an_unroutable_publish_leaves_the_row_pending(stack: Stack, repo: Store, sql: Sql) -> None:
     task_id = trigger_one(repo)
     assert repo.promote_ready(10) == 0  # the trigger made it READY with its outbox row
     publisher = ConfirmingPublisher(BrokerConfig(url=(stack.broker_url,), queue=stack.queue))
@@ -134,7 +132,7 @@ def test_an_unroutable_publish_leaves_the_row_pending(
 
 
 def test_two_publishers_sweeping_at_once_publish_every_row_exactly_once(
-    stack: Stack, repo: Repository, sql: Sql, make_publisher: Any
+    stack: Stack, repo: Store, sql: Sql, make_publisher: Any
 ) -> None:
     """Both hold a locked batch at the same moment (each waits for the other inside its first
     send), so the second one's lock really had to skip the first one's rows."""

@@ -24,8 +24,8 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Finish
 from flowforge.domain.states import TaskState
 from flowforge.store import queries
-from flowforge.store.repository import Repository
 from tests.helpers import claim_task, single, task_ids
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def _bad_scans(
 
 
 @pytest.fixture
-def skewed(truncated_database_url: str, repo: Repository, sql: Sql) -> uuid.UUID:
+def skewed(truncated_database_url: str, repo: Store, sql: Sql) -> uuid.UUID:
     """Statistics that saw only finished work, then a burst; the fan-out's run id (on tables
     truncated first, so no dead tuple of an earlier test weighs on the plans)."""
     runs = repo.trigger_many(single("plan-history"), [{"n": n} for n in range(HISTORY)])
@@ -108,7 +108,7 @@ def test_claim_reads_tasks_and_runs_by_primary_key(skewed: uuid.UUID, sql: Sql) 
 
 
 def test_finish_releasing_a_wide_fanout_reads_tasks_by_primary_key(
-    skewed: uuid.UUID, repo: Repository, sql: Sql
+    skewed: uuid.UUID, repo: Store, sql: Sql
 ) -> None:
     start = task_ids(repo, skewed)["start"]
     token = claim_task(repo, sql, start).fencing_token

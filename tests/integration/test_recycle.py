@@ -7,16 +7,16 @@ import pytest
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import RunState, TaskState
-from flowforge.store.repository import Repository
 from supervisor.exitcodes import CHILD_RECYCLE
 from tests.e2e import Stack
 from tests.helpers import single, wait_for
+from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 
 def test_a_worker_over_its_memory_limit_finishes_the_task_then_exits_to_be_recycled(
-    stack: Stack, repo: Repository, sql: psycopg.Connection[tuple[object, ...]]
+    stack: Stack, repo: Store, sql: psycopg.Connection[tuple[object, ...]]
 ) -> None:
     stack.start("scheduler")
     stack.start("publisher")
@@ -31,7 +31,7 @@ def test_a_worker_over_its_memory_limit_finishes_the_task_then_exits_to_be_recyc
 
 
 def test_a_worker_recycled_right_after_its_finish_claimed_the_next_step_hands_it_back(
-    stack: Stack, repo: Repository, sql: psycopg.Connection[tuple[object, ...]]
+    stack: Stack, repo: Store, sql: psycopg.Connection[tuple[object, ...]]
 ) -> None:
     """The finish of step a claims step b for the same worker (in the finishing transaction);
     the memory check right after it asks for a recycle. The worker must hand b back (READY

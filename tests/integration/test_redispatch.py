@@ -14,9 +14,9 @@ import pytest
 
 from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.states import RunState, TaskState
-from flowforge.store.repository import Repository
 from tests.e2e import Stack
 from tests.helpers import dispatch, drain, single, wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def age(sql: Conn, task_run_id: object, minutes: int = 10) -> None:
 
 
 def test_a_lost_dispatch_gets_a_new_generation_and_the_old_message_claims_nothing(
-    repo: Repository, sql: Conn
+    repo: Store, sql: Conn
 ) -> None:
     wf = single("lost", "h")
     lost = repo.trigger(wf, {"n": 1}).run_id
@@ -58,9 +58,7 @@ def test_a_lost_dispatch_gets_a_new_generation_and_the_old_message_claims_nothin
     assert repo.get_run(later).state is RunState.RUNNING
 
 
-def test_a_backlog_nobody_has_consumed_past_is_not_redispatched(
-    repo: Repository, sql: Conn
-) -> None:
+def test_a_backlog_nobody_has_consumed_past_is_not_redispatched(repo: Store, sql: Conn) -> None:
     wf = single("backlog", "h")
     runs = [repo.trigger(wf, {"n": i}).run_id for i in range(3)]
     drain(repo)
@@ -70,7 +68,7 @@ def test_a_backlog_nobody_has_consumed_past_is_not_redispatched(
     assert all(repo.get_run(r).task("only").fencing_token == 0 for r in runs)
 
 
-def test_a_young_unclaimed_dispatch_is_left_alone(repo: Repository, sql: Conn) -> None:
+def test_a_young_unclaimed_dispatch_is_left_alone(repo: Store, sql: Conn) -> None:
     wf = single("young", "h")
     repo.trigger(wf, {"n": 1})
     repo.trigger(wf, {"n": 2})
@@ -82,7 +80,7 @@ def test_a_young_unclaimed_dispatch_is_left_alone(repo: Repository, sql: Conn) -
 
 @pytest.mark.slow  # real role processes
 def test_a_message_lost_by_the_broker_still_runs_once_through_the_roles(
-    stack: Stack, repo: Repository, sql: Conn
+    stack: Stack, repo: Store, sql: Conn
 ) -> None:
     settings = {
         "scheduler": {

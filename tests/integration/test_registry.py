@@ -26,8 +26,8 @@ from flowforge.client import Client
 from flowforge.config import ApiConfig, BrokerConfig, Config, DatabaseConfig
 from flowforge.roles import presence
 from flowforge.roles.presence import Presence
-from flowforge.store.repository import Repository
 from tests.e2e import Stack
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def registered(sql: Sql) -> dict[str, tuple[str, int, Any, Any]]:
 
 
 def test_a_role_registers_refreshes_on_its_interval_and_deregisters(
-    repo: Repository, sql: Sql, monkeypatch: pytest.MonkeyPatch
+    repo: Store, sql: Sql, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     worker = Presence(repo, "worker")
     worker.announce()
@@ -84,7 +84,7 @@ def ready_probe(stack: Stack, clean_database_url: str) -> Iterator[falcon.testin
 
 
 def test_ready_needs_a_fresh_scheduler_publisher_and_worker_and_names_the_one_missing(
-    ready_probe: falcon.testing.TestClient, repo: Repository, sql: Sql
+    ready_probe: falcon.testing.TestClient, repo: Store, sql: Sql
 ) -> None:
     def ready() -> tuple[int, Any]:
         reply = ready_probe.simulate_get("/health/ready")

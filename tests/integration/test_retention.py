@@ -30,7 +30,6 @@ from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError
 from flowforge.roles.scheduler import Scheduler
-from flowforge.store.repository import Repository
 from tests.helpers import (
     FAST_RETRY,
     bury,
@@ -42,6 +41,7 @@ from tests.helpers import (
     task_ids,
     wait_for,
 )
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -79,21 +79,21 @@ def backdate_keys(sql: Sql, hours: float) -> None:
     )
 
 
-def retention(repo: Repository) -> int:
+def retention(repo: Store) -> int:
     return repo.purge(RUNS_AGE, limit=100, key_age_s=KEYS_AGE)
 
 
-def succeed(repo: Repository, sql: Sql, task_id: uuid.UUID, result: Any = None) -> None:
+def succeed(repo: Store, sql: Sql, task_id: uuid.UUID, result: Any = None) -> None:
     claim = claim_task(repo, sql, task_id)
     assert repo.finish(task_id, claim.fencing_token, TaskState.SUCCEEDED, result=result)
     drain(repo)
 
 
-def die(repo: Repository, sql: Sql, task_id: uuid.UUID) -> None:
+def die(repo: Store, sql: Sql, task_id: uuid.UUID) -> None:
     bury(repo, sql, task_id)
 
 
-def run_with_dead_task(repo: Repository, sql: Sql, workflow: WorkflowDef) -> uuid.UUID:
+def run_with_dead_task(repo: Store, sql: Sql, workflow: WorkflowDef) -> uuid.UUID:
     """A run of ``workflow`` whose first task died, was requeued (an audit row) and died again."""
     run_id = repo.trigger(workflow).run_id
     drain(repo)
@@ -107,7 +107,7 @@ def run_with_dead_task(repo: Repository, sql: Sql, workflow: WorkflowDef) -> uui
     return run_id
 
 
-def finished_run(repo: Repository, sql: Sql, workflow: WorkflowDef | None = None) -> uuid.UUID:
+def finished_run(repo: Store, sql: Sql, workflow: WorkflowDef | None = None) -> uuid.UUID:
     run_id = repo.trigger(workflow or single()).run_id
     drain(repo)
     for task in repo.get_run(run_id).tasks:
@@ -116,7 +116,7 @@ def finished_run(repo: Repository, sql: Sql, workflow: WorkflowDef | None = None
     return run_id
 
 
-def dead_single(repo: Repository, sql: Sql, workflow: WorkflowDef, **run_input: Any) -> uuid.UUID:
+def dead_single(repo: Store, sql: Sql, workflow: WorkflowDef, **run_input: Any) -> uuid.UUID:
     """A one-task run whose task died; returns the task run id."""
     run_id = repo.trigger(workflow, run_input).run_id
     drain(repo)
@@ -128,9 +128,7 @@ def dead_single(repo: Repository, sql: Sql, workflow: WorkflowDef, **run_input: 
 # ------------------------------------------------------------------ retention keeps DEAD tasks
 
 
-def test_retention_keeps_an_old_finished_run_that_has_a_dead_task(
-    repo: Repository, sql: Sql
-) -> None:
+def test_retention_keeps_an_old_finished_run_that_has_a_dead_task(repo: Store, sql: Sql) -> None:
     kept = run_with_dead_task(repo, sql, chain(length=2))
     gone = finished_run(repo, sql)
     backdate(sql, kept, hours=24 * 365)
@@ -146,7 +144,7 @@ def test_retention_keeps_an_old_finished_run_that_has_a_dead_task(
     assert [(a.requested_by, a.reason) for a in detail.audit] == [("ops", "try once more")]
 
 
-def test_retention_keeps_a_run_whose_task_can_still_change(repo: Repository, sql: Sql) -> None:
+def test_retention_keeps_a_run_whose_task_can_still_change(repo: Store, sql: Sql) -> None:
     """Even if a run reads finished while a task is unsettled, retention leaves it alone."""
     run_id = repo.trigger(chain(length=2)).run_id
     drain(repo)
@@ -159,9 +157,7 @@ def test_retention_keeps_a_run_whose_task_can_still_change(repo: Repository, sql
     assert count(sql, "workflow_runs") == 1 and count(sql, "task_runs") == 2
 
 
-def test_a_requeued_dead_task_that_succeeds_lets_its_run_age_and_go(
-    repo: Repository, sql: Sql
-) -> None:
+def test_a_requeued_dead_task_that_succeeds_lets_its_run_age_and_go(repo: Store, sql: Sql) -> None:
     run_id = run_with_dead_task(repo, sql, chain(length=2))
     backdate(sql, run_id, hours=48)
     retention(repo)
@@ -184,7 +180,7 @@ def test_a_requeued_dead_task_that_succeeds_lets_its_run_age_and_go(
 
 
 def test_a_task_key_outlives_its_purged_run_and_a_repeat_reuses_its_result(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     first = repo.trigger(CHARGE, {"order_id": 1}).run_id
     drain(repo)
@@ -206,7 +202,7 @@ def test_a_task_key_outlives_its_purged_run_and_a_repeat_reuses_its_result(
     assert [a.outcome for a in repo.attempts(task_id)] == ["reused"]
 
 
-def test_reusing_a_key_renews_its_retention(repo: Repository, sql: Sql) -> None:
+def test_reusing_a_key_renews_its_retention(repo: Store, sql: Sql) -> None:
     for order in (1, 2):
         run_id = repo.trigger(CHARGE, {"order_id": order}).run_id
         drain(repo)
@@ -219,7 +215,7 @@ def test_reusing_a_key_renews_its_retention(repo: Repository, sql: Sql) -> None:
     assert [r[0] for r in sql.execute("SELECT key FROM idempotency_keys")] == ["charge-1"]
 
 
-def test_a_key_past_its_own_retention_executes_again(repo: Repository, sql: Sql) -> None:
+def test_a_key_past_its_own_retention_executes_again(repo: Store, sql: Sql) -> None:
     """The documented end of the promise: once the key is purged, a repeat runs the handler."""
     first = repo.trigger(CHARGE, {"order_id": 1}).run_id
     drain(repo)
@@ -237,7 +233,7 @@ def test_a_key_past_its_own_retention_executes_again(repo: Repository, sql: Sql)
     assert claimed.outcome is ClaimOutcome.EXECUTE
 
 
-def test_a_purge_given_no_key_age_leaves_keys_alone(repo: Repository, sql: Sql) -> None:
+def test_a_purge_given_no_key_age_leaves_keys_alone(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(CHARGE, {"order_id": 1}).run_id
     drain(repo)
     succeed(repo, sql, task_ids(repo, run_id)["only"], result={"charged": 1})
@@ -247,7 +243,7 @@ def test_a_purge_given_no_key_age_leaves_keys_alone(repo: Repository, sql: Sql) 
     assert (count(sql, "workflow_runs"), count(sql, "idempotency_keys")) == (0, 1)
 
 
-def test_a_trigger_key_lives_on_its_run_and_goes_with_it(repo: Repository, sql: Sql) -> None:
+def test_a_trigger_key_lives_on_its_run_and_goes_with_it(repo: Store, sql: Sql) -> None:
     kept = repo.trigger(single("blocking-single"), {}, idempotency_key="order-1").run_id
     drain(repo)
     die(repo, sql, task_ids(repo, kept)["only"])
@@ -269,7 +265,7 @@ def test_a_trigger_key_lives_on_its_run_and_goes_with_it(repo: Repository, sql: 
 
 
 def test_a_blocked_stream_stays_blocked_through_retention_until_an_operator_purge(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     first = dead_single(repo, sql, BLOCKING, account=1)
     waiting = task_ids(repo, repo.trigger(BLOCKING, {"account": 1}).run_id)["only"]
@@ -292,7 +288,7 @@ def test_a_blocked_stream_stays_blocked_through_retention_until_an_operator_purg
 
 
 def test_a_stream_another_dead_task_still_holds_is_not_reported_released(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     old = dead_single(repo, sql, BLOCKING, account=1)
     # a later task of the same stream can only die after the first one let it run: make it
@@ -309,7 +305,7 @@ def test_a_stream_another_dead_task_still_holds_is_not_reported_released(
 
 
 def test_purge_dead_deletes_exactly_the_old_settled_dead_tasks_with_their_runs(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     old = dead_single(repo, sql, single("payments"))
     recent = dead_single(repo, sql, single("payments"), n=2)
@@ -349,7 +345,7 @@ def test_purge_dead_deletes_exactly_the_old_settled_dead_tasks_with_their_runs(
     assert audit == [("alice", RUNS_AGE, None, 1, 1, [old], [])]
 
 
-def test_purge_dead_works_in_bounded_batches(repo: Repository, sql: Sql) -> None:
+def test_purge_dead_works_in_bounded_batches(repo: Store, sql: Sql) -> None:
     for n in range(3):
         backdate(sql, repo.get_task(dead_single(repo, sql, single(), n=n)).run_id, hours=2)
     for left in (2, 1, 0):
@@ -359,7 +355,7 @@ def test_purge_dead_works_in_bounded_batches(repo: Repository, sql: Sql) -> None
     assert count(sql, "purge_audit") == 3  # one audit row per batch
 
 
-def test_purge_dead_of_one_workflow_leaves_the_others(repo: Repository, sql: Sql) -> None:
+def test_purge_dead_of_one_workflow_leaves_the_others(repo: Store, sql: Sql) -> None:
     mine = dead_single(repo, sql, single("mine"))
     other = dead_single(repo, sql, single("other"))
     for task_id in (mine, other):
@@ -370,7 +366,7 @@ def test_purge_dead_of_one_workflow_leaves_the_others(repo: Repository, sql: Sql
 
 
 def test_a_requeue_racing_the_purge_wins_and_its_run_is_kept(
-    repo: Repository, sql: Sql, clean_database_url: str
+    repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
     """The purge picked the run, then waits for the task a requeue holds; the requeue commits
     first, so the purge, looking again under its locks, keeps the run."""
@@ -398,7 +394,7 @@ def test_a_requeue_racing_the_purge_wins_and_its_run_is_kept(
     assert repo.get_task(task_id).state is TaskState.PENDING
 
 
-def test_purge_dead_refuses_text_postgresql_cannot_store(repo: Repository) -> None:
+def test_purge_dead_refuses_text_postgresql_cannot_store(repo: Store) -> None:
     with pytest.raises(InputError):
         repo.purge_dead(RUNS_AGE, "o\x00ps", 100)
     with pytest.raises(InputError):
@@ -409,7 +405,7 @@ def test_purge_dead_refuses_text_postgresql_cannot_store(repo: Repository) -> No
 
 
 def test_scheduler_housekeeping_ages_runs_and_keys_on_their_own_clocks(
-    repo: Repository, sql: Sql, clean_database_url: str
+    repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
     run_id = repo.trigger(CHARGE, {"order_id": 1}).run_id
     drain(repo)

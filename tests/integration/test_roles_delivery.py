@@ -31,7 +31,6 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
 from flowforge.roles.publisher import Publisher
-from flowforge.store.repository import Repository
 from supervisor import exitcodes
 from tests.delivery import (
     BROKER_POLL_S,
@@ -48,6 +47,7 @@ from tests.delivery import (
 )
 from tests.e2e import RoleProcess, Stack
 from tests.helpers import FAST_RETRY, drain, single, wait_for
+from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
@@ -62,7 +62,7 @@ ONE_ATTEMPT = RetryPolicy(max_attempts=1, base_delay=0.0, max_delay=0.0, jitter=
 
 
 def trigger_one(
-    repo: Repository, handler: str, run_input: dict[str, Any] | None = None, **task: Any
+    repo: Store, handler: str, run_input: dict[str, Any] | None = None, **task: Any
 ) -> tuple[UUID, UUID]:
     """Trigger a one-task run (fast retries unless told otherwise); (run id, task run id)."""
     task.setdefault("retry", FAST_RETRY)
@@ -70,7 +70,7 @@ def trigger_one(
     return run_id, repo.get_run(run_id).tasks[0].id
 
 
-def wait_task(repo: Repository, task_id: UUID, state: TaskState, timeout: float = 20.0) -> TaskRun:
+def wait_task(repo: Store, task_id: UUID, state: TaskState, timeout: float = 20.0) -> TaskRun:
     """Poll until the task is in ``state``; fail at once if it finished in another state."""
 
     def probe() -> TaskRun | None:
@@ -85,7 +85,7 @@ def wait_task(repo: Repository, task_id: UUID, state: TaskState, timeout: float 
     return wait_for(probe, timeout=timeout, what=f"task {task_id} to be {state}")
 
 
-def wait_run(repo: Repository, run_id: UUID, state: RunState, timeout: float = 20.0) -> None:
+def wait_run(repo: Store, run_id: UUID, state: RunState, timeout: float = 20.0) -> None:
     wait_for(
         lambda: repo.get_run(run_id).state is state, timeout=timeout, what=f"run to be {state}"
     )
@@ -157,7 +157,7 @@ def drain_queue(stack: Stack, limit: int) -> list[tuple[str | None, bytes]]:
 # ------------------------------------------------------------------ duplicate delivery
 
 
-def test_duplicate_delivery_runs_the_handler_once(stack: Stack, repo: Repository, sql: Sql) -> None:
+def test_duplicate_delivery_runs_the_handler_once(stack: Stack, repo: Store, sql: Sql) -> None:
     stack.start("scheduler")
     stack.start("publisher")
     worker = stack.start("worker", logging={"level": "DEBUG"})
@@ -180,7 +180,7 @@ def test_duplicate_delivery_runs_the_handler_once(stack: Stack, repo: Repository
 
 
 def test_lost_ack_redelivers_and_the_redelivery_is_acked_without_running(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start("scheduler")
     stack.start("publisher")
@@ -222,7 +222,7 @@ def test_lost_ack_redelivers_and_the_redelivery_is_acked_without_running(
 
 
 def test_a_killed_worker_is_reaped_retried_and_finally_succeeds(
-    stack: Stack, repo: Repository, sql: Sql, tmp_path: Path
+    stack: Stack, repo: Store, sql: Sql, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
     stack.start("scheduler")
@@ -262,9 +262,7 @@ def test_a_killed_worker_is_reaped_retried_and_finally_succeeds(
     ]
 
 
-def test_a_killed_scheduler_cannot_double_dispatch(
-    stack: Stack, repo: Repository, sql: Sql
-) -> None:
+def test_a_killed_scheduler_cannot_double_dispatch(stack: Stack, repo: Store, sql: Sql) -> None:
     scheduler = stack.start("scheduler")
     first_batch = [trigger_one(repo, "e2e.record")[1] for _ in range(30)]
     wait_for(lambda: outbox_rows(sql, first_batch[0]), what="the scheduler's first outbox row")
@@ -292,7 +290,7 @@ def test_a_killed_scheduler_cannot_double_dispatch(
 
 
 def test_a_resurrected_worker_result_is_rejected_and_counted(
-    stack: Stack, repo: Repository, sql: Sql, tmp_path: Path
+    stack: Stack, repo: Store, sql: Sql, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
     stack.start("scheduler")
@@ -335,7 +333,7 @@ def test_a_resurrected_worker_result_is_rejected_and_counted(
 
 
 def test_a_resurrected_worker_cannot_overwrite_the_attempt_that_replaced_it(
-    stack: Stack, repo: Repository, sql: Sql, tmp_path: Path
+    stack: Stack, repo: Store, sql: Sql, tmp_path: Path
 ) -> None:
     """The frozen worker wakes while its successor still holds the task RUNNING: only the
     fencing token (not the state) can reject its write."""
@@ -379,7 +377,7 @@ def test_a_resurrected_worker_cannot_overwrite_the_attempt_that_replaced_it(
 
 
 def test_broker_rows_are_published_exactly_once_by_two_publishers(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     runs = 200
     declare_quorum_queue(stack)
@@ -411,7 +409,7 @@ def test_broker_rows_are_published_exactly_once_by_two_publishers(
 
 
 def test_a_lost_publisher_confirm_keeps_the_row_pending_and_the_next_sweep_delivers_it_once(
-    stack: Stack, repo: Repository, sql: Sql, monkeypatch: pytest.MonkeyPatch
+    stack: Stack, repo: Store, sql: Sql, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, task_id = trigger_one(repo, "e2e.record")
     assert repo.promote_ready(10) == 0  # the trigger made it READY with its outbox row
@@ -452,7 +450,7 @@ def test_a_lost_publisher_confirm_keeps_the_row_pending_and_the_next_sweep_deliv
 
 
 def test_a_worker_whose_consumer_the_broker_cancelled_subscribes_again(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     """Deleting the queue makes RabbitMQ cancel the worker's consumer (basic.cancel); the
     worker must notice, declare the queue again and consume, not idle on a dead consumer."""
@@ -474,7 +472,7 @@ def test_a_worker_whose_consumer_the_broker_cancelled_subscribes_again(
 
 
 def test_sigterm_during_a_handler_finishes_the_task_and_exits_cleanly(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start("scheduler")
     stack.start("publisher")
@@ -501,7 +499,7 @@ def test_sigterm_during_a_handler_finishes_the_task_and_exits_cleanly(
 
 
 def test_a_handler_longer_than_three_heartbeat_intervals_succeeds_once(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start("scheduler")
     stack.start("publisher")
@@ -520,7 +518,7 @@ def test_a_handler_longer_than_three_heartbeat_intervals_succeeds_once(
 
 
 def test_a_handler_over_its_timeout_fails_with_reason_timeout_and_the_worker_is_replaced(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start("scheduler")
     stack.start("publisher")
@@ -540,7 +538,7 @@ def test_a_handler_over_its_timeout_fails_with_reason_timeout_and_the_worker_is_
 
 
 def test_cancelling_a_run_sets_ctx_cancelled_and_the_task_ends_cancelled(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start_all(workers=1)
     run_id, task_id = trigger_one(repo, "e2e.honour_cancel")
@@ -561,9 +559,7 @@ def test_cancelling_a_run_sets_ctx_cancelled_and_the_task_ends_cancelled(
 # ------------------------------------------------------------------ retries and failure reasons
 
 
-def test_a_flaky_handler_is_retried_until_it_succeeds(
-    stack: Stack, repo: Repository, sql: Sql
-) -> None:
+def test_a_flaky_handler_is_retried_until_it_succeeds(stack: Stack, repo: Store, sql: Sql) -> None:
     stack.start_all(workers=1)
     run_id, task_id = trigger_one(repo, "e2e.flaky", {"succeed_on": 3})
     task = wait_task(repo, task_id, TaskState.SUCCEEDED)
@@ -578,7 +574,7 @@ def test_a_flaky_handler_is_retried_until_it_succeeds(
 
 
 def test_a_handler_that_always_fails_goes_dead_after_max_attempts(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start_all(workers=1)
     run_id, task_id = trigger_one(repo, "e2e.fail")
@@ -606,7 +602,7 @@ def test_a_handler_that_always_fails_goes_dead_after_max_attempts(
     ],
 )
 def test_a_non_retryable_failure_goes_dead_after_one_attempt(
-    stack: Stack, repo: Repository, sql: Sql, handler: str, reason: FailureReason, executed: int
+    stack: Stack, repo: Store, sql: Sql, handler: str, reason: FailureReason, executed: int
 ) -> None:
     stack.start_all(workers=1)
     run_id, task_id = trigger_one(repo, handler)  # three attempts allowed, one used
@@ -623,7 +619,7 @@ def test_a_non_retryable_failure_goes_dead_after_one_attempt(
 
 
 def test_two_runs_sharing_an_idempotency_key_execute_the_handler_once(
-    stack: Stack, repo: Repository, sql: Sql, tmp_path: Path
+    stack: Stack, repo: Store, sql: Sql, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
     workflow = WorkflowDef(

@@ -7,9 +7,9 @@ import pytest
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import RunState, TaskState
-from flowforge.store.repository import Repository
 from tests.e2e import Stack
 from tests.helpers import wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ LEVELS = WorkflowDef(
 
 
 def test_a_dag_of_several_levels_runs_to_succeeded_through_all_three_roles(
-    stack: Stack, repo: Repository, sql: psycopg.Connection[tuple[object, ...]]
+    stack: Stack, repo: Store, sql: psycopg.Connection[tuple[object, ...]]
 ) -> None:
     stack.start_all(workers=2)
     run_ids = [repo.trigger(LEVELS, {"n": i}).run_id for i in range(5)]

@@ -21,10 +21,10 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
-from flowforge.store.repository import Repository
 from tests import cli_runner
 from tests.e2e import REPO
 from tests.helpers import claim_task, drain, expire_lease, task_ids
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def three_independent(fail_fast: bool) -> WorkflowDef:
     )
 
 
-def states(repo: Repository, run_id: uuid.UUID) -> dict[str, TaskState]:
+def states(repo: Store, run_id: uuid.UUID) -> dict[str, TaskState]:
     return {t.name: t.state for t in repo.get_run(run_id).tasks}
 
 
@@ -63,7 +63,7 @@ def make_due(sql: Sql, task_id: uuid.UUID) -> None:
     assert changed == 1
 
 
-def dead_beside_running_and_retrying(repo: Repository, sql: Sql) -> tuple[uuid.UUID, Any]:
+def dead_beside_running_and_retrying(repo: Store, sql: Sql) -> tuple[uuid.UUID, Any]:
     """A fail_fast: false run where x is DEAD, y RUNNING (claim returned) and z RETRYING."""
     run_id = repo.trigger(three_independent(fail_fast=False)).run_id
     ids = task_ids(repo, run_id)
@@ -87,7 +87,7 @@ def dead_beside_running_and_retrying(repo: Repository, sql: Sql) -> tuple[uuid.U
 
 
 def test_without_fail_fast_a_dead_task_beside_live_ones_leaves_the_run_running(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     run_id, _y = dead_beside_running_and_retrying(repo, sql)
     ids = task_ids(repo, run_id)
@@ -121,9 +121,7 @@ def test_without_fail_fast_a_dead_task_beside_live_ones_leaves_the_run_running(
     }
 
 
-def test_cancelling_a_run_with_a_dead_task_and_live_ones_is_accepted(
-    repo: Repository, sql: Sql
-) -> None:
+def test_cancelling_a_run_with_a_dead_task_and_live_ones_is_accepted(repo: Store, sql: Sql) -> None:
     run_id, y = dead_beside_running_and_retrying(repo, sql)
     ids = task_ids(repo, run_id)
     run = repo.cancel_run(run_id)
@@ -141,7 +139,7 @@ def test_cancelling_a_run_with_a_dead_task_and_live_ones_is_accepted(
     assert run.state is RunState.CANCELLED and run.finished_at is not None
 
 
-def test_retention_keeps_a_run_whose_tasks_can_still_change(repo: Repository, sql: Sql) -> None:
+def test_retention_keeps_a_run_whose_tasks_can_still_change(repo: Store, sql: Sql) -> None:
     run_id, _y = dead_beside_running_and_retrying(repo, sql)
     sql.execute(
         "UPDATE workflow_runs SET created_at = now() - interval '90 days' WHERE id = %s",
@@ -152,7 +150,7 @@ def test_retention_keeps_a_run_whose_tasks_can_still_change(repo: Repository, sq
 
 
 def test_the_cli_cancels_such_a_run_and_says_what_it_waits_for(
-    repo: Repository, sql: Sql, clean_database_url: str, tmp_path: Path
+    repo: Store, sql: Sql, clean_database_url: str, tmp_path: Path
 ) -> None:
     """Before: "run … is FAILED", as if the run were over and the cancel had done nothing."""
     run_id, _y = dead_beside_running_and_retrying(repo, sql)

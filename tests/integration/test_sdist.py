@@ -1,6 +1,6 @@
 """The source distribution: built by setuptools' own PEP 517 backend from a copy of the checkout,
-it carries the docs, the example config and workflows, the README and the LICENSE, and a wheel
-built from it alone holds the product with its data files.
+it carries the docs, the example config and workflows, the systemd unit, the README and the
+LICENSE, and a wheel built from it alone holds the product with its data files.
 
 The backend is the running environment's setuptools when it reads the SPDX ``license`` string
 (77 or newer: the ``test`` extra asks for it); otherwise pip fetches it into a temporary folder,
@@ -95,6 +95,8 @@ def test_the_sdist_carries_the_docs_the_example_config_and_the_license(sdist: Pa
         "config/workflows/hello.yaml",
         "config/workflows/order-fulfilment.yaml",
         "config/examples/handlers.py",
+        "deploy/systemd/flowforge.service",
+        "deploy/systemd/flowforge.sysusers",
         "flowforge/py.typed",
         "flowforge/store/queries.sql",
     }
@@ -123,4 +125,4 @@ def test_a_wheel_built_from_the_sdist_alone_holds_the_product(
         f"{dist_info}/entry_points.txt",
     ):
         assert needed in names, needed
-    assert not {n for n in names if n.startswith(("docs/", "config/", "tests/"))}
+    assert not {n for n in names if n.startswith(("docs/", "config/", "deploy/", "tests/"))}

@@ -24,9 +24,9 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.roles.scheduler import Scheduler
-from flowforge.store.repository import Repository
 from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, claim_task, drain, expire_lease, task_ids, wait_for
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def lines_naming(text: str, task_run_id: uuid.UUID) -> list[str]:
 
 @pytest.mark.slow  # real role processes
 def test_a_failing_task_leaves_one_line_per_attempt_retry_and_death(
-    stack: Stack, repo: Repository
+    stack: Stack, repo: Store
 ) -> None:
     scheduler, _publisher, worker = stack.start_all(workers=1)
     run_id = repo.trigger(LOUD, {"order": 7}).run_id
@@ -95,7 +95,7 @@ def test_a_failing_task_leaves_one_line_per_attempt_retry_and_death(
 
 
 def test_the_scheduler_logs_a_reaped_lease_and_a_cancelled_failure_once_each(
-    repo: Repository, sql: Sql, clean_database_url: str, tmp_path: Path, caplog: Any
+    repo: Store, sql: Sql, clean_database_url: str, tmp_path: Path, caplog: Any
 ) -> None:
     config_file = tmp_path / "config.yaml"
     config_file.write_text(f"database: {{url: '{clean_database_url}'}}\n")

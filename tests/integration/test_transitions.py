@@ -42,7 +42,6 @@ from flowforge.errors import (
     TriggerConflictError,
 )
 from flowforge.store.db import Database
-from flowforge.store.repository import Repository
 from tests.helpers import (
     FAST_RETRY,
     chain,
@@ -57,6 +56,7 @@ from tests.helpers import (
     task_ids,
     wait_for,
 )
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -86,13 +86,13 @@ def db_now(sql: Sql) -> Any:
     return row[0]
 
 
-def succeed(repo: Repository, sql: Sql, task_id: uuid.UUID, result: Any = None) -> None:
+def succeed(repo: Store, sql: Sql, task_id: uuid.UUID, result: Any = None) -> None:
     claim = claim_task(repo, sql, task_id)
     assert repo.finish(task_id, claim.fencing_token, TaskState.SUCCEEDED, result=result)
 
 
 def fail(
-    repo: Repository,
+    repo: Store,
     sql: Sql,
     task_id: uuid.UUID,
     reason: FailureReason = FailureReason.HANDLER_ERROR,
@@ -119,14 +119,14 @@ def fanout(
     )
 
 
-def states(repo: Repository, run_id: uuid.UUID) -> dict[str, TaskState]:
+def states(repo: Store, run_id: uuid.UUID) -> dict[str, TaskState]:
     return {t.name: t.state for t in repo.get_run(run_id).tasks}
 
 
 # ------------------------------------------------------------------ trigger
 
 
-def test_trigger_creates_the_run_and_its_tasks_together(repo: Repository, sql: Sql) -> None:
+def test_trigger_creates_the_run_and_its_tasks_together(repo: Store, sql: Sql) -> None:
     result = repo.trigger(diamond(), {"order_id": 7})
     assert result.created
     run = repo.get_run(result.run_id)
@@ -147,18 +147,14 @@ def test_trigger_creates_the_run_and_its_tasks_together(repo: Repository, sql: S
     assert scheduler_pass(repo) == 0  # nothing left for the scheduler to promote
 
 
-def test_a_trigger_whose_key_template_cannot_render_leaves_nothing(
-    repo: Repository, sql: Sql
-) -> None:
+def test_a_trigger_whose_key_template_cannot_render_leaves_nothing(repo: Store, sql: Sql) -> None:
     workflow = single("charge", idempotency_key="charge-{order_id}")
     with pytest.raises(InputError, match="order_id"):
         repo.trigger(workflow, {"customer": 1})
     assert {t: count(sql, t) for t in ALL_TABLES} == dict.fromkeys(ALL_TABLES, 0)
 
 
-def test_a_trigger_failing_inside_its_transaction_leaves_nothing(
-    repo: Repository, sql: Sql
-) -> None:
+def test_a_trigger_failing_inside_its_transaction_leaves_nothing(repo: Store, sql: Sql) -> None:
     # max_attempts beyond int4 passes the domain's checks but fails in insert_tasks, after the
     # definition and the run rows were written in the same transaction.
     workflow = single("huge", retry=RetryPolicy(max_attempts=2**31))
@@ -167,7 +163,7 @@ def test_a_trigger_failing_inside_its_transaction_leaves_nothing(
     assert {t: count(sql, t) for t in ALL_TABLES} == dict.fromkeys(ALL_TABLES, 0)
 
 
-def test_the_same_trigger_key_returns_the_same_run(repo: Repository, sql: Sql) -> None:
+def test_the_same_trigger_key_returns_the_same_run(repo: Store, sql: Sql) -> None:
     first = repo.trigger(single(), {"n": 1}, idempotency_key="order-1")
     again = repo.trigger(single(), {"n": 1}, idempotency_key="order-1")
     assert first.created and not again.created
@@ -181,7 +177,7 @@ def test_the_same_trigger_key_returns_the_same_run(repo: Repository, sql: Sql) -
     ids=["other-input", "other-workflow"],
 )
 def test_the_same_trigger_key_for_another_request_conflicts(
-    repo: Repository, sql: Sql, workflow: WorkflowDef, run_input: dict[str, int]
+    repo: Store, sql: Sql, workflow: WorkflowDef, run_input: dict[str, int]
 ) -> None:
     repo.trigger(single(), {"n": 1}, idempotency_key="order-1")
     with pytest.raises(TriggerConflictError, match="order-1"):
@@ -192,7 +188,7 @@ def test_the_same_trigger_key_for_another_request_conflicts(
 # ------------------------------------------------------------------ the happy path
 
 
-def test_a_diamond_runs_to_success_with_upstream_results(repo: Repository, sql: Sql) -> None:
+def test_a_diamond_runs_to_success_with_upstream_results(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(diamond(), {"order_id": 7}).run_id
     ids = task_ids(repo, run_id)
     for wave, upstream in (
@@ -220,7 +216,7 @@ def test_a_diamond_runs_to_success_with_upstream_results(repo: Repository, sql: 
 
 
 def test_a_failed_attempt_waits_for_its_backoff_on_the_database_clock(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     policy = RetryPolicy(max_attempts=3, base_delay=0.5, max_delay=0.5, jitter=Jitter.NONE)
     run_id = repo.trigger(single(retry=policy)).run_id
@@ -254,7 +250,7 @@ def test_a_failed_attempt_waits_for_its_backoff_on_the_database_clock(
 
 
 def test_exhausting_the_retries_buries_the_task_with_its_full_history(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(single(retry=FAST_RETRY)).run_id
     task_id = task_ids(repo, run_id)["only"]
@@ -286,7 +282,7 @@ def test_exhausting_the_retries_buries_the_task_with_its_full_history(
     ],
 )
 def test_a_non_retryable_failure_is_dead_at_once(
-    repo: Repository, sql: Sql, reason: FailureReason
+    repo: Store, sql: Sql, reason: FailureReason
 ) -> None:
     run_id = repo.trigger(single(retry=RetryPolicy(max_attempts=5))).run_id
     task_id = task_ids(repo, run_id)["only"]
@@ -300,7 +296,7 @@ def test_a_non_retryable_failure_is_dead_at_once(
 
 
 @pytest.mark.parametrize("reason", [FailureReason.HANDLER_ERROR, FailureReason.TIMEOUT])
-def test_a_retryable_failure_is_retried(repo: Repository, sql: Sql, reason: FailureReason) -> None:
+def test_a_retryable_failure_is_retried(repo: Store, sql: Sql, reason: FailureReason) -> None:
     run_id = repo.trigger(single(retry=FAST_RETRY)).run_id
     task_id = task_ids(repo, run_id)["only"]
     drain(repo)
@@ -310,7 +306,7 @@ def test_a_retryable_failure_is_retried(repo: Repository, sql: Sql, reason: Fail
     assert (task.state, task.failure_reason, task.attempt) == (TaskState.READY, reason, 1)
 
 
-def test_three_expired_leases_in_a_row_are_a_crash_loop(repo: Repository, sql: Sql) -> None:
+def test_three_expired_leases_in_a_row_are_a_crash_loop(repo: Store, sql: Sql) -> None:
     policy = RetryPolicy(max_attempts=10, base_delay=0.0, max_delay=0.0, jitter=Jitter.NONE)
     run_id = repo.trigger(single(retry=policy)).run_id
     task_id = task_ids(repo, run_id)["only"]
@@ -330,7 +326,7 @@ def test_three_expired_leases_in_a_row_are_a_crash_loop(repo: Repository, sql: S
     ]
 
 
-def test_a_finished_attempt_breaks_the_crash_streak(repo: Repository, sql: Sql) -> None:
+def test_a_finished_attempt_breaks_the_crash_streak(repo: Store, sql: Sql) -> None:
     policy = RetryPolicy(max_attempts=10, base_delay=0.0, max_delay=0.0, jitter=Jitter.NONE)
     run_id = repo.trigger(single(retry=policy)).run_id
     task_id = task_ids(repo, run_id)["only"]
@@ -349,9 +345,7 @@ def test_a_finished_attempt_breaks_the_crash_streak(repo: Repository, sql: Sql) 
 # ------------------------------------------------------------------ fail-fast and cancellation
 
 
-def test_fail_fast_cancels_the_run_and_asks_running_siblings_to_stop(
-    repo: Repository, sql: Sql
-) -> None:
+def test_fail_fast_cancels_the_run_and_asks_running_siblings_to_stop(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(fanout(fail_fast=True)).run_id
     ids = task_ids(repo, run_id)
     drain(repo)
@@ -381,7 +375,7 @@ def test_fail_fast_cancels_the_run_and_asks_running_siblings_to_stop(
     assert run.task("y").state is TaskState.CANCELLED
 
 
-def test_without_fail_fast_only_dependents_are_cancelled(repo: Repository, sql: Sql) -> None:
+def test_without_fail_fast_only_dependents_are_cancelled(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(fanout(fail_fast=False)).run_id
     ids = task_ids(repo, run_id)
     drain(repo)
@@ -404,7 +398,7 @@ def test_without_fail_fast_only_dependents_are_cancelled(repo: Repository, sql: 
 
 
 def test_cancelling_a_run_stops_what_has_not_started_and_asks_the_rest(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     run_id = repo.trigger(fanout()).run_id
     ids = task_ids(repo, run_id)
@@ -429,7 +423,7 @@ def test_cancelling_a_run_stops_what_has_not_started_and_asks_the_rest(
     assert (attempt.outcome, attempt.failure_reason) == ("cancelled", FailureReason.CANCELLED)
 
 
-def test_a_cancelled_task_that_fails_anyway_is_not_retried(repo: Repository, sql: Sql) -> None:
+def test_a_cancelled_task_that_fails_anyway_is_not_retried(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(single(retry=FAST_RETRY)).run_id
     task_id = task_ids(repo, run_id)["only"]
     drain(repo)
@@ -448,7 +442,7 @@ def test_a_cancelled_task_that_fails_anyway_is_not_retried(repo: Repository, sql
     assert count(sql, "outbox") == 1
 
 
-def test_cancelling_an_unknown_or_malformed_run_is_refused(repo: Repository) -> None:
+def test_cancelling_an_unknown_or_malformed_run_is_refused(repo: Store) -> None:
     with pytest.raises(NotFoundError):
         repo.cancel_run(uuid.uuid4())
     with pytest.raises(InvalidIdError):
@@ -458,7 +452,7 @@ def test_cancelling_an_unknown_or_malformed_run_is_refused(repo: Repository) -> 
 # ------------------------------------------------------------------ requeue
 
 
-def test_requeue_refuses_what_is_not_a_dead_task(repo: Repository, sql: Sql) -> None:
+def test_requeue_refuses_what_is_not_a_dead_task(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(chain(length=2)).run_id
     ids = task_ids(repo, run_id)
     drain(repo)
@@ -474,7 +468,7 @@ def test_requeue_refuses_what_is_not_a_dead_task(repo: Repository, sql: Sql) -> 
     assert count(sql, "requeue_audit") == 0
 
 
-def test_requeue_audits_and_gives_a_fresh_retry_budget(repo: Repository, sql: Sql) -> None:
+def test_requeue_audits_and_gives_a_fresh_retry_budget(repo: Store, sql: Sql) -> None:
     policy = RetryPolicy(max_attempts=2, base_delay=0.0, max_delay=0.0, jitter=Jitter.NONE)
     run_id = repo.trigger(single(retry=policy)).run_id
     task_id = task_ids(repo, run_id)["only"]
@@ -509,7 +503,7 @@ def test_requeue_audits_and_gives_a_fresh_retry_budget(repo: Repository, sql: Sq
     assert [a.attempt for a in repo.attempts(task_id)] == [1, 2, 3, 4]
 
 
-def test_requeue_revives_what_fail_fast_cancelled(repo: Repository, sql: Sql) -> None:
+def test_requeue_revives_what_fail_fast_cancelled(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(fanout(fail_fast=True)).run_id
     ids = task_ids(repo, run_id)
     drain(repo)
@@ -538,7 +532,7 @@ def test_requeue_revives_what_fail_fast_cancelled(repo: Repository, sql: Sql) ->
     assert run.state is RunState.SUCCEEDED and run.finished_at is not None
 
 
-def test_requeue_does_not_revive_what_an_operator_cancelled(repo: Repository, sql: Sql) -> None:
+def test_requeue_does_not_revive_what_an_operator_cancelled(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(fanout(fail_fast=False)).run_id
     ids = task_ids(repo, run_id)
     drain(repo)
@@ -556,7 +550,7 @@ def test_requeue_does_not_revive_what_an_operator_cancelled(repo: Repository, sq
     }
 
 
-def test_requeue_revives_only_what_the_requeued_task_cancelled(repo: Repository, sql: Sql) -> None:
+def test_requeue_revives_only_what_the_requeued_task_cancelled(repo: Store, sql: Sql) -> None:
     """Two independent branches die; requeueing one must not revive the other's dependents.
 
     The other branch's dependent still waits on a DEAD task: revived, it can never run, and
@@ -596,7 +590,7 @@ def test_requeue_revives_only_what_the_requeued_task_cancelled(repo: Repository,
 
 
 def test_requeue_lets_a_sibling_still_running_from_fail_fast_finish_the_run(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     """Fail-fast asked the running sibling y to stop; the operator requeues x before y noticed.
 
@@ -633,7 +627,7 @@ def streamed(on_dead: OnDead = OnDead.RELEASE, retry: RetryPolicy = FAST_RETRY) 
     return single("streamed", ordering_key="account-{account}", on_dead=on_dead, retry=retry)
 
 
-def test_a_later_task_of_a_stream_waits_for_the_earlier_one(repo: Repository, sql: Sql) -> None:
+def test_a_later_task_of_a_stream_waits_for_the_earlier_one(repo: Store, sql: Sql) -> None:
     first = task_ids(repo, repo.trigger(streamed(), {"account": 1}).run_id)["only"]
     second = task_ids(repo, repo.trigger(streamed(), {"account": 1}).run_id)["only"]
     other = task_ids(repo, repo.trigger(streamed(), {"account": 2}).run_id)["only"]
@@ -655,7 +649,7 @@ def test_a_later_task_of_a_stream_waits_for_the_earlier_one(repo: Repository, sq
     assert state(second) is TaskState.READY
 
 
-def test_a_retrying_earlier_task_still_holds_its_stream(repo: Repository, sql: Sql) -> None:
+def test_a_retrying_earlier_task_still_holds_its_stream(repo: Store, sql: Sql) -> None:
     slow = RetryPolicy(max_attempts=3, base_delay=60.0, max_delay=60.0, jitter=Jitter.NONE)
     first = task_ids(repo, repo.trigger(streamed(retry=slow), {"account": 1}).run_id)["only"]
     second = task_ids(repo, repo.trigger(streamed(retry=slow), {"account": 1}).run_id)["only"]
@@ -666,7 +660,7 @@ def test_a_retrying_earlier_task_still_holds_its_stream(repo: Repository, sql: S
     assert repo.get_task(second).state is TaskState.PENDING
 
 
-def test_a_dead_task_releases_its_stream_by_default(repo: Repository, sql: Sql) -> None:
+def test_a_dead_task_releases_its_stream_by_default(repo: Store, sql: Sql) -> None:
     first = task_ids(repo, repo.trigger(streamed(), {"account": 1}).run_id)["only"]
     second = task_ids(repo, repo.trigger(streamed(), {"account": 1}).run_id)["only"]
     drain(repo)
@@ -677,7 +671,7 @@ def test_a_dead_task_releases_its_stream_by_default(repo: Repository, sql: Sql) 
 
 
 def test_a_dead_task_that_blocks_holds_its_stream_until_requeued_and_done(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     workflow = streamed(on_dead=OnDead.BLOCK)
     first = task_ids(repo, repo.trigger(workflow, {"account": 1}).run_id)["only"]
@@ -699,7 +693,7 @@ def test_a_dead_task_that_blocks_holds_its_stream_until_requeued_and_done(
 # ------------------------------------------------------------------ idempotency keys (serial)
 
 
-def test_a_task_whose_key_already_succeeded_reuses_the_result(repo: Repository, sql: Sql) -> None:
+def test_a_task_whose_key_already_succeeded_reuses_the_result(repo: Store, sql: Sql) -> None:
     workflow = single("charge", idempotency_key="charge-{order_id}", retry=FAST_RETRY)
     first = repo.trigger(workflow, {"order_id": 9, "try": 1}).run_id
     second = repo.trigger(workflow, {"order_id": 9, "try": 2}).run_id
@@ -716,7 +710,7 @@ def test_a_task_whose_key_already_succeeded_reuses_the_result(repo: Repository, 
     assert repo.get_run(second).state is RunState.SUCCEEDED
 
 
-def test_a_reaped_holder_releases_its_idempotency_key(repo: Repository, sql: Sql) -> None:
+def test_a_reaped_holder_releases_its_idempotency_key(repo: Store, sql: Sql) -> None:
     workflow = single("charge", idempotency_key="charge-{order_id}", retry=FAST_RETRY)
     first = task_ids(repo, repo.trigger(workflow, {"order_id": 9, "try": 1}).run_id)["only"]
     second = task_ids(repo, repo.trigger(workflow, {"order_id": 9, "try": 2}).run_id)["only"]
@@ -733,7 +727,7 @@ def test_a_reaped_holder_releases_its_idempotency_key(repo: Repository, sql: Sql
 
 
 def test_an_illegal_transition_raises_before_any_sql(database_url: str) -> None:
-    never_opened = Repository(Database(DatabaseConfig(url=database_url)))
+    never_opened = Store(Database(DatabaseConfig(url=database_url)))
     task_id = uuid.uuid4()
     with pytest.raises(IllegalTransitionError, match="RUNNING -> PENDING"):
         never_opened.finish(task_id, 1, TaskState.PENDING)
@@ -750,13 +744,13 @@ def test_finish_refuses_a_target_it_cannot_write_before_any_sql(database_url: st
 
     finish() must refuse them with a clear error, not a bare KeyError from its outcome table.
     """
-    never_opened = Repository(Database(DatabaseConfig(url=database_url)))
+    never_opened = Store(Database(DatabaseConfig(url=database_url)))
     for target in (TaskState.DEAD, TaskState.RETRYING):
         with pytest.raises((IllegalTransitionError, ValueError)):
             never_opened.finish(uuid.uuid4(), 1, target)
 
 
-def test_a_failure_without_a_reason_is_refused(repo: Repository, sql: Sql) -> None:
+def test_a_failure_without_a_reason_is_refused(repo: Store, sql: Sql) -> None:
     task_id = task_ids(repo, repo.trigger(single()).run_id)["only"]
     drain(repo)
     claim = claim_task(repo, sql, task_id)
@@ -765,7 +759,7 @@ def test_a_failure_without_a_reason_is_refused(repo: Repository, sql: Sql) -> No
     assert repo.get_task(task_id).state is TaskState.RUNNING
 
 
-def test_the_run_state_follows_its_tasks(repo: Repository, sql: Sql) -> None:
+def test_the_run_state_follows_its_tasks(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(chain(length=2)).run_id
     ids = task_ids(repo, run_id)
     assert repo.get_run(run_id).state is RunState.PENDING
@@ -797,7 +791,7 @@ def age(sql: Sql, run_id: uuid.UUID, hours: int = 2) -> None:
     )
 
 
-def finished_run(repo: Repository, sql: Sql) -> uuid.UUID:
+def finished_run(repo: Store, sql: Sql) -> uuid.UUID:
     run_id = repo.trigger(single()).run_id
     drain(repo)
     dispatch(sql)
@@ -807,7 +801,7 @@ def finished_run(repo: Repository, sql: Sql) -> uuid.UUID:
     return run_id
 
 
-def test_purge_removes_only_old_finished_runs(repo: Repository, sql: Sql) -> None:
+def test_purge_removes_only_old_finished_runs(repo: Store, sql: Sql) -> None:
     old = finished_run(repo, sql)
     recent = finished_run(repo, sql)
     unfinished = repo.trigger(chain(length=2)).run_id
@@ -827,7 +821,7 @@ def test_purge_removes_only_old_finished_runs(repo: Repository, sql: Sql) -> Non
     assert count(sql, "task_runs") == 3  # recent: 1, unfinished: 2
 
 
-def test_purge_works_in_bounded_batches(repo: Repository, sql: Sql) -> None:
+def test_purge_works_in_bounded_batches(repo: Store, sql: Sql) -> None:
     runs = [finished_run(repo, sql) for _ in range(3)]
     for run_id in runs:
         age(sql, run_id)
@@ -837,7 +831,7 @@ def test_purge_works_in_bounded_batches(repo: Repository, sql: Sql) -> None:
     assert repo.purge(age_s=3600, limit=1) == 0
 
 
-def test_purge_drops_old_published_outbox_rows_and_settled_keys(repo: Repository, sql: Sql) -> None:
+def test_purge_drops_old_published_outbox_rows_and_settled_keys(repo: Store, sql: Sql) -> None:
     workflow = single("charge", idempotency_key="charge-{order_id}")
     done = task_ids(repo, repo.trigger(workflow, {"order_id": 1}).run_id)["only"]
     drain(repo)
@@ -857,7 +851,7 @@ def test_purge_drops_old_published_outbox_rows_and_settled_keys(repo: Repository
 
 
 def test_a_run_of_many_successes_is_derived_when_its_last_task_succeeds(
-    repo: Repository, sql: Sql
+    repo: Store, sql: Sql
 ) -> None:
     """A pass of successes that leaves tasks unfinished skips re-deriving a RUNNING run (that
     would read every task of a big run on every pass): the run still reads RUNNING throughout,

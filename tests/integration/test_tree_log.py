@@ -24,9 +24,9 @@ import psycopg
 import pytest
 
 from flowforge.domain.states import RunState
-from flowforge.store.repository import Repository
 from tests.e2e import REPO, Stack
 from tests.helpers import single, wait_for
+from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
@@ -67,7 +67,7 @@ def _tree(stack: Stack, style: str) -> Iterator[tuple[subprocess.Popen[bytes], P
 
 
 def _run_printing_handler(
-    stack: Stack, repo: Repository, style: str
+    stack: Stack, repo: Store, style: str
 ) -> tuple[bytes, str, uuid.UUID, int]:
     """The tree's whole output, the tag the handler printed, its task run id, the exit code."""
     tag = f"tag{uuid.uuid4().hex[:8]}"
@@ -99,7 +99,7 @@ def _check_no_raw_controls(raw: bytes, tag: str) -> list[str]:
 
 
 def test_handler_output_is_one_json_record_per_line_attributed_to_the_handler(
-    stack: Stack, repo: Repository
+    stack: Stack, repo: Store
 ) -> None:
     raw, tag, task_id, code = _run_printing_handler(stack, repo, "json")
     assert code == 0
@@ -125,7 +125,7 @@ def test_handler_output_is_one_json_record_per_line_attributed_to_the_handler(
 
 
 def test_handler_output_in_text_lines_is_labelled_and_cannot_start_a_line(
-    stack: Stack, repo: Repository
+    stack: Stack, repo: Store
 ) -> None:
     raw, tag, task_id, code = _run_printing_handler(stack, repo, "text")
     assert code == 0

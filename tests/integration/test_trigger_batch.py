@@ -7,8 +7,8 @@ import pytest
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.errors import InputError, TriggerConflictError
-from flowforge.store.repository import Repository
 from tests.helpers import diamond
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ def count(sql: Conn, table: str) -> int:
 
 
 def test_a_batch_creates_every_run_with_its_tasks_and_edges_in_input_order(
-    repo: Repository, sql: Conn
+    repo: Store, sql: Conn
 ) -> None:
     results = repo.trigger_many(diamond(), [{"i": i} for i in range(100)])
     assert len(results) == 100 and all(r.created for r in results)
@@ -35,7 +35,7 @@ def test_a_batch_creates_every_run_with_its_tasks_and_edges_in_input_order(
 
 
 def test_keys_in_a_batch_replay_existing_runs_and_collapse_duplicates(
-    repo: Repository, sql: Conn
+    repo: Store, sql: Conn
 ) -> None:
     wf = diamond()
     first = repo.trigger(wf, {"n": 1}, "k-1")
@@ -50,7 +50,7 @@ def test_keys_in_a_batch_replay_existing_runs_and_collapse_duplicates(
     assert count(sql, "task_runs") == 12
 
 
-def test_one_conflicting_key_fails_the_whole_batch(repo: Repository, sql: Conn) -> None:
+def test_one_conflicting_key_fails_the_whole_batch(repo: Store, sql: Conn) -> None:
     wf = diamond()
     repo.trigger(wf, {"n": 1}, "k-1")
     with pytest.raises(TriggerConflictError):
@@ -59,7 +59,7 @@ def test_one_conflicting_key_fails_the_whole_batch(repo: Repository, sql: Conn) 
     assert count(sql, "task_runs") == 4
 
 
-def test_a_bad_input_is_named_and_nothing_is_written(repo: Repository, sql: Conn) -> None:
+def test_a_bad_input_is_named_and_nothing_is_written(repo: Store, sql: Conn) -> None:
     wf = WorkflowDef("keyed", (TaskDef("t", "h", ordering_key="c-{customer}"),))
     with pytest.raises(InputError, match="input 1"):
         repo.trigger_many(wf, [{"customer": 1}, {"other": 2}])
@@ -68,6 +68,6 @@ def test_a_bad_input_is_named_and_nothing_is_written(repo: Repository, sql: Conn
     assert count(sql, "workflow_runs") == 0
 
 
-def test_an_empty_batch_does_nothing(repo: Repository, sql: Conn) -> None:
+def test_an_empty_batch_does_nothing(repo: Store, sql: Conn) -> None:
     assert repo.trigger_many(diamond(), []) == []
     assert count(sql, "workflow_definitions") == 0

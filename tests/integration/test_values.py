@@ -2,7 +2,7 @@
 
 Generated JSON-ish values (NaN, ±Infinity, NUL, lone surrogates in strings and keys, deep
 nesting, big strings, non-JSON types; tests/values.py) go through the real trigger path
-(:class:`Client` → :class:`Repository` → PostgreSQL), the real finish path (claim, then
+(:class:`Client` → the store's ``Triggers`` → PostgreSQL), the real finish path (claim, then
 classify and finish a batch in one statement), the api's server (``POST /api/v1/runs``, served
 from this process) and the CLI. Each is either stored and read back equal, or refused as the
 caller's mistake (an :class:`InputError`, HTTP 400, exit 2) with nothing written; never a
@@ -36,11 +36,12 @@ from flowforge.errors import DefinitionError, InputError, PermanentError, Unstor
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import Job, classify
 from flowforge.roles.worker import Worker
-from flowforge.store.repository import Repository
 from tests.e2e import REPO, Stack
 from tests.helpers import claim_task, drain, task_ids
 from tests.integration.test_api import Api, assert_json_error, serve_here
 from tests.integration.test_cli_operations import assert_operator_error, flowforge
+from tests.store import Store
+from tests.stubs import Outcomes
 from tests.values import (
     canonical,
     cleaned,
@@ -204,7 +205,7 @@ def last_error(sql: Sql, task_id: UUID) -> str:
 @PROPERTY
 @given(st.one_of(json_values, non_json, texts), st.booleans(), st.integers(0, NEIGHBOURS))
 def test_finish_stores_a_generated_result_or_buries_it_and_its_batch_finishes_normally(
-    repo: Repository, sql: Sql, outcome: Any, raised: bool, position: int
+    repo: Store, sql: Sql, outcome: Any, raised: bool, position: int
 ) -> None:
     runs = repo.trigger_many(PLAIN, [{"n": n} for n in range(NEIGHBOURS + 1)])
     tasks = [task_ids(repo, r.run_id)["only"] for r in runs]
@@ -241,14 +242,16 @@ def test_finish_stores_a_generated_result_or_buries_it_and_its_batch_finishes_no
 
 
 def test_a_batch_finish_postgresql_still_refuses_is_finished_task_by_task(
-    repo: Repository, sql: Sql, clean_database_url: str, caplog: pytest.LogCaptureFixture
+    repo: Store, sql: Sql, clean_database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Defence in depth: a value that got past the checks (here, text forged as checked JSON)
     fails the batch's one statement; the worker finishes each task alone, so only the culprit
     fails (DEAD ``unserializable_result`` with the database's message), at once, not after its
     lease; the others succeed, and the worker carries on."""
     config = Config(database=DatabaseConfig(url=clean_database_url), worker=WorkerConfig())
-    worker = Worker(config, store=repo)  # the worker's own pool is never opened: no broker
+    finished = Outcomes()
+    # the worker's own pool is never opened: no broker
+    worker = Worker(config, store=repo, hooks=[finished])
     runs = repo.trigger_many(PLAIN, [{"n": n} for n in range(4)])
     tasks = [task_ids(repo, r.run_id)["only"] for r in runs]
     claims = [claim_task(repo, sql, t) for t in tasks]
@@ -259,7 +262,7 @@ def test_a_batch_finish_postgresql_still_refuses_is_finished_task_by_task(
     ]
     with caplog.at_level(logging.WARNING):
         worker._ledger.finish(outcomes, then=None)  # what a batch's flush does
-    assert worker.tasks_done == 4
+    assert finished.count == 4
     states = {
         UUID(str(r[0])): r[1]
         for r in sql.execute("SELECT id, state FROM task_runs WHERE id = ANY(%s)", (tasks,))
@@ -278,7 +281,7 @@ def test_a_batch_finish_postgresql_still_refuses_is_finished_task_by_task(
 
 
 def test_requeue_text_and_list_filters_postgresql_cannot_hold_are_input_errors(
-    repo: Repository,
+    repo: Store,
 ) -> None:
     for requested_by, reason in (("ops\x00", None), ("ops", "\ud800"), ("ops", "x" * 20000)):
         with pytest.raises(UnstorableValueError):

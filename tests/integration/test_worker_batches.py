@@ -24,7 +24,6 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Dispatch
 from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
-from flowforge.store.repository import Repository
 from tests.delivery import (
     BROKER_POLL_S,
     executions,
@@ -37,6 +36,7 @@ from tests.delivery import (
 )
 from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, single, wait_for
+from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
@@ -51,7 +51,7 @@ AMQP_PORT = 5672
 
 
 def trigger(
-    repo: Repository, handler: str, inputs: Sequence[dict[str, Any]], name: str = "batches"
+    repo: Store, handler: str, inputs: Sequence[dict[str, Any]], name: str = "batches"
 ) -> list[UUID]:
     """One one-task run per input, in one ``trigger_many`` call; task run ids in input order."""
     workflow = single(name, handler, retry=FAST_RETRY)
@@ -96,7 +96,7 @@ def outbox_rows(sql: Sql, task_id: UUID) -> list[tuple[int, int, bool]]:
 
 
 def test_a_worker_claims_in_growing_batches_and_runs_every_task_once(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start("scheduler")
     stack.start("publisher")
@@ -144,7 +144,7 @@ def test_a_worker_claims_in_growing_batches_and_runs_every_task_once(
 
 
 def test_a_slow_handler_hands_back_the_tasks_batched_behind_it_to_another_worker(
-    stack: Stack, repo: Repository, sql: Sql, tmp_path: Path
+    stack: Stack, repo: Store, sql: Sql, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
     stack.start("scheduler")
@@ -219,7 +219,7 @@ def test_a_slow_handler_hands_back_the_tasks_batched_behind_it_to_another_worker
 
 
 def test_a_slow_handler_alone_in_its_batch_finishes_and_the_worker_goes_on(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start("scheduler")
     stack.start("publisher")
@@ -245,7 +245,7 @@ def test_a_slow_handler_alone_in_its_batch_finishes_and_the_worker_goes_on(
 
 
 def test_a_duplicate_delivery_within_one_batch_runs_the_handler_once(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     stack.start("scheduler")
     publisher = stack.start("publisher")
@@ -281,7 +281,7 @@ def test_a_duplicate_delivery_within_one_batch_runs_the_handler_once(
 
 
 def test_a_chain_continues_on_the_worker_that_released_each_step(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     """The next step of a DAG is claimed by the worker whose finish made it READY, without a
     broker round trip; with two workers consuming, a hop through the queue would land on
@@ -320,7 +320,7 @@ def test_a_chain_continues_on_the_worker_that_released_each_step(
 
 
 def test_a_finish_after_the_broker_connection_dropped_leaves_the_next_step_to_the_outbox(
-    stack: Stack, repo: Repository, sql: Sql
+    stack: Stack, repo: Store, sql: Sql
 ) -> None:
     """The broker connection drops while step a runs: the worker finds out when it acks, and
     reconnects after the batch. Its finish must not claim step b for itself (the reconnect

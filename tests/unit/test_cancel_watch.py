@@ -17,8 +17,8 @@ from flowforge.errors import DatabaseUnavailableError
 from flowforge.roles import lease
 from flowforge.roles.context import TaskContext
 from flowforge.roles.lease import CancelWatch, Leases
+from flowforge.roles.seams import WorkerStore
 from flowforge.store.notify import CANCEL_CHANNEL
-from flowforge.store.repository import Repository
 from tests.helpers import wait_for
 
 
@@ -49,7 +49,7 @@ def _held(leases: Leases, run_id: UUID) -> tuple[_Claim, TaskContext]:
 
 
 def _leases(repo: _Repo, heartbeat_s: float = 30.0) -> Leases:
-    return Leases(cast(Repository, repo), lease_s=heartbeat_s * 3, heartbeat_s=heartbeat_s)
+    return Leases(cast(WorkerStore, repo), lease_s=heartbeat_s * 3, heartbeat_s=heartbeat_s)
 
 
 def test_cancel_run_sets_ctx_cancelled_of_the_held_tasks_of_that_run_only() -> None:

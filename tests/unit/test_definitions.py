@@ -12,13 +12,20 @@ import yaml
 from flowforge.definitions import (
     check_file,
     check_paths,
-    load_file,
     load_paths,
     workflow_from_mapping,
 )
 from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.errors import DefinitionError
+
+
+def load_file(path: Path) -> WorkflowDef:
+    """The one workflow of ``path``, read the way the client reads a configured file; the
+    first problem raises :class:`DefinitionError`."""
+    [workflow] = load_paths([path]).values()
+    return workflow
+
 
 SPEC_WORKFLOW = """\
 name: order-fulfilment

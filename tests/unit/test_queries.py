@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -19,7 +20,7 @@ PART_MODULES = sorted(
     for path in STORE.glob("*.py")
     if path.stem not in {"__init__", "db", "pgerrors", "notify", "migrate", "queries", "part"}
 )
-REPOSITORY_SOURCE = "\n".join(path.read_text(encoding="utf-8") for path in PART_MODULES)
+PARTS_SOURCE = "\n".join(path.read_text(encoding="utf-8") for path in PART_MODULES)
 #: A named query run through the one execution idiom: ``self._query("name"`` or, inside a
 #: transaction, ``tx.all("name"`` / ``tx.one("name"`` / ``tx.count("name"``.
 DIRECT_KEY = re.compile(r"""\b(?:_query|all|one|count)\(\s*["']([a-z_][a-z0-9_]*)["']""")
@@ -76,17 +77,26 @@ def test_load_has_no_empty_query() -> None:
 
 
 def referenced_names() -> set[str]:
-    return set(DIRECT_KEY.findall(REPOSITORY_SOURCE))
+    return set(DIRECT_KEY.findall(PARTS_SOURCE))
 
 
-def test_repository_references_queries_by_name() -> None:
+def test_the_parts_reference_queries_by_name() -> None:
     names = referenced_names()
-    assert len(names) >= 20  # the regex really finds the repository's lookups
+    assert len(names) >= 20  # the regex really finds the parts' lookups
     assert {"claim", "finish", "notify_scheduler"} <= names
 
 
 def test_the_store_parts_run_sql_through_the_one_idiom_only() -> None:
-    assert {path.stem for path in PART_MODULES} >= {"claims", "passes", "reads", "repository"}
+    assert {path.stem for path in PART_MODULES} >= {
+        "triggers",
+        "passes",
+        "claims",
+        "outbox",
+        "processes",
+        "operator",
+        "reads",
+        "runs",
+    }
     for path in PART_MODULES:
         other = OTHER_IDIOM.findall(path.read_text(encoding="utf-8"))
         assert other == [], f"{path.name} runs SQL outside store/part.py's helpers: {other}"
@@ -99,18 +109,18 @@ def test_the_idiom_guard_catches_a_cursor_and_the_database() -> None:
     assert not OTHER_IDIOM.search('tx.all("claim", params)')
 
 
-def test_every_query_the_repository_names_exists() -> None:
+def test_every_query_the_parts_name_exists() -> None:
     missing = sorted(referenced_names() - set(queries.load()))
     assert missing == []
 
 
 def test_every_indirectly_named_query_is_in_the_source_and_exists() -> None:
     for name in INDIRECT_NAMES:
-        assert f'"{name}"' in REPOSITORY_SOURCE, name
+        assert f'"{name}"' in PARTS_SOURCE, name
     assert sorted(set(INDIRECT_NAMES) - set(queries.load())) == []
 
 
-def test_no_query_is_unused_by_the_repository() -> None:
+def test_no_query_is_unused_by_the_parts() -> None:
     used = referenced_names() | set(INDIRECT_NAMES)
     assert sorted(set(queries.load()) - used) == []
 
@@ -141,3 +151,90 @@ def test_available_migrations_have_names_sql_and_distinct_checksums() -> None:
         assert "CREATE" in migration.sql.upper()
         assert len(migration.checksum) == 64
     assert len({m.checksum for m in migrations}) == len(migrations)
+
+
+#: Statements with more than one execution call site, and why.
+SEVERAL_CALLS = {
+    "claim_many": "a keyed claim takes a transaction of its own, rolled back if its key is busy",
+    "finish_many": "one call per path: a plain finish is one statement (the hot path, no "
+    "BEGIN/COMMIT), a finish that claims the next steps one transaction",
+    "requeue_dead_matching": "one transaction per task, so a failure part-way leaves each "
+    "requeued and audited or untouched",
+}
+HELPERS = {"_query", "_transaction"}
+
+
+def part_methods() -> dict[str, ast.FunctionDef]:
+    """Every method of every public class of the store's parts, by ``Class.method``."""
+    found: dict[str, ast.FunctionDef] = {}
+    for path in PART_MODULES:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef):
+                        found[f"{node.name}.{item.name}"] = item
+    return found
+
+
+def self_calls(method: ast.FunctionDef) -> list[str]:
+    """The names of the ``self.<name>(...)`` calls in ``method``, once per call site."""
+    return [
+        node.func.attr
+        for node in ast.walk(method)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+    ]
+
+
+def executing(methods: dict[str, ast.FunctionDef]) -> set[str]:
+    """The method names that run SQL: a helper, or a method that calls one (transitively)."""
+    names = set(HELPERS)
+    while True:
+        more = {
+            key.split(".")[1] for key, method in methods.items() if names & set(self_calls(method))
+        } - names
+        if not more:
+            return names
+        names |= more
+
+
+def test_each_statement_is_a_docstring_and_one_execution_call() -> None:
+    """store/part.py's idiom (procrastinate's manager.py): a public method of a part states its
+    contract, checks its input, and runs SQL through one call of ``_query`` or ``_transaction``
+    (or of one other statement); mapping rows is store/rows.py's."""
+    methods = part_methods()
+    assert len(methods) >= 30  # the parser really finds the parts' methods
+    runs_sql = executing(methods)
+    several: dict[str, list[str]] = {}
+    undocumented: list[str] = []
+    for key, method in methods.items():
+        name = key.split(".")[1]
+        if name.startswith("_"):
+            continue
+        if ast.get_docstring(method) is None:
+            undocumented.append(key)
+        calls = [c for c in self_calls(method) if c in runs_sql]
+        if len(calls) > 1 and name not in SEVERAL_CALLS:
+            several[key] = calls
+    assert undocumented == []
+    assert several == {}
+
+
+def test_the_one_call_guard_catches_a_second_round_trip() -> None:
+    source = (
+        "class Demo:\n"
+        "    def act(self, x):\n"
+        '        """Doc."""\n'
+        "        self._transaction(work, x)\n"
+        "        return self.read(x)\n"
+        "    def read(self, x):\n"
+        '        """Doc."""\n'
+        '        return self._query("q", {"x": x})\n'
+    )
+    demo = ast.parse(source).body[0]
+    assert isinstance(demo, ast.ClassDef)
+    methods = {f"Demo.{m.name}": m for m in demo.body if isinstance(m, ast.FunctionDef)}
+    runs_sql = executing(methods)
+    assert [c for c in self_calls(methods["Demo.act"]) if c in runs_sql] == ["_transaction", "read"]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from flowforge.domain.policy import Jitter, RetryPolicy
-from flowforge.errors import DatabaseConfigError, DatabaseNotMigratedError
+from flowforge.errors import BrokerConfigError, DatabaseConfigError, DatabaseNotMigratedError
 from flowforge.roles.runner import run_role
 
 NO_WAIT = RetryPolicy(max_attempts=1, base_delay=0.0, max_delay=0.0, jitter=Jitter.NONE)
@@ -52,6 +52,29 @@ def test_a_refused_configuration_before_the_first_start_fails_the_boot() -> None
     with pytest.raises(DatabaseNotMigratedError):
         run_role(role, threading.Event(), backoff=NO_WAIT)
     assert role.initialized == 1 and role.shut
+
+
+def test_a_broker_refusing_tls_before_the_first_start_fails_the_boot() -> None:
+    refused = BrokerConfigError("cannot use the broker at mq:5671: TLS: ...")
+    role = Refusing([refused])
+    with pytest.raises(BrokerConfigError):
+        run_role(role, threading.Event(), backoff=NO_WAIT)
+    assert role.initialized == 1 and role.shut and role.resets == 0
+
+
+def test_once_started_a_broker_refusing_tls_is_logged_and_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A certificate rotated wrongly on a running cluster: an error each time, not a boot
+    failure; the role resumes once the broker takes it again."""
+    refused = BrokerConfigError("cannot use the broker at mq:5671: TLS: certificate refused")
+    role = Refusing([None, refused, refused, None, None])
+    with caplog.at_level(logging.INFO, logger="flowforge.roles.runner"):
+        run_role(role, threading.Event(), backoff=NO_WAIT)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage().split(" (")[0] for r in errors] == ["Probe cannot use the broker"] * 2
+    assert all(getattr(r, "action", None) == "broker_refused" for r in errors)
+    assert role.resets == 2 and role.initialized == 3
 
 
 def test_once_started_a_refused_configuration_is_logged_each_time_and_retried(

@@ -5,15 +5,33 @@ from __future__ import annotations
 import re
 import uuid
 
+import pytest
+
+from flowforge.api.app import ApiStatements
+from flowforge.cli.statements import CliStatements
+from flowforge.client import ClientStatements
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Finish
 from flowforge.domain.plan import plan_runs
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
+from flowforge.roles.publisher import PublisherStatements
+from flowforge.roles.scheduler import SchedulerStatements
+from flowforge.roles.worker import WorkerStatements
 from flowforge.store import queries, rows
 from flowforge.store.part import Part
-from flowforge.store.repository import Repository
+from tests.store import PARTS, Store
+
+#: Each caller's part of the store (what it may run is what it imports).
+CALLERS = (
+    WorkerStatements,
+    SchedulerStatements,
+    PublisherStatements,
+    ClientStatements,
+    ApiStatements,
+    CliStatements,
+)
 
 PLACEHOLDER = re.compile(r"%\((?P<name>[a-z_][a-z0-9_]*)\)s")
 
@@ -71,10 +89,11 @@ def test_finish_and_claim_parameters_are_those_of_their_queries() -> None:
     assert set(claim) == placeholders("claim")
 
 
-def test_the_repository_facade_inherits_parts_that_share_no_name() -> None:
-    """A name two parts both defined would silently resolve to one of them in the facade."""
-    parts = [c for c in Repository.__mro__ if c.__module__.startswith("flowforge.store.")]
-    parts = [c for c in parts if c not in (Repository, Part)]
+def test_the_parts_share_no_name() -> None:
+    """A name two parts both defined would silently resolve to one of them in a caller's
+    composition (``WorkerStatements``, ``ApiStatements``, ... and tests/store.py's ``Store``)."""
+    parts = [c for c in Store.__mro__ if c.__module__.startswith("flowforge.store.")]
+    parts = [c for c in parts if c is not Part]
     assert {c.__name__ for c in parts} == {
         "Triggers",
         "Passes",
@@ -90,3 +109,16 @@ def test_the_repository_facade_inherits_parts_that_share_no_name() -> None:
             if not name.startswith("__"):
                 owners.setdefault(name, []).append(part.__name__)
     assert {name: who for name, who in owners.items() if len(who) > 1} == {}
+
+
+@pytest.mark.parametrize("statements", CALLERS, ids=lambda c: c.__name__)
+def test_a_callers_statements_compose_parts_and_add_no_statement(statements: type) -> None:
+    """All SQL stays in the parts: a caller's class only names the parts it uses, and no
+    caller is handed the whole store."""
+    assert statements.__bases__ and all(
+        issubclass(base, Part) and base.__module__.startswith("flowforge.store.")
+        for base in statements.__bases__
+    )
+    own = [name for name, value in vars(statements).items() if callable(value)]
+    assert own == []
+    assert not set(PARTS) <= set(statements.__mro__)

@@ -62,6 +62,26 @@ def test_up_validates_the_config_then_becomes_the_tree(
     assert len(became) == 1, "a bad config must not start anything"
 
 
+def test_up_names_the_config_from_the_environment_when_no_option_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The container image runs plain ``flowforge up`` with $FLOWFORGE_CONFIG set: the tree
+    reads that file again and its title names it, not "defaults"."""
+    became: list[tuple[str | None, str]] = []
+
+    def fake_become_tree(path: str | None, label: str) -> None:
+        became.append((path, label))
+        raise SystemExit(0)
+
+    monkeypatch.setattr("flowforge.tree.become_tree", fake_become_tree)
+    config = tmp_path / "config.yaml"
+    config.write_text("processes:\n  workers: 2\n")
+    monkeypatch.setenv("FLOWFORGE_CONFIG", str(config))
+    with pytest.raises(SystemExit):
+        main(["up"])
+    assert became == [(str(config), "config.yaml")]
+
+
 def test_up_runs_the_tree_in_its_own_process_when_no_interpreter_can_be_executed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

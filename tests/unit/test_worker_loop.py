@@ -27,7 +27,8 @@ from flowforge.roles.context import TaskContext
 from flowforge.roles.hooks import Hook, Hooks
 from flowforge.roles.worker import Worker
 from flowforge.telemetry import Telemetry
-from tests.stubs import FakeStore, NullPool, StubBroker
+from tests.helpers import wait_for
+from tests.stubs import FakeStore, NullPool, Outcomes, StubBroker
 
 PREFETCH = 8
 #: Far above what a trivial handler takes, so a loaded machine cannot make one slow.
@@ -47,6 +48,7 @@ class Rig:
     ran: list[UUID]
     stop: threading.Event
     telemetry: Telemetry
+    finished: Outcomes  # the outcomes the worker's finishes took
 
     def publish(self, handler: str, count: int = 1) -> list[UUID]:
         ids = self.store.add(handler, count)
@@ -95,6 +97,7 @@ def make_rig(
     store = FakeStore(journal)
     broker = StubBroker(on_idle=stop.set, journal=journal)
     telemetry = Telemetry()
+    finished = Outcomes()
     worker = Worker(
         config,
         telemetry,
@@ -103,8 +106,9 @@ def make_rig(
         broker=broker,
         store=store,
         db=NullPool(),
+        hooks=[finished],
     )
-    return Rig(worker, broker, store, journal, ran, stop, telemetry)
+    return Rig(worker, broker, store, journal, ran, stop, telemetry, finished)
 
 
 @pytest.fixture
@@ -120,7 +124,7 @@ def test_the_window_doubles_from_one_to_the_prefetch_while_handlers_are_fast(rig
     assert rig.broker.takes() == [1, 2, 4, 8, 8, 8]
     assert sorted(rig.ran) == sorted(tasks)
     assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
-    assert rig.worker.tasks_done == len(tasks)
+    assert rig.finished.count == len(tasks)
     assert rig.telemetry.tasks_succeeded.value() == len(tasks)
 
 
@@ -223,7 +227,7 @@ def test_a_finish_postgresql_refuses_is_finished_task_by_task(rig: Rig) -> None:
     assert set(states.values()) == {TaskState.SUCCEEDED} and set(states) == set(good + rest)
     finish = rig.store.tasks[culprit].finish
     assert finish is not None and finish.reason is FailureReason.UNSERIALIZABLE_RESULT
-    assert rig.worker.tasks_done == 7 and not rig.worker.recycle
+    assert rig.finished.count == 7 and not rig.worker.recycle
 
 
 def test_a_finish_retried_through_an_outage_commits_once(rig: Rig) -> None:
@@ -263,7 +267,7 @@ def test_a_worker_recycles_after_max_tasks_and_takes_no_more_than_it_may_run() -
         made.run()
     finally:
         made.worker.shutdown()
-    assert made.worker.recycle and made.worker.tasks_done == 4
+    assert made.worker.recycle and made.finished.count == 4
     assert made.broker.takes() == [1, 2, 1]  # the last batch is capped by what is left
     assert len(made.broker.queue) == 6
 
@@ -329,7 +333,7 @@ def test_a_handler_that_lost_its_lease_is_asked_to_stop_and_its_finish_is_stale(
     assert made.store.tasks[task].state is TaskState.RUNNING  # the finish changed nothing
     assert made.telemetry.stale_completions.value() == 1
     assert any("stale completion" in r.getMessage() for r in caplog.records)
-    assert made.worker.tasks_done == 1
+    assert made.finished.count == 1
 
 
 def test_a_handler_name_no_module_registered_fails_the_task(rig: Rig) -> None:
@@ -424,3 +428,41 @@ def test_hooks_dispatch_only_to_the_hooks_that_override_a_method() -> None:
     stop = Finish(TaskState.FAILED, reason=FailureReason.TIMEOUT)
     assert Hooks([Wake(0.1), Wake(stop)]).while_running(claim, 0.0) is stop
     assert Hooks([]).room(0) is None
+
+
+def test_a_broker_call_blocked_longer_than_a_heartbeat_does_not_stop_lease_renewal() -> None:
+    """A quorum queue's ``basic.cancel`` can block the main thread for up to RabbitMQ's 30 s
+    command timeout while a new leader is elected; the leases are renewed meanwhile by their
+    own thread, and the finish that follows commits with the claim's token."""
+    made = make_rig(fast_ms=50.0, heartbeat_s=0.05)
+    handed_back = StubBroker.hand_back
+    renewals_during_block: list[int] = []
+
+    def blocked_hand_back(broker: StubBroker = made.broker) -> int:
+        before = made.store.count("renew_leases")
+        # blocked until the keeper renewed three times (a bound, not a wait: BLOCK_S)
+        wait_for(
+            lambda: made.store.count("renew_leases") >= before + 3,
+            timeout=BLOCK_S,
+            what="renewals while the main thread is blocked in a broker call",
+        )
+        renewals_during_block.append(made.store.count("renew_leases") - before)
+        return handed_back(broker)
+
+    made.broker.hand_back = blocked_hand_back  # type: ignore[method-assign]
+    release = threading.Event()
+
+    def slow(ctx: TaskContext) -> str:
+        release.wait(0.2)  # slower than fast_handler_ms: the worker hands back behind it
+        return "done"
+
+    made.worker._handlers = {**(made.worker._handlers or {}), "slow": slow}
+    [task] = made.publish("slow")
+    try:
+        made.run()
+    finally:
+        made.worker.shutdown()
+    assert renewals_during_block and renewals_during_block[0] >= 3
+    # committed (a stale token would have left the task RUNNING), and on its first attempt
+    assert made.store.tasks[task].state is TaskState.SUCCEEDED
+    assert made.store.tasks[task].attempt == 1

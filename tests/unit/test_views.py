@@ -1,0 +1,112 @@
+"""The overview and stats read models, from the rows their statements return to the JSON the
+api (``GET /api/v1/overview``) and the CLI (``flowforge stats --json``) send (no database).
+
+The expected texts are the bytes these answers had when the store still returned dicts, so a
+renamed field or a reordered key fails here (docs/dashboard-contract.md names the fields).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from uuid import UUID
+
+from flowforge.domain.model import Overview, Stats
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.states import TaskState
+from flowforge.store import rows
+from flowforge.views import dumps, overview_dict, stats_dict
+
+TASK = UUID("7da4e7a0-fbe6-4e86-8bb3-d02a38755b38")
+RUN = UUID("7fb7eb2c-fc85-44b9-9b88-1eb8476cb529")
+DUE = datetime(2026, 12, 1, 18, 32, 42, 826314, tzinfo=UTC)
+MINUTE = datetime(2026, 12, 1, 16, 33, tzinfo=UTC)
+POISON_ROW = {
+    "id": TASK,
+    "run_id": RUN,
+    "name": "only",
+    "handler": "h.x",
+    "state": "RETRYING",
+    "attempt": 5,
+    "failure_reason": "handler_error",
+    "workflow": "golden",
+}
+BACKLOG_ROW = {"n": 1, "next_at": DUE, "latest_at": DUE}
+POISON_JSON = (
+    '[{"id": "7da4e7a0-fbe6-4e86-8bb3-d02a38755b38", "run_id": '
+    '"7fb7eb2c-fc85-44b9-9b88-1eb8476cb529", "name": "only", "handler": "h.x", "state": '
+    '"RETRYING", "attempt": 5, "failure_reason": "handler_error", "workflow": "golden"}]'
+)
+BACKLOG_JSON = (
+    '{"n": 1, "next_at": "2026-12-01T18:32:42.826314+00:00", '
+    '"latest_at": "2026-12-01T18:32:42.826314+00:00"}'
+)
+
+
+def overview(**changed: object) -> Overview:
+    found: dict[str, object] = {
+        "runs": [{"state": "RUNNING", "n": 1}, {"state": "FAILED", "n": 1}],
+        "tasks": [{"state": "DEAD", "n": 1}, {"state": "RETRYING", "n": 1}],
+        "minutes": [{"minute": MINUTE, "succeeded": 2, "dead": 1, "cancelled": 0}],
+        "backlog": BACKLOG_ROW,
+        "poison": [POISON_ROW],
+        "dead": [{"reason": "permanent_error", "n": 1}, {"reason": "unknown", "n": 2}],
+        "outbox": {"pending": 9, "oldest_s": 47.5},
+        "processes": [{"host": "host-a", "role": "worker", "n": 2}],
+        **changed,
+    }
+    return rows.overview(**found)  # type: ignore[arg-type]
+
+
+def test_the_overview_maps_its_rows_to_typed_fields() -> None:
+    made = overview()
+    assert made.runs["RUNNING"] == 1 and made.runs["SUCCEEDED"] == 0  # every state present
+    assert set(made.tasks) == {str(s) for s in TaskState}
+    (candidate,) = made.poison_candidates
+    assert candidate.state is TaskState.RETRYING
+    assert candidate.failure_reason is FailureReason.HANDLER_ERROR
+    assert made.retry_backlog.next_at == DUE and made.outbox.oldest_s == 47.5
+
+
+def test_the_overview_json_keeps_its_fields_in_order() -> None:
+    assert dumps(overview_dict(overview())) == (
+        '{"runs": {"PENDING": 0, "RUNNING": 1, "SUCCEEDED": 0, "FAILED": 1, "CANCELLED": 0}, '
+        '"tasks": {"PENDING": 0, "READY": 0, "RUNNING": 0, "SUCCEEDED": 0, "FAILED": 0, '
+        '"RETRYING": 1, "DEAD": 1, "CANCELLED": 0}, '
+        '"finished_per_minute": [{"minute": "2026-12-01T16:33:00+00:00", "succeeded": 2, '
+        '"dead": 1, "cancelled": 0}], '
+        f'"retry_backlog": {BACKLOG_JSON}, "poison_candidates": {POISON_JSON}, '
+        '"dead_by_reason": {"permanent_error": 1, "unknown": 2}, '
+        '"outbox": {"pending": 9, "oldest_s": 47.5}, '
+        '"processes": [{"host": "host-a", "role": "worker", "n": 2}]}'
+    )
+
+
+def test_an_empty_system_has_a_zero_backlog_and_outbox() -> None:
+    made = overview(
+        runs=[], tasks=[], backlog={"n": 0, "next_at": None, "latest_at": None}, poison=[]
+    )
+    data = overview_dict(made)
+    assert data["retry_backlog"] == {"n": 0, "next_at": None, "latest_at": None}
+    assert set(data["runs"].values()) == {0} and data["poison_candidates"] == []
+    absent = overview_dict(overview(backlog=None, outbox=None))
+    assert absent["retry_backlog"] == data["retry_backlog"]
+    assert absent["outbox"] == {"pending": 0, "oldest_s": 0.0}
+
+
+def stats() -> Stats:
+    return rows.stats(
+        attempts=[{"attempt": 0, "n": 3}, {"attempt": 5, "n": 1}],
+        reasons=[{"reason": "handler_error", "n": 5}],
+        backlog=BACKLOG_ROW,
+        poison=[POISON_ROW],
+        dead=[{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}],
+    )
+
+
+def test_the_stats_json_keeps_its_fields_in_order() -> None:
+    assert stats().dead[0].reason is FailureReason.PERMANENT_ERROR
+    assert dumps(stats_dict(stats())) == (
+        '{"attempts": {"0": 3, "5": 1}, "failure_reasons": {"handler_error": 5}, '
+        f'"retry_backlog": {BACKLOG_JSON}, "poison_candidates": {POISON_JSON}, '
+        '"dead": [{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}]}'
+    )
