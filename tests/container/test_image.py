@@ -48,7 +48,7 @@ from tests.e2e import DEFAULT_SETTINGS, REPO, Stack
 from tests.harness.resources import free_ports
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(900)]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TOKEN = "container-test-token"

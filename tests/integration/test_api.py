@@ -1,6 +1,8 @@
 """The HTTP api (SPEC 5, 5.1) against the real api child (`flowforge role api`, `flowforge up`).
 
-Every request goes over a socket with ``http.client`` to a real process. Proven here:
+Every request goes over a socket with ``http.client``: to a real api child, or, for a test that
+needs an api of its own config, to the api role served from this process (``api_here``,
+tests/api_here.py). Proven here:
 
 - ``POST /api/v1/runs`` creates (201, Location), replays an ``Idempotency-Key`` (200, same run)
   and refuses the key with another body (409); mutations need the bearer token (401 without,
@@ -25,7 +27,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +36,11 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from flowforge.config import load_config
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.states import TaskState
+from tests.api_here import ApiHere
 from tests.e2e import REPO, RoleProcess, Stack
 from tests.harness.resources import free_ports
 from tests.helpers import bury, drain, task_ids, wait_for
@@ -220,6 +224,37 @@ def api(
         stack.delete_queue()
 
 
+StartApi = Callable[..., Api]
+
+
+def serve_here(stack: Stack, token: str | None = TOKEN, **api: Any) -> tuple[Api, ApiHere]:
+    """The api role on a thread of this process (tests/api_here.py) with ``stack``'s config and
+    ``api`` settings, serving on a free port; the caller stops it."""
+    port = free_ports(1)[0]
+    path = stack.config_path(**api_settings(stack.directory, port, **api))
+    server = ApiHere(load_config(path, env={} if token is None else {TOKEN_ENV: token}))
+    server.start()
+    return Api(port, token, path), server
+
+
+@pytest.fixture
+def api_here(api_stack: Stack) -> Iterator[StartApi]:
+    """``start(token=TOKEN, **api)``: :func:`serve_here` on ``api_stack``, stopped at the end.
+    For what the server does with requests; its process and log need ``start_api``."""
+    started: list[ApiHere] = []
+
+    def start(token: str | None = TOKEN, **api: Any) -> Api:
+        found, server = serve_here(api_stack, token, **api)
+        started.append(server)
+        return found
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
 @pytest.fixture
 def api_stack(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[Stack]:
     """Role processes (and an api) for one test, on a fresh queue; all stopped at the end."""
@@ -304,8 +339,8 @@ def test_mutations_need_the_bearer_token(api: Api, sql: Sql) -> None:
     assert count_runs(sql) == 1
 
 
-def test_without_a_configured_token_every_mutation_is_refused(api_stack: Stack, sql: Sql) -> None:
-    api = start_api(api_stack, token=None)
+def test_without_a_configured_token_every_mutation_is_refused(api_here: StartApi, sql: Sql) -> None:
+    api = api_here(token=None)
     body = {"workflow": "api-record", "input": {}}
     for token in ("anything", TOKEN, ""):
         reply = api.post("/api/v1/runs", body, headers={"Authorization": f"Bearer {token}"})
@@ -473,8 +508,8 @@ def test_a_body_far_over_the_limit_is_still_a_json_413(api: Api, sql: Sql) -> No
     assert count_runs(sql) == 0
 
 
-def test_a_smaller_max_body_bytes_is_enforced(api_stack: Stack, sql: Sql) -> None:
-    api = start_api(api_stack, max_body_bytes=2048)
+def test_a_smaller_max_body_bytes_is_enforced(api_here: StartApi, sql: Sql) -> None:
+    api = api_here(max_body_bytes=2048)
     small = api.post("/api/v1/runs", {"workflow": "api-record", "input": {"pad": "x" * 1500}})
     assert small.status == 201, small.body
     big = {"workflow": "api-record", "input": {"pad": "x" * 2100}}
@@ -639,6 +674,7 @@ def _ready(api: Api) -> Reply:
     return api.request("GET", "/health/ready", auth=False, timeout=15)
 
 
+@pytest.mark.slow  # real role processes
 def test_ready_needs_a_scheduler_a_publisher_and_a_worker(api_stack: Stack) -> None:
     api = start_api(api_stack)
     scheduler, publisher, worker = api_stack.start_all(workers=1)
@@ -743,6 +779,7 @@ def flowforge_up(stack: Stack, **settings: Any) -> Iterator[subprocess.Popen[byt
         log.close()
 
 
+@pytest.mark.slow  # real role processes
 def test_metrics_parse_and_move_as_tasks_run_under_flowforge_up(api_stack: Stack) -> None:
     port = free_ports(1)[0]
     api_stack.extra_env = {TOKEN_ENV: TOKEN}

@@ -1,7 +1,9 @@
-"""The api against hostile or careless clients, on a real api child (`flowforge role api`).
+"""The api against hostile or careless clients, over real sockets.
 
-Every request goes over a socket to a real process, started the way tests/integration/test_api.py
-starts it. Proven here:
+Every request goes over a socket to the api's server: the api role served from this process
+(``api_here``, tests/api_here.py), or, where the process itself matters (its log, a flood
+measured against a process of its own), a real api child (`flowforge role api`, started the way
+tests/integration/test_api.py starts it). Proven here:
 
 - ``api.read_access: token`` (the default): every read of ``/api/...`` and ``/metrics`` needs the
   bearer token (401 without, 403 wrong); the probes, the dashboard's pages and assets stay open
@@ -42,12 +44,16 @@ from tests.integration.test_api import (
     UNKNOWN_ID,
     Api,
     Reply,
+    StartApi,
+    api_here,
+    api_stack,
     assert_json_error,
     count_runs,
     start_api,
 )
 
 pytestmark = pytest.mark.integration
+_ = (api_here, api_stack)  # the fixtures of test_api.py, taken here by name
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
@@ -87,9 +93,9 @@ def with_host(api: Api, host: str, method: str = "GET", path: str = "/api/v1/run
 
 
 def test_reads_need_the_token_by_default_and_the_probes_and_pages_stay_open(
-    stack: Stack, sql: Sql
+    api_here: StartApi, sql: Sql
 ) -> None:
-    api = start_api(stack)
+    api = api_here()
     for path in [*READS, f"/api/v1/runs/{UNKNOWN_ID}", "/api/v1/dead?limit=1"]:
         missing = without_token(api, "GET", path)
         assert_json_error(missing, 401)
@@ -113,9 +119,9 @@ def test_reads_need_the_token_by_default_and_the_probes_and_pages_stay_open(
 
 
 def test_with_read_access_open_reads_need_no_token_and_mutations_still_do(
-    stack: Stack, sql: Sql
+    api_here: StartApi, sql: Sql
 ) -> None:
-    api = start_api(stack, read_access="open")
+    api = api_here(read_access="open")
     for path in READS:
         assert without_token(api, "GET", path).status == 200, path
     body = {"workflow": "api-record", "input": {}}
@@ -127,8 +133,10 @@ def test_with_read_access_open_reads_need_no_token_and_mutations_still_do(
 # ------------------------------------------------------------------ allowed hosts
 
 
-def test_a_host_not_allowed_gets_a_json_421_before_any_route_runs(stack: Stack, sql: Sql) -> None:
-    api = start_api(stack)
+def test_a_host_not_allowed_gets_a_json_421_before_any_route_runs(
+    api_here: StartApi, sql: Sql
+) -> None:
+    api = api_here()
     port = api.port
     for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
         assert "not served here" in assert_json_error(with_host(api, host), 421)
@@ -148,8 +156,8 @@ def test_a_host_not_allowed_gets_a_json_421_before_any_route_runs(stack: Stack, 
     assert with_host(api, "10.1.2.3:8080", path="/health/live").status == 200
 
 
-def test_allowed_hosts_replaces_the_default(stack: Stack) -> None:
-    api = start_api(stack, allowed_hosts=["flowforge.example", "other.example:8443"])
+def test_allowed_hosts_replaces_the_default(api_here: StartApi) -> None:
+    api = api_here(allowed_hosts=["flowforge.example", "other.example:8443"])
     assert with_host(api, f"flowforge.example:{api.port}").status == 200
     assert with_host(api, "flowforge.example").status == 200
     assert with_host(api, "other.example:8443").status == 200
@@ -256,6 +264,7 @@ def assert_answers_under(flood: Slowloris, api: Api) -> None:
     assert flood.reopened > 0  # the flood really was pressing: the api closed some of it
 
 
+@pytest.mark.slow  # a 4 s flood of 120 connections
 def test_probes_and_reads_answer_while_120_slow_clients_trickle_headers(stack: Stack) -> None:
     """One address: the per-client cap (20) keeps the flood to 20 connections, the longest
     waiting of which makes room for each new one."""
@@ -266,6 +275,7 @@ def test_probes_and_reads_answer_while_120_slow_clients_trickle_headers(stack: S
         wait_for(lambda: flood.open_count() <= 20, timeout=5, interval=0.1, what="the cap")
 
 
+@pytest.mark.slow  # a 4 s flood of 120 connections
 def test_at_the_connection_limit_the_longest_waiting_connection_makes_room(
     stack: Stack,
 ) -> None:
@@ -286,9 +296,9 @@ def read_answer(sock: socket.socket, timeout: float) -> Reply:
 
 
 def test_a_request_head_past_its_deadline_gets_408_and_its_connection_closes(
-    stack: Stack,
+    api_here: StartApi,
 ) -> None:
-    api = start_api(stack, request_head_timeout_s=1)
+    api = api_here(request_head_timeout_s=1)
     with contextlib.ExitStack() as sockets:
         trickling = sockets.enter_context(socket.create_connection(("127.0.0.1", api.port), 5))
         silent = sockets.enter_context(socket.create_connection(("127.0.0.1", api.port), 5))
@@ -328,11 +338,11 @@ def test_a_request_head_past_its_deadline_gets_408_and_its_connection_closes(
 
 
 def test_a_request_body_past_its_deadline_gets_408_and_its_connection_closes(
-    stack: Stack, sql: Sql
+    api_here: StartApi, sql: Sql
 ) -> None:
     """A head sent at once, then a body a byte at a time: inside a request, so no cap can
     close it; the body deadline does."""
-    api = start_api(stack, request_body_timeout_s=1)
+    api = api_here(request_body_timeout_s=1)
     head = (
         f"POST /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
         "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
@@ -380,9 +390,9 @@ def partial_heads(port: int, n: int) -> list[socket.socket]:
 
 
 def test_at_the_per_client_cap_a_new_connection_displaces_the_longest_waiting_one(
-    stack: Stack,
+    api_here: StartApi,
 ) -> None:
-    api = start_api(stack, max_connections_per_client=3)
+    api = api_here(max_connections_per_client=3)
     settle(api)  # the probes that saw it start are gone
     socks = partial_heads(api.port, 3)
     # the server must have read all three heads' first bytes: one not read yet counts as an
@@ -408,12 +418,43 @@ def test_at_the_per_client_cap_a_new_connection_displaces_the_longest_waiting_on
             sock.close()
 
 
+def test_at_the_connection_limit_a_new_connection_closes_the_longest_waiting_partial_head(
+    api_here: StartApi,
+) -> None:
+    """The connection limit's rule without a flood (the flood is the slow test above): more
+    partial heads than the limit holds, each from its own address so no per-client cap
+    applies; each one accepted past the limit closes the oldest, and a client that sends
+    its request at once is answered."""
+    limit = 6
+    # no head deadline within the test: only the limit can close a connection
+    api = api_here(connection_limit=limit, request_head_timeout_s=60)
+    settle(api)
+    socks: list[socket.socket] = []
+    try:
+        for i in range(limit):  # the listening socket holds a slot too: more than fit
+            sock = socket.create_connection(("127.0.0.1", api.port), 5, (f"127.0.1.{1 + i}", 0))
+            socks.append(sock)
+            sock.sendall(b"GET /health/live HTTP/1.1\r\n")
+        settle(api)  # queued behind every partial head: accepted after each of them
+        wait_for(
+            lambda: server_closed(socks[0]),
+            timeout=5,
+            interval=0.05,
+            what="the oldest partial head to be closed",
+        )
+        assert not server_closed(socks[-1])
+        assert sum(not server_closed(s) for s in socks) < limit
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def test_at_the_per_client_cap_a_new_connection_is_refused_when_every_one_is_busy(
-    stack: Stack, sql: Sql
+    api_here: StartApi, sql: Sql
 ) -> None:
     """Three connections inside a request (head sent, body on its way) cannot make room: the
     fourth gets a JSON 429, and the three are untouched."""
-    api = start_api(stack, max_connections_per_client=3)
+    api = api_here(max_connections_per_client=3)
     head = (
         f"POST /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
         "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"

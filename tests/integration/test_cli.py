@@ -1,6 +1,9 @@
-"""The `flowforge` command as an operator uses it: a real subprocess, a real database.
+"""The `flowforge` command as an operator uses it: a process of its own, a real database.
 
 Operator mistakes must give one line on stderr, a distinct non-zero exit code and no traceback.
+The first test starts ``python -m flowforge.cli`` in a fresh interpreter each time, as a shell
+does; the others fork it off a preloaded interpreter (tests/cli_runner.py), which runs the
+same ``__main__`` in its own process for a fraction of the cost.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from flowforge.cli import exitcodes
+from tests import cli_runner
 
 pytestmark = pytest.mark.integration
 
@@ -23,11 +27,13 @@ UNKNOWN_ID = "00000000-0000-0000-0000-000000000000"
 
 
 def flowforge(
-    *args: str, url: str | None = None, config: Path = EXAMPLE
+    *args: str, url: str | None = None, config: Path = EXAMPLE, fresh_interpreter: bool = False
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
     if url is not None:
         env["FLOWFORGE_DATABASE_URL"] = url
+    if not fresh_interpreter:
+        return cli_runner.run(["-c", str(config), *args], env)
     return subprocess.run(
         [sys.executable, "-m", "flowforge.cli", "-c", str(config), *args],
         capture_output=True,
@@ -50,7 +56,7 @@ def assert_operator_error(
 
 
 def test_migrate_twice_then_trigger_and_status(clean_database_url: str) -> None:
-    first = flowforge("migrate", url=clean_database_url)
+    first = flowforge("migrate", url=clean_database_url, fresh_interpreter=True)
     assert first.returncode == 0, first.stderr
     assert "up to date" in first.stdout  # the session database is already migrated
     triggered = flowforge(
@@ -59,11 +65,12 @@ def test_migrate_twice_then_trigger_and_status(clean_database_url: str) -> None:
         "--input",
         '{"order_id": 1, "customer_id": 2, "amount": 3}',
         url=clean_database_url,
+        fresh_interpreter=True,
     )
     assert triggered.returncode == 0, triggered.stderr
     run_id = triggered.stdout.strip()
     assert len(run_id) == 36 and "\n" not in run_id
-    status = flowforge("status", run_id, "--json", url=clean_database_url)
+    status = flowforge("status", run_id, "--json", url=clean_database_url, fresh_interpreter=True)
     assert status.returncode == 0, status.stderr
     data = json.loads(status.stdout)
     assert data["id"] == run_id and data["workflow"] == "order-fulfilment"
@@ -72,7 +79,7 @@ def test_migrate_twice_then_trigger_and_status(clean_database_url: str) -> None:
     assert all(
         {"id", "name", "state", "attempt", "failure_reason"} <= t.keys() for t in data["tasks"]
     )
-    human = flowforge("status", run_id, url=clean_database_url)
+    human = flowforge("status", run_id, url=clean_database_url, fresh_interpreter=True)
     assert human.returncode == 0 and "charge" in human.stdout and "PENDING" in human.stdout
 
 
@@ -157,13 +164,6 @@ def test_an_unreachable_database_gives_one_line_and_its_own_exit_code() -> None:
 def test_config_flag_is_accepted_after_the_subcommand(clean_database_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
     env["FLOWFORGE_DATABASE_URL"] = clean_database_url
-    result = subprocess.run(
-        [sys.executable, "-m", "flowforge.cli", "workflows", "list", "--json", "-c", str(EXAMPLE)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    result = cli_runner.run(["workflows", "list", "--json", "-c", str(EXAMPLE)], env)
     assert result.returncode == 0, result.stderr
     assert {w["name"] for w in json.loads(result.stdout)} == {"hello", "order-fulfilment"}

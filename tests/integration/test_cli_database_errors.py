@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from flowforge.cli import exitcodes
+from tests import cli_runner
 from tests.harness.resources import create_database, drop_database, free_ports
 from tests.helpers import wait_for
 
@@ -57,14 +58,24 @@ def write_config(tmp_path: Path, url: str) -> Path:
     return path
 
 
-def flowforge(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWFORGE_", "PG"))}
+def operator_env() -> dict[str, str]:
+    """This environment without FlowForge's or libpq's variables: only the config speaks."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("FLOWFORGE_", "PG"))}
+
+
+def flowforge(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A command, forked off the preloaded CLI (tests/cli_runner.py)."""
+    return cli_runner.run(["-c", str(config), *args], operator_env())
+
+
+def flowforge_up(config: Path) -> subprocess.CompletedProcess[str]:
+    """``flowforge up`` in a fresh interpreter, as an operator starts it."""
     return subprocess.run(
-        [sys.executable, "-m", "flowforge.cli", "-c", str(config), *args],
+        [sys.executable, "-m", "flowforge.cli", "-c", str(config), "up"],
         capture_output=True,
         text=True,
-        env=env,
-        timeout=timeout,
+        env=operator_env(),
+        timeout=UP_TIMEOUT_S,
         check=False,
     )
 
@@ -77,7 +88,7 @@ def assert_one_line(result: subprocess.CompletedProcess[str], code: int, line: s
 
 def assert_up_fails_to_boot(config: Path, reason: str) -> None:
     """``flowforge up`` exits 3 (boot failure) and its log names ``reason``, no traceback."""
-    result = flowforge(config, "up", timeout=UP_TIMEOUT_S)
+    result = flowforge_up(config)
     assert result.returncode == exitcodes.BOOT, (result.returncode, result.stderr[-2000:])
     assert f"cannot start: {reason}" in result.stderr
     assert "Traceback" not in result.stderr
@@ -165,6 +176,7 @@ def password_server() -> Iterator[int]:
         shutil.rmtree(base_dir, ignore_errors=True)
 
 
+@pytest.mark.slow  # starts a private PostgreSQL
 def test_a_bad_password_is_a_config_error(tmp_path: Path, password_server: int) -> None:
     port = password_server
     right = write_config(tmp_path, f"postgresql://ff:right@127.0.0.1:{port}/flowforge")
@@ -180,6 +192,7 @@ def test_a_bad_password_is_a_config_error(tmp_path: Path, password_server: int) 
     assert_up_fails_to_boot(config, expected)
 
 
+@pytest.mark.slow  # starts a private PostgreSQL
 def test_a_role_that_has_run_logs_a_refused_password_each_time_and_recovers(
     tmp_path: Path, password_server: int
 ) -> None:
@@ -191,11 +204,10 @@ def test_a_role_that_has_run_logs_a_refused_password_each_time_and_recovers(
     assert flowforge(config, "migrate").returncode == 0
     admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     log = tmp_path / "scheduler.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWFORGE_", "PG"))}
     with log.open("wb") as out:
         role = subprocess.Popen(
             [sys.executable, "-m", "flowforge.cli", "-c", str(config), "role", "scheduler"],
-            env=env,
+            env=operator_env(),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

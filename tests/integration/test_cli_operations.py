@@ -1,9 +1,11 @@
 """The operator commands of `flowforge` (SPEC 5): stats, ps, runs, cancel, dead, workflows validate.
 
-A real subprocess against a real database whose contents are made by driving the repository
-(trigger, scheduler passes, claim, finish) or, for ``ps``, by running role processes. Operator
-mistakes give one stderr line, a distinct exit code and no traceback. The basics (trigger,
-status, config errors, unknown ids for status/cancel/requeue) are in test_cli.py.
+The real command (``python -m flowforge.cli`` in a process of its own, forked off a preloaded
+interpreter by tests/cli_runner.py) against a real database whose contents are made by driving
+the store (trigger, scheduler passes, claim, finish) or, for ``ps``, by registering as roles
+do. Operator mistakes give one stderr line, a distinct exit code and no traceback. The
+basics (trigger, status, config errors, unknown ids for status/cancel/requeue) are in
+test_cli.py.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
-from tests.e2e import Stack
-from tests.helpers import FAST_RETRY, bury, claim_task, drain, task_ids, wait_for
+from flowforge.roles.presence import Presence
+from tests import cli_runner
+from tests.helpers import FAST_RETRY, bury, claim_task, drain, task_ids
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -76,15 +78,7 @@ def flowforge(
     if url is not None:
         env["FLOWFORGE_DATABASE_URL"] = url
     config_args = ("-c", str(config)) if config is not None else ()
-    return subprocess.run(
-        [sys.executable, "-m", "flowforge.cli", *config_args, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    return cli_runner.run([*config_args, *args], env, cwd=REPO)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -289,16 +283,17 @@ def test_stats_refuses_a_threshold_below_one(clean_database_url: str, config: Pa
 # ------------------------------------------------------------------ ps
 
 
-def test_ps_lists_the_registered_processes(stack: Stack, sql: Sql, config: Path) -> None:
-    url = stack.database_url
+def test_ps_lists_the_registered_processes(
+    repo: Store, clean_database_url: str, config: Path
+) -> None:
+    """Registered as a role registers itself (its ``Presence``: this process's host and pid);
+    real role processes doing so: tests/integration/test_roles_delivery.py (``slow``)."""
+    url = clean_database_url
     assert ok_json(flowforge("ps", "--json", url=url, config=config)) == []
-    scheduler, worker = stack.start("scheduler"), stack.start("worker")
-    wanted = {(scheduler.pid, "scheduler"), (worker.pid, "worker")}
-
-    def registered() -> bool:
-        return set(sql.execute("SELECT pid, role FROM processes").fetchall()) == wanted
-
-    wait_for(registered, timeout=30, interval=0.1, what="both roles to register")
+    scheduler, worker = Presence(repo, "scheduler"), Presence(repo, "worker")
+    scheduler.announce()
+    worker.announce()
+    wanted = {(os.getpid(), "scheduler"), (os.getpid(), "worker")}
     processes = ok_json(flowforge("ps", "--json", url=url, config=config))
     assert {(p["pid"], p["role"]) for p in processes} == wanted
     for process in processes:
@@ -310,9 +305,9 @@ def test_ps_lists_the_registered_processes(stack: Stack, sql: Sql, config: Path)
     assert rows[0] == ["HOST", "PID", "ROLE", "STARTED", "LAST SEEN", "SILENT S"]
     assert sorted((int(r[1]), r[2]) for r in rows[1:]) == sorted(wanted)
 
-    scheduler.stop()  # a clean stop deregisters
+    scheduler.leave()  # a clean stop deregisters
     left = ok_json(flowforge("ps", "--json", url=url, config=config))
-    assert [(p["pid"], p["role"]) for p in left] == [(worker.pid, "worker")]
+    assert [(p["pid"], p["role"]) for p in left] == [(os.getpid(), "worker")]
 
 
 # ------------------------------------------------------------------ runs and cancel

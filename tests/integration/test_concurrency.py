@@ -284,7 +284,9 @@ def process_racers(database_url: str) -> Iterator[ProcessRacers]:
     racers.close()
 
 
-@pytest.fixture(params=["threads", "processes"])
+# PostgreSQL sees one session per racer either way; the processes (spawned interpreters, seconds
+# to start) are in the full suite, the threads in the fast loop too.
+@pytest.fixture(params=["threads", pytest.param("processes", marks=pytest.mark.slow)])
 def racers(request: pytest.FixtureRequest, clean_database_url: str) -> Racers:
     fixture = "thread_racers" if request.param == "threads" else "process_racers"
     return request.getfixturevalue(fixture)  # type: ignore[no-any-return]

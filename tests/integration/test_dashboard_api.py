@@ -1,8 +1,9 @@
-"""The dashboard's JSON endpoints, pages and request-forgery checks against a real api child.
+"""The dashboard's JSON endpoints, pages and request-forgery checks against the api's server.
 
-The api child is ``flowforge role api`` started the way tests/integration/test_api.py starts
-it (its helpers are reused); states are driven through the repository as in
-test_transitions.py; every request goes over a socket. Proven here:
+The api is the api role served from this process (tests/api_here.py, through
+tests/integration/test_api.py's helpers; the api child itself is test_api.py's); states are
+driven through the repository as in test_transitions.py; every request goes over a socket.
+Proven here:
 
 - ``GET /api/v1/overview``: runs and tasks by state (every state present), tasks finished per
   minute over the last hour (60 minutes), retry backlog, poison candidates (threshold), dead
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -41,17 +43,21 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from tests.e2e import Stack
-from tests.helpers import FAST_RETRY, chain, claim_task, diamond, drain, task_ids, wait_for
+from tests.helpers import FAST_RETRY, chain, claim_task, diamond, drain, task_ids
 from tests.integration.test_api import (
     UNKNOWN_ID,
     Api,
     Reply,
+    StartApi,
+    api_here,
+    api_stack,
     assert_json_error,
-    start_api,
+    serve_here,
 )
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
+_ = (api_here, api_stack)  # the fixtures of test_api.py, taken here by name
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
@@ -126,12 +132,14 @@ OFF_SITE = re.compile(r"(?:https?:)?//(?!www\.w3\.org/2000/svg)[a-z0-9.-]+\.[a-z
 def api(
     tmp_path_factory: pytest.TempPathFactory, database_url: str, broker_url: str
 ) -> Iterator[Api]:
-    """One api child (with a token) for this module, on the session database."""
+    """One api (with a token) for this module, on the session database, served from this
+    process (the api child itself: test_api.py's module api)."""
     stack = Stack(tmp_path_factory.mktemp("dashboard-api"), database_url, broker_url)
+    found, server = serve_here(stack)
     try:
-        yield start_api(stack)
+        yield found
     finally:
-        stack.stop_all()
+        server.stop()
         stack.delete_queue()
 
 
@@ -557,20 +565,19 @@ def test_runs_can_be_bounded_by_creation_time(api: Api, repo: Store, sql: Sql) -
     ]
 
 
-def test_processes_lists_every_registered_process(api: Api, repo: Store, sql: Sql) -> None:
+def test_processes_lists_every_registered_process(
+    api_here: StartApi, repo: Store, sql: Sql
+) -> None:
+    """On an api started after the tables were emptied (served from this process, so its own
+    registration is there at once: the module's api re-registers only every 5 s)."""
+    api = api_here()
     worker, stale = uuid.uuid4(), uuid.uuid4()
     repo.register_process(worker, "host-a", 4242, "worker")
     repo.register_process(stale, "host-b", 4343, "publisher")
     sql.execute(
         "UPDATE processes SET last_seen_at = now() - interval '2 minutes' WHERE id = %s", (stale,)
     )
-    assert api.process is not None
-
-    def listed() -> dict[int, dict[str, Any]] | None:
-        found = {p["pid"]: p for p in ok(api.get("/api/v1/processes"))["processes"]}
-        return found if api.process is not None and api.process.pid in found else None
-
-    found = wait_for(listed, timeout=15, interval=0.2, what="the api to register itself again")
+    found = {p["pid"]: p for p in ok(api.get("/api/v1/processes"))["processes"]}
     assert found[4242]["host"] == "host-a" and found[4242]["role"] == "worker"
     assert found[4242]["live"] is True and found[4242]["id"] == str(worker)
     assert found[4343]["live"] is False and found[4343]["silent_s"] >= 119
@@ -585,7 +592,7 @@ def test_processes_lists_every_registered_process(api: Api, repo: Store, sql: Sq
             "silent_s",
             "live",
         } <= process.keys()
-    assert found[api.process.pid]["role"] == "api"
+    assert found[os.getpid()]["role"] == "api"  # the api registers itself
 
 
 # ------------------------------------------------------------------ request forgery

@@ -77,8 +77,9 @@ def _bad_scans(
 
 
 @pytest.fixture
-def skewed(repo: Store, sql: Sql) -> uuid.UUID:
-    """Statistics that saw only finished work, then a burst; the fan-out's run id."""
+def skewed(truncated_database_url: str, repo: Store, sql: Sql) -> uuid.UUID:
+    """Statistics that saw only finished work, then a burst; the fan-out's run id (on tables
+    truncated first, so no dead tuple of an earlier test weighs on the plans)."""
     runs = repo.trigger_many(single("plan-history"), [{"n": n} for n in range(HISTORY)])
     sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now(), propagated = true")
     sql.execute("UPDATE workflow_runs SET state = 'SUCCEEDED', finished_at = now()")

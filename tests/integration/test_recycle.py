@@ -12,7 +12,7 @@ from tests.e2e import Stack
 from tests.helpers import single, wait_for
 from tests.store import Store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 
 def test_a_worker_over_its_memory_limit_finishes_the_task_then_exits_to_be_recycled(

@@ -78,6 +78,7 @@ def test_a_young_unclaimed_dispatch_is_left_alone(repo: Store, sql: Conn) -> Non
     assert repo.redispatch_lost(AGE_S, 100) == 0
 
 
+@pytest.mark.slow  # real role processes
 def test_a_message_lost_by_the_broker_still_runs_once_through_the_roles(
     stack: Stack, repo: Store, sql: Conn
 ) -> None:

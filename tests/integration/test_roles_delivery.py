@@ -24,8 +24,7 @@ import psycopg
 import pytest
 
 from flowforge.broker import messages
-from flowforge.broker.publish import ConfirmingPublisher
-from flowforge.config import BrokerConfig, load_config
+from flowforge.config import load_config
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome, Dispatch, TaskRun
 from flowforge.domain.policy import Jitter, RetryPolicy
@@ -50,7 +49,7 @@ from tests.e2e import RoleProcess, Stack
 from tests.helpers import FAST_RETRY, drain, single, wait_for
 from tests.store import Store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
@@ -448,26 +447,6 @@ def test_a_lost_publisher_confirm_keeps_the_row_pending_and_the_next_sweep_deliv
     assert stays_empty(stack)
     assert executions(sql, task_id) == [(1, worker.pid)]  # ... at most once executed
     assert len(outbox_rows(sql, task_id)) == 1
-
-
-def test_an_unroutable_publish_leaves_the_row_pending(stack: Stack, repo: Store, sql: Sql) -> None:
-    _, task_id = trigger_one(repo, "e2e.record")
-    assert repo.promote_ready(10) == 0  # the trigger made it READY with its outbox row
-    publisher = ConfirmingPublisher(BrokerConfig(url=(stack.broker_url,), queue=stack.queue))
-    publisher.connect()  # declares the queue ...
-    try:
-        with broker_channel(stack) as channel:  # ... which an operator then deletes
-            channel.queue_delete(stack.queue)
-        assert repo.publish_outbox(10, publisher.publish) == (1, 0)
-        assert outbox_rows(sql, task_id)[0][2] is None, "an unroutable message was stamped"
-
-        publisher.close()
-        publisher.connect()  # the queue exists again: the pending row is delivered
-        assert repo.publish_outbox(10, publisher.publish) == (1, 1)
-    finally:
-        publisher.close()
-    assert outbox_rows(sql, task_id)[0][2] is not None
-    assert queue_depth(stack) == 1
 
 
 def test_a_worker_whose_consumer_the_broker_cancelled_subscribes_again(

@@ -10,8 +10,6 @@ retention (which purges by ``finished_at``) leaves it alone.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
+from tests import cli_runner
 from tests.e2e import REPO
 from tests.helpers import claim_task, drain, expire_lease, task_ids
 from tests.store import Store
@@ -158,14 +157,10 @@ def test_the_cli_cancels_such_a_run_and_says_what_it_waits_for(
     config = tmp_path / "flowforge.yaml"
     config.write_text("workflows: []\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "flowforge.cli", "-c", str(config), "cancel", str(run_id)],
-        capture_output=True,
-        text=True,
-        env={**env, "FLOWFORGE_DATABASE_URL": clean_database_url},
+    done = cli_runner.run(
+        ["-c", str(config), "cancel", str(run_id)],
+        {**env, "FLOWFORGE_DATABASE_URL": clean_database_url},
         cwd=REPO,
-        timeout=60,
-        check=False,
     )
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"run {run_id} is RUNNING: cancel requested, 1 running task(s) to stop\n"

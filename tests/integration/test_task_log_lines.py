@@ -47,6 +47,7 @@ def lines_naming(text: str, task_run_id: uuid.UUID) -> list[str]:
     return [line for line in text.splitlines() if f"task run {task_run_id} " in line]
 
 
+@pytest.mark.slow  # real role processes
 def test_a_failing_task_leaves_one_line_per_attempt_retry_and_death(
     stack: Stack, repo: Store
 ) -> None:

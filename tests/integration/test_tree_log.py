@@ -28,7 +28,7 @@ from tests.e2e import REPO, Stack
 from tests.helpers import single, wait_for
 from tests.store import Store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 

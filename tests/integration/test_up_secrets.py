@@ -38,7 +38,7 @@ from tests.e2e import Stack
 from tests.harness.resources import child_pids, free_ports
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hunter2"

@@ -32,7 +32,7 @@ from tests.e2e import REPO, Stack
 from tests.helpers import single, wait_for
 from tests.store import Store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real flowforge up tree
 
 WATCHDOG_USEC = 2_000_000  # WatchdogSec=2: a WATCHDOG=1 every second
 READY_S = 60.0

@@ -3,11 +3,11 @@
 Generated JSON-ish values (NaN, ±Infinity, NUL, lone surrogates in strings and keys, deep
 nesting, big strings, non-JSON types; tests/values.py) go through the real trigger path
 (:class:`Client` → the store's ``Triggers`` → PostgreSQL), the real finish path (claim, then
-classify and finish a batch in one statement), the real api child (``POST /api/v1/runs``) and
-the CLI. Each is either stored and read back equal, or refused as the caller's mistake (an
-:class:`InputError`, HTTP 400, exit 2) with nothing written; never a database error, never a
-5xx; and a bad value never disturbs the other tasks of its batch. The oracle is independent of
-the code under test.
+classify and finish a batch in one statement), the api's server (``POST /api/v1/runs``, served
+from this process) and the CLI. Each is either stored and read back equal, or refused as the
+caller's mistake (an :class:`InputError`, HTTP 400, exit 2) with nothing written; never a
+database error, never a 5xx; and a bad value never disturbs the other tasks of its batch. The
+oracle is independent of the code under test.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from flowforge.errors import DefinitionError, InputError, PermanentError, Unstor
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import Job, classify
 from flowforge.roles.worker import Worker
-from tests.e2e import REPO
+from tests.e2e import REPO, Stack
 from tests.helpers import claim_task, drain, task_ids
-from tests.integration.test_api import Api, api, assert_json_error
+from tests.integration.test_api import Api, assert_json_error, serve_here
 from tests.integration.test_cli_operations import assert_operator_error, flowforge
 from tests.store import Store
 from tests.stubs import Outcomes
@@ -69,7 +69,6 @@ PLAIN = WorkflowDef("values-plain", (TaskDef("only", "tests.noop", retry=ONCE),)
 MAX_RESULT = 2048
 #: Tasks finished in one statement beside the generated one.
 NEIGHBOURS = 3
-_ = api  # the module-scoped api child of test_api, started once for this module too
 PROPERTY = settings(
     max_examples=80,
     deadline=None,
@@ -97,6 +96,20 @@ def expected_refused(run_input: dict[str, Any], task_key: str, key: str | None =
     """The oracle for one trigger: an unstorable input, or a key text cannot hold (the task
     key rendered from the input, or the trigger's own idempotency key)."""
     return not (storable(run_input) and key_ok(task_key) and (key is None or key_ok(key)))
+
+
+@pytest.fixture(scope="module")
+def api(
+    tmp_path_factory: pytest.TempPathFactory, database_url: str, broker_url: str
+) -> Iterator[Api]:
+    """The api role, served from this process (tests/api_here.py) for this module."""
+    stack = Stack(tmp_path_factory.mktemp("values-api"), database_url, broker_url)
+    found, server = serve_here(stack)
+    try:
+        yield found
+    finally:
+        server.stop()
+        stack.delete_queue()
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, single, wait_for
 from tests.store import Store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 

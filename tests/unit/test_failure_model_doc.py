@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -13,14 +14,15 @@ REFERENCE = re.compile(r"`(test_[a-z0-9_]+)` \(([a-z]+)/([a-z0-9_]+)\)")
 ANY_TEST_NAME = re.compile(r"\btest_[a-z0-9_]+\b")
 
 
-def defined_tests(path: Path) -> set[str]:
+@functools.cache  # the document names few files many times: parse each file once
+def defined_tests(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text())
-    return {
+    return frozenset(
         node.name
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and node.name.startswith("test_")
-    }
+    )
 
 
 def test_every_test_the_failure_model_names_exists() -> None:

@@ -33,7 +33,8 @@ class _Handler(BaseHTTPRequestHandler):
 def server() -> Iterator[int]:
     """An HTTP server on 127.0.0.1: 200 on /health/live, 503 elsewhere; its port."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # shutdown() waits for the loop's next poll: 0.05 s, not the default 0.5 s per test
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield httpd.server_address[1]
     httpd.shutdown()
