@@ -77,6 +77,7 @@ class Batch:
         self.claimed: list[Claim] = []
         self.ready: list[tuple[UUID, int]] = []
         self.abandoned = False  # a hook gave up a running handler: the worker must go
+        self._withdrawn: set[int] = set()  # id() of the jobs handed back before they started
 
     def run(self, then: Then) -> bool:
         """Run, ack and finish the batch; True if a handler was slow (the rest handed back)."""
@@ -105,12 +106,33 @@ class Batch:
         crew.executor.submit([t.job for t in tasks])
         slow = False
         for index, task in enumerate(tasks):
+            if id(task.job) in self._withdrawn:
+                continue  # handed back behind a slow handler
+            # A job behind a slow one that the handler thread started before the hand-back
+            # withdrew the rest could not be handed back: it is waited for like any other.
             if not self._wait(task, tasks[index + 1 :]):
-                slow = True  # everything behind it was handed back
-                break
+                slow = True
+                if self.abandoned:
+                    break  # the handler thread is stuck in it: nothing behind it can start
         self._ack()
         self._flush(then if not slow else None)
+        self._check_released(tasks)
         return slow
+
+    def _check_released(self, tasks: Sequence[_Task]) -> None:
+        """Every claim of the batch is finished or handed back by now, so no lease of it may
+        still be held: one held would be renewed for ever with nothing to finish it. Should
+        one be (a defect), it is let go, loudly, and lapses to the reaper."""
+        leftover = self._crew.leases.held([t.claim.task_run_id for t in tasks])
+        if leftover:
+            logger.error(
+                "a batch ended with %d claim(s) neither finished nor handed back; their "
+                "leases are let go and lapse to the reaper: %s",
+                len(leftover),
+                ", ".join(str(i) for i in leftover),
+                extra={"action": "claims_leaked"},
+            )
+            self._crew.leases.drop(leftover)
 
     def _ack(self) -> None:
         last, self._pending_ack = self._pending_ack, None
@@ -159,6 +181,7 @@ class Batch:
         """A slow handler holds this worker: stop consuming, ack, give back what waits."""
         crew = self._crew
         withdrawn = {id(job) for job in crew.executor.withdraw()}
+        self._withdrawn |= withdrawn
         unstarted = [t.claim for t in behind if id(t.job) in withdrawn]
         crew.intake.hand_back()
         self._ack()

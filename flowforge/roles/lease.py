@@ -98,6 +98,11 @@ class Leases:
             for task_run_id in task_run_ids:
                 self._held.pop(task_run_id, None)
 
+    def held(self, task_run_ids: list[UUID]) -> list[UUID]:
+        """Those of ``task_run_ids`` still held."""
+        with self._lock:
+            return [i for i in task_run_ids if i in self._held]
+
     def drop_all(self) -> None:
         """Stop holding anything (the role resets: what it held is left to the reaper)."""
         with self._lock:

@@ -466,3 +466,76 @@ def test_a_broker_call_blocked_longer_than_a_heartbeat_does_not_stop_lease_renew
     # committed (a stale token would have left the task RUNNING), and on its first attempt
     assert made.store.tasks[task].state is TaskState.SUCCEEDED
     assert made.store.tasks[task].attempt == 1
+
+
+def test_a_task_the_handler_thread_starts_during_a_hand_back_is_waited_for_and_finished() -> None:
+    """The race behind a stuck (or, before leases renewed on their own, twice executed) task:
+    the main thread decides the running handler is slow, but before it withdraws the jobs
+    behind it the handler ends and the handler thread starts the next one. That job cannot be
+    handed back; the batch must wait for it and finish it, not leave its claim held."""
+    first_release = threading.Event()
+    second_started = threading.Event()
+    second_release = threading.Event()
+    order: list[str] = []
+
+    def gated(ctx: TaskContext) -> str:
+        position = len(order)
+        order.append(str(ctx.task_run_id))
+        if position == 0:  # the slow one: until the hook has seen it slow
+            assert first_release.wait(BLOCK_S)
+        elif position == 1:  # started by the handler thread while the main thread hands back
+            second_started.set()
+            assert second_release.wait(BLOCK_S)
+        return "done"
+
+    class Race(Hook):
+        """Holds the main thread, once, between seeing the first handler slow and handing
+        back, until the handler thread has moved on to the second job."""
+
+        def __init__(self) -> None:
+            self.raced = False
+
+        def while_running(self, claim: Claim, elapsed_s: float) -> float | Finish | None:
+            if not self.raced and elapsed_s > 0.05 and order:
+                self.raced = True
+                first_release.set()
+                assert second_started.wait(BLOCK_S)
+            return None
+
+    made = make_rig(fast_ms=50.0)
+    race = Race()
+    made.worker = Worker(
+        made.worker._config,
+        made.telemetry,
+        handlers={**(made.worker._handlers or {}), "gated": gated},
+        broker=made.broker,
+        store=made.store,
+        db=NullPool(),
+        hooks=[race],
+    )
+    handed_back = StubBroker.hand_back
+
+    def hand_back_then_let_the_second_end(broker: StubBroker = made.broker) -> int:
+        requeued = handed_back(broker)
+        second_release.set()  # the second job ends only once the hand-back is under way
+        return requeued
+
+    made.broker.hand_back = hand_back_then_let_the_second_end  # type: ignore[method-assign]
+    made.store.on_release = made.broker.publish  # the publisher's part: the new outbox row
+    made.publish("fast", 1 + 2)  # the window grows to 4: the next take is one batch of three
+    gated_ids = made.publish("gated", 3)
+    try:
+        made.run()
+    finally:
+        second_release.set()
+        first_release.set()
+        made.worker.shutdown()
+    assert race.raced, "the race was not staged"
+    first, second, third = gated_ids
+    assert made.store.tasks[first].state is TaskState.SUCCEEDED
+    # started during the hand-back: waited for and finished, not left RUNNING
+    assert made.store.tasks[second].state is TaskState.SUCCEEDED
+    # never started: handed back, then run again by this worker from the queue
+    assert made.store.tasks[third].state is TaskState.SUCCEEDED
+    assert made.store.tasks[third].attempt == 1
+    assert order.count(str(second)) == 1
