@@ -39,6 +39,32 @@ RENEW_RETRY_S = 1.0
 LISTEN_POLL_S = 1.0
 
 
+class _Daemon:
+    """A named daemon thread running ``target(stop_event)`` that can be stopped and started
+    again: a thread from before a stop keeps its own event, so a restart never revives it."""
+
+    def __init__(self, name: str, target: Callable[[threading.Event], None]) -> None:
+        self._name = name
+        self._target = target
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (once; later calls do nothing while it runs)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._target, args=(self._stop,), name=self._name, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Set the thread's stop event (it ends at its next look)."""
+        self._stop.set()
+        self._thread = None
+
+
 class Leases:
     """The claims a worker holds until their outcome commits, renewed together.
 
@@ -57,26 +83,18 @@ class Leases:
         self._lock = threading.Lock()  # the keeper and the cancel listener read what is held
         self._settling = threading.Lock()  # a renewal and a finish/hand-back never interleave
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._keeper = _Daemon("lease-keeper", self._keep)
         self.renewed_at = time.monotonic()
         self._next_at = self.renewed_at + heartbeat_s
 
     def start(self) -> None:
         """Start the keeper thread (once; later calls do nothing while it runs)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop = threading.Event()  # a thread from before a stop keeps its own event
-        self._thread = threading.Thread(
-            target=self._keep, args=(self._stop,), name="lease-keeper", daemon=True
-        )
-        self._thread.start()
+        self._keeper.start()
 
     def stop(self) -> None:
         """Ask the keeper to end (at once, or after the renewal it is running)."""
-        self._stop.set()
+        self._keeper.stop()
         self._wake.set()
-        self._thread = None
 
     def settling(self) -> threading.Lock:
         """Held around a statement that ends claims (finish, hand-back) and the :meth:`drop`
@@ -216,23 +234,15 @@ class CancelWatch:
         self._leases = leases
         self._listener = listener
         self._rand = rand
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._listening = _Daemon("cancel-listener", self._serve)
 
     def start(self) -> None:
         """Start listening (once; later calls do nothing while the thread runs)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop = threading.Event()  # a thread from before a stop keeps its own event
-        self._thread = threading.Thread(
-            target=self._serve, args=(self._stop,), name="cancel-listener", daemon=True
-        )
-        self._thread.start()
+        self._listening.start()
 
     def stop(self) -> None:
         """Ask the thread to close its connection and end (within :data:`LISTEN_POLL_S`)."""
-        self._stop.set()
-        self._thread = None
+        self._listening.stop()
 
     def _serve(self, stop: threading.Event) -> None:
         failures = 0
