@@ -42,7 +42,7 @@ from flowforge.domain.states import RunState, TaskState
 from tests.browser.conftest import UI_TIMEOUT_MS, Dashboard
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration]
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 Shot = Callable[[str], Path]
