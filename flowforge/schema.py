@@ -111,6 +111,8 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
             raise SchemaError(path, f"expected {expected}, got {_kind(value)}")
         if hint is float and not math.isfinite(value):
             raise SchemaError(path, f"must be a finite number, got {value!r}")
+        if hint is str:
+            _check_str(value, path)
         return float(value) if hint is float else value
     raise TypeError(f"{path}: unsupported field type {hint!r}")
 
@@ -136,6 +138,19 @@ def _convert_tuple(hint: Any, value: Any, path: str) -> tuple[Any, ...]:
     if errors:
         raise SchemaError.of(errors)
     return tuple(items)
+
+
+def _check_str(value: str, path: str) -> None:
+    """Refuse text no setting can hold: a NUL byte (C libraries such as libpq would cut the
+    string there and use what is left) or a lone surrogate (not encodable as UTF-8, so no
+    file, URL or statement can carry it). The message never repeats the value: it may be a
+    secret."""
+    if "\x00" in value:
+        raise SchemaError(path, "holds a NUL byte")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SchemaError(path, "holds a lone surrogate (not UTF-8 text)") from None
 
 
 def _join(path: str, key: str) -> str:

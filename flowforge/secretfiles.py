@@ -113,6 +113,8 @@ def read(path: Path, name: str, *, multiline: bool = False) -> tuple[str, int]:
     text = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
     if not text:
         raise refused("is empty")
+    if "\x00" in text:  # libpq and URLs would cut the secret at it and use what is left
+        raise refused("holds a NUL byte")
     if not multiline and ("\n" in text or "\r" in text):
         raise refused("holds more than one line")
     return text, mode
