@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import pika
 import pika.exceptions
 import psycopg
+import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
 from flowforge.broker import messages
 from flowforge.domain.model import Dispatch
+from flowforge.roles.publisher import Publisher
 from supervisor import exitcodes
 from tests.e2e import RoleProcess, Stack
 from tests.store import Store
@@ -121,3 +124,42 @@ def publish_raw(stack: Stack, dispatch: Dispatch) -> None:
             ),
             mandatory=True,
         )
+
+
+def outbox_rows(sql: Sql, task_id: UUID) -> list[tuple[int, int, datetime | None]]:
+    """(outbox id, token, published_at) of one task run, oldest first."""
+    return [
+        (int(i), int(t), p)
+        for i, t, p in sql.execute(
+            "SELECT id, fencing_token, published_at FROM outbox WHERE task_run_id = %s ORDER BY id",
+            (task_id,),
+        ).fetchall()
+    ]
+
+
+def publish_twice_losing_the_first_confirm(
+    stack: Stack, sql: Sql, publisher: Publisher, task_id: UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sweep the one outbox row of ``task_id`` while its publisher confirm is lost on the way to
+    the stamping code, then sweep again: the row stays pending after the first sweep and is
+    stamped by the second, so the queue holds two copies of one generation (at least once)."""
+    [(outbox_id, _, _)] = outbox_rows(sql, task_id)
+    real_send = publisher.send
+    confirmed_by_broker: list[Collection[int]] = []
+
+    def lose_the_confirms(batch: Sequence[Dispatch]) -> Collection[int]:
+        confirmed_by_broker.append(real_send(batch))
+        return set()  # the confirm never reaches the stamping code
+
+    monkeypatch.setattr(publisher, "send", lose_the_confirms)
+    assert publisher.sweep() == (1, 0)
+    assert confirmed_by_broker == [{outbox_id}], "the broker did not really get it"
+    assert outbox_rows(sql, task_id)[0][2] is None, "stamped without a confirm"
+    assert queue_depth(stack) == 1
+
+    monkeypatch.setattr(publisher, "send", real_send)
+    assert publisher.sweep() == (1, 1)
+    assert outbox_rows(sql, task_id)[0][2] is not None
+    assert publisher.sweep() == (0, 0)
+    assert queue_depth(stack) == 2  # at least once: both copies are on the queue
+    assert len(outbox_rows(sql, task_id)) == 1  # one generation: a worker claims it once

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Iterator, Sequence
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -31,7 +30,12 @@ from flowforge.config import BrokerConfig, load_config
 from flowforge.domain.model import Dispatch
 from flowforge.errors import QueueTypeMismatchError
 from flowforge.roles.publisher import Publisher
-from tests.delivery import broker_channel, queue_depth
+from tests.delivery import (
+    broker_channel,
+    outbox_rows,
+    publish_twice_losing_the_first_confirm,
+    queue_depth,
+)
 from tests.e2e import Stack
 from tests.helpers import FAST_RETRY, single, wait_for
 from tests.store import Store
@@ -51,17 +55,6 @@ def trigger_one(repo: Store) -> UUID:
     """A one-task run, READY with its outbox row; its task run id."""
     run_id = repo.trigger(single("publish", "e2e.record", retry=FAST_RETRY)).run_id
     return repo.get_run(run_id).tasks[0].id
-
-
-def outbox_rows(sql: Sql, task_id: UUID) -> list[tuple[int, int, datetime | None]]:
-    """(outbox id, token, published_at) of one task run, oldest first."""
-    return [
-        (int(i), int(t), p)
-        for i, t, p in sql.execute(
-            "SELECT id, fencing_token, published_at FROM outbox WHERE task_run_id = %s ORDER BY id",
-            (task_id,),
-        ).fetchall()
-    ]
 
 
 @pytest.fixture
@@ -88,27 +81,7 @@ def test_a_lost_publisher_confirm_keeps_the_row_pending_and_the_next_sweep_stamp
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     task_id = trigger_one(repo)
-    [(outbox_id, _, _)] = outbox_rows(sql, task_id)
-    publisher = make_publisher()
-    real_send = publisher.send
-    confirmed_by_broker: list[Collection[int]] = []
-
-    def lose_the_confirms(batch: Sequence[Dispatch]) -> Collection[int]:
-        confirmed_by_broker.append(real_send(batch))
-        return set()  # the confirm never reaches the stamping code
-
-    monkeypatch.setattr(publisher, "send", lose_the_confirms)
-    assert publisher.sweep() == (1, 0)
-    assert confirmed_by_broker == [{outbox_id}], "the broker did not really get it"
-    assert outbox_rows(sql, task_id)[0][2] is None, "stamped without a confirm"
-    assert queue_depth(stack) == 1
-
-    monkeypatch.setattr(publisher, "send", real_send)
-    assert publisher.sweep() == (1, 1)
-    assert outbox_rows(sql, task_id)[0][2] is not None
-    assert publisher.sweep() == (0, 0)
-    assert queue_depth(stack) == 2  # at least once: both copies are on the queue
-    assert len(outbox_rows(sql, task_id)) == 1  # one generation: a worker claims it once
+    publish_twice_losing_the_first_confirm(stack, sql, make_publisher(), task_id, monkeypatch)
 
 
 def test_an_unroutable_publish_leaves_the_row_pending(stack: Stack, repo: Store, sql: Sql) -> None:

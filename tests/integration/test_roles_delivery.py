@@ -14,7 +14,6 @@ from __future__ import annotations
 import signal
 import socket
 import time
-from collections.abc import Collection, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,9 @@ from tests.delivery import (
     consumer_count,
     executions,
     exit_code,
+    outbox_rows,
     publish_raw,
+    publish_twice_losing_the_first_confirm,
     queue_depth,
     stale_completions,
     stays_empty,
@@ -97,17 +98,6 @@ def wait_executions(sql: Sql, task_id: UUID, count: int, timeout: float = 20.0) 
         timeout=timeout,
         what=f"{count} recorded execution(s)",
     )
-
-
-def outbox_rows(sql: Sql, task_id: UUID) -> list[tuple[int, int, datetime | None]]:
-    """(outbox id, token, published_at) of one task run, oldest first."""
-    return [
-        (int(i), int(t), p)
-        for i, t, p in sql.execute(
-            "SELECT id, fencing_token, published_at FROM outbox WHERE task_run_id = %s ORDER BY id",
-            (task_id,),
-        ).fetchall()
-    ]
 
 
 def registered_roles(sql: Sql) -> dict[str, tuple[str, int, datetime, datetime]]:
@@ -413,29 +403,10 @@ def test_a_lost_publisher_confirm_keeps_the_row_pending_and_the_next_sweep_deliv
 ) -> None:
     _, task_id = trigger_one(repo, "e2e.record")
     assert repo.promote_ready(10) == 0  # the trigger made it READY with its outbox row
-    [(outbox_id, _, _)] = outbox_rows(sql, task_id)
-
     publisher = Publisher(load_config(stack.config_path(), env={}))
     publisher.initialize()
     try:
-        real_send = publisher.send
-        confirmed_by_broker: list[set[int]] = []
-
-        def lose_the_confirms(batch: Sequence[Dispatch]) -> Collection[int]:
-            confirmed_by_broker.append(real_send(batch))
-            return set()  # the confirm never reaches the stamping code
-
-        monkeypatch.setattr(publisher, "send", lose_the_confirms)
-        assert publisher.sweep() == (1, 0)
-        assert confirmed_by_broker == [{outbox_id}], "the broker did not really get it"
-        assert outbox_rows(sql, task_id)[0][2] is None, "stamped without a confirm"
-        assert queue_depth(stack) == 1
-
-        monkeypatch.setattr(publisher, "send", real_send)
-        assert publisher.sweep() == (1, 1)
-        assert outbox_rows(sql, task_id)[0][2] is not None
-        assert publisher.sweep() == (0, 0)
-        assert queue_depth(stack) == 2  # at least once: both copies are on the queue
+        publish_twice_losing_the_first_confirm(stack, sql, publisher, task_id, monkeypatch)
     finally:
         publisher.shutdown()
 
