@@ -345,6 +345,18 @@ def load_config(
     return _absolute_files(config)
 
 
+def secret_variables(config: Config) -> tuple[str, ...]:
+    """The environment variables that may hold one of ``config``'s secrets itself (not a
+    file's path): once :func:`load_config` has read them, a long-lived process (the tree
+    ``flowforge up`` becomes) drops them from its environment, so no child, handler or program a
+    handler starts inherits them. libpq's own variables (``PGPASSWORD``, ...) are not among them:
+    libpq reads those at every connection."""
+    names = [ENV_DATABASE_URL, ENV_BROKER_URL]
+    if config.api is not None:
+        names.append(config.api.token_env)
+    return tuple(names)
+
+
 def log_warnings(config: Config) -> None:
     """Log what loading ``config`` found worth a warning; called once logging is set up (a
     config is loaded before that)."""

@@ -77,7 +77,7 @@ def up(args: argparse.Namespace) -> int:
     label = Path(path).name if path else "defaults"
     if sys.executable:
         try:
-            become_tree(path, label)  # the same pid, without the command line's modules
+            become_tree(config, path, label)  # the same pid, without the command line's modules
         except OSError as exc:
             output.line(
                 f"flowforge: no fresh interpreter ({exc}); running the tree here", sys.stderr

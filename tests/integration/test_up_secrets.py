@@ -355,3 +355,84 @@ def test_a_tree_whose_secrets_are_only_in_files_shows_them_nowhere(
         assert_no_secret(f"flowforge {command}", text)
     assert_no_secret("the banner", banner)
     assert_no_secret("the log", logs)
+
+
+# ------------------------------------------------------------------ secrets in variables
+
+
+def test_secrets_given_in_variables_are_dropped_before_any_child_starts(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The database URL (with a password), the broker URL and the api token given as variables
+    reach the tree, which uses them, and nothing it forks: no child's environment, no handler's
+    ``os.environ`` (so no program a handler starts) holds them."""
+    db = conninfo_to_dict(stack.database_url)
+    database_url = (  # the test server trusts 127.0.0.1: the password is carried, not checked
+        f"postgresql://{db.get('user', 'postgres')}:{DB_SECRET}@{db.get('host', '127.0.0.1')}:"
+        f"{db.get('port', 5432)}/{db['dbname']}"
+    )
+    broker_url = stack.broker_url
+    workflows = tmp_path / "workflows"
+    workflows.mkdir()
+    workflows.joinpath("secret-probe.yaml").write_text(
+        "name: secret-probe\ntasks:\n  - name: only\n    handler: secrets.environ\n"
+    )
+    tmp_path.joinpath("secret_probe.py").write_text(
+        "import os\nfrom flowforge import task\n\n\n"
+        '@task("secrets.environ")\ndef environ(ctx):\n    return {"environ": dict(os.environ)}\n'
+    )
+    (api_port,) = free_ports(1)
+    config = tmp_path / "up.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "broker": {"queue": stack.queue},
+                "handlers": ["secret_probe"],
+                "workflows": [str(workflows)],
+                "processes": {"workers": 1},
+                "api": {"listen": f"127.0.0.1:{api_port}"},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWFORGE_", "PG"))}
+    env |= {
+        "FLOWFORGE_DATABASE_URL": database_url,
+        "FLOWFORGE_BROKER_URL": broker_url,
+        "FLOWFORGE_API_TOKEN": API_TOKEN,
+    }
+    err = tmp_path / "stderr"
+    with err.open("wb") as stderr:
+        tree = subprocess.Popen(
+            [sys.executable, "-m", "flowforge.cli", "-c", str(config), "up"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        wait_for(lambda: "tree ready" in err.read_text(), READY_S, 0.1, "the tree to be ready")
+        pids = [tree.pid, *child_pids(tree.pid, recursive=True)]
+        views = {pid: process_views(pid) for pid in pids}
+        status, _, body = request(
+            api_port, "POST", "/api/v1/runs", body={"workflow": "secret-probe", "input": {}}
+        )
+        assert status == 201, body  # the token from the variable is the api's
+        run, task = json.loads(body)["id"], json.loads(body)["tasks"][0]["id"]
+
+        def result() -> Any:
+            answer = request(api_port, "GET", f"/api/v1/task-runs/{task}")
+            found = json.loads(answer[2]) if answer[0] == 200 else {"task": {}}
+            return found["result"] if found["task"].get("state") == "SUCCEEDED" else None
+
+        worker_env = wait_for(result, RUN_S, 0.2, f"run {run} to succeed")["environ"]
+    finally:
+        tree.send_signal(signal.SIGTERM)
+        code = tree.wait(STOP_S)
+    assert code == 0, err.read_text()[-3000:]
+    assert len(views) == 5, views  # the supervisor, scheduler, publisher, a worker, the api
+    for name in ("FLOWFORGE_DATABASE_URL", "FLOWFORGE_BROKER_URL", "FLOWFORGE_API_TOKEN"):
+        assert name not in worker_env, name
+    assert worker_env.get("PATH") == env["PATH"]  # the rest of the environment is inherited
+    assert_no_secret("a handler's os.environ", json.dumps(worker_env))
+    for pid, view in views.items():
+        assert_no_secret(f"environ of pid {pid}", view["environ"])

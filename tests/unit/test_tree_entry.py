@@ -8,14 +8,19 @@ the supervisor keeps the pid it was started with); here, the entry itself.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flowforge.cli import exitcodes
 from flowforge.cli.main import main
+from flowforge.config import load_config
+from flowforge.tree import SECRETS_FD_ENV, _take_secrets, become_tree
 from tests.helpers import modules_after_importing
 
 
@@ -45,7 +50,7 @@ def test_up_validates_the_config_then_becomes_the_tree(
 ) -> None:
     became: list[tuple[str | None, str]] = []
 
-    def fake_become_tree(path: str | None, label: str) -> None:
+    def fake_become_tree(_config: object, path: str | None, label: str) -> None:
         became.append((path, label))
         raise SystemExit(0)  # os.execv does not return either
 
@@ -69,7 +74,7 @@ def test_up_names_the_config_from_the_environment_when_no_option_names_it(
     reads that file again and its title names it, not "defaults"."""
     became: list[tuple[str | None, str]] = []
 
-    def fake_become_tree(path: str | None, label: str) -> None:
+    def fake_become_tree(_config: object, path: str | None, label: str) -> None:
         became.append((path, label))
         raise SystemExit(0)
 
@@ -94,3 +99,113 @@ def test_up_runs_the_tree_in_its_own_process_when_no_interpreter_can_be_executed
     assert ran == ["here.yaml"]
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("flowforge: no fresh interpreter (") and "running the tree here" in line
+
+
+# ------------------------------------------------------------------ secrets across the exec
+
+SECRET_ENV = {
+    "FLOWFORGE_DATABASE_URL": "postgresql://ff:db-s3cret@db/flowforge",
+    "FLOWFORGE_BROKER_URL": "amqp://ff:mq-s3cret@mq/%2F",
+    "FLOWFORGE_API_TOKEN": "tok-s3cret",
+}
+
+
+def exec_of_become_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> tuple[list[str], dict[str, str], bytes | None]:
+    """What ``become_tree`` hands ``os.execve`` under ``env``: argv, the environment and the
+    content of the descriptor it names (None when it names none)."""
+    for name in [k for k in os.environ if k.startswith("FLOWFORGE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text("api:\n  listen: 127.0.0.1:8080\n")
+    config = load_config(config_path)
+    execs: list[tuple[list[str], dict[str, str], bytes | None]] = []
+
+    def fake_execve(_path: str, argv: list[str], new_env: dict[str, str]) -> Any:
+        fd = new_env.get(SECRETS_FD_ENV)
+        data = None
+        if fd is not None:
+            assert os.get_inheritable(int(fd)), "the new interpreter could not read it"
+            data = os.pread(int(fd), 1 << 16, 0)
+        execs.append((argv, new_env, data))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", fake_execve)
+    with pytest.raises(SystemExit):
+        become_tree(config, str(config_path), "c.yaml")
+    (found,) = execs
+    return found
+
+
+def test_secret_variables_cross_the_exec_in_a_memory_file_not_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv, env, data = exec_of_become_tree(
+        tmp_path, monkeypatch, {**SECRET_ENV, "FLOWFORGE_API_TOKEN_FILE_UNUSED": "/run/x"}
+    )
+    assert argv[-1].endswith("c.yaml") and "flowforge.tree" in argv
+    assert data is not None and json.loads(data) == SECRET_ENV
+    for name in SECRET_ENV:
+        assert name not in env
+    assert env["FLOWFORGE_API_TOKEN_FILE_UNUSED"] == "/run/x"  # the rest crosses as it was
+    assert "s3cret" not in json.dumps(env)
+
+
+def test_without_secret_variables_no_memory_file_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, env, data = exec_of_become_tree(tmp_path, monkeypatch, {})
+    assert SECRETS_FD_ENV not in env and data is None
+
+
+def memory_file(data: bytes) -> int:
+    fd = os.memfd_create("test-secrets", 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def test_the_tree_takes_the_secrets_and_closes_their_descriptor() -> None:
+    fd = memory_file(json.dumps(SECRET_ENV).encode())
+    env = {SECRETS_FD_ENV: str(fd), "PATH": "/bin"}
+    assert _take_secrets(env) == SECRET_ENV
+    assert env == {"PATH": "/bin"}
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed: no child inherits it
+    assert _take_secrets({"PATH": "/bin"}) == {}
+
+
+@pytest.mark.parametrize(
+    ("named", "message"),
+    [
+        ("x1", "is not a file descriptor"),
+        ("987654", "cannot read descriptor 987654"),
+        ("garbage", "does not hold the secrets"),
+        ("list", "does not hold the secrets"),
+    ],
+)
+def test_a_bad_secrets_descriptor_is_refused_in_one_line(named: str, message: str) -> None:
+    if named in ("garbage", "list"):
+        named = str(memory_file(b"\xff{" if named == "garbage" else b'["a"]'))
+    with pytest.raises(ValueError, match=message) as info:
+        _take_secrets({SECRETS_FD_ENV: named})
+    assert "\n" not in str(info.value)
+
+
+def test_the_tree_entry_refuses_a_bad_secrets_descriptor_with_one_line_and_2() -> None:
+    env = {**os.environ, SECRETS_FD_ENV: "987654"}
+    done = subprocess.run(
+        [sys.executable, "-m", "flowforge.tree", "x.yaml", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == exitcodes.USAGE
+    assert (
+        done.stderr
+        == f"flowforge: {SECRETS_FD_ENV}: cannot read descriptor 987654: Bad file descriptor\n"
+    )
