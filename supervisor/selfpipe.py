@@ -79,6 +79,10 @@ def signal_pipe(
         for signum in signals:
             previous[signum] = signal.signal(signum, _ignored)
         old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        # whoever started this process may have blocked them until now (``flowforge up`` does,
+        # so that a stop before the handlers exist is not lost): one that came meanwhile is
+        # pending, and arrives here at once
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, previous)
         pipe = SignalPipe(read_fd, write_fd)
         if reader is not None:
             thread = threading.Thread(target=reader, args=(pipe,), name="signals", daemon=True)

@@ -25,6 +25,8 @@ from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 HANDLERS_MODULE = "tests.e2e_handlers"
+#: The variable through which those handlers find the database they record executions in.
+RECORD_URL_ENV = "FLOWFORGE_E2E_RECORD_URL"
 STOP_TIMEOUT_S = 15.0
 
 DEFAULT_SETTINGS: dict[str, Any] = {
@@ -113,7 +115,8 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
-        env["FLOWFORGE_DATABASE_URL"] = self.database_url  # e2e handlers record executions here
+        env["FLOWFORGE_DATABASE_URL"] = self.database_url
+        env[RECORD_URL_ENV] = self.database_url  # e2e handlers record executions here
         env["PYTHONUNBUFFERED"] = "1"
         return {**env, **self.extra_env}
 

@@ -1,5 +1,8 @@
 """Handlers for end-to-end tests. Each execution is recorded in ``test_executions`` (in the
-database named by ``FLOWFORGE_DATABASE_URL``) so tests count executions in the database."""
+database named by ``FLOWFORGE_E2E_RECORD_URL``) so tests count executions in the database.
+
+Not ``FLOWFORGE_DATABASE_URL``: a tree keeps its secret variables from its children
+(flowforge/tree.py), so a worker of ``flowforge up`` does not see that one."""
 
 from __future__ import annotations
 
@@ -16,12 +19,15 @@ import psycopg
 from flowforge import PermanentError, task
 from flowforge.roles.context import TaskContext
 
+#: Where :func:`record` writes: the test database's URL (module doc). tests/e2e.py names it
+#: too: this file is copied alone into the container tests' config folder.
+RECORD_URL_ENV = "FLOWFORGE_E2E_RECORD_URL"
 #: Upper bound on any waiting handler (seconds): tests never hang on a forgotten gate.
 MAX_WAIT_S = 120.0
 
 
 def record(ctx: TaskContext, handler: str) -> None:
-    with psycopg.connect(os.environ["FLOWFORGE_DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(os.environ[RECORD_URL_ENV], autocommit=True) as conn:
         conn.execute(
             "INSERT INTO test_executions (task_run_id, run_id, task, handler, attempt, pid)"
             " VALUES (%s, %s, %s, %s, %s, %s)",

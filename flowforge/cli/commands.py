@@ -8,6 +8,7 @@ import getpass
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -66,12 +67,25 @@ def migrate(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
+#: What stops ``flowforge up``: blocked from its start until the supervisor's handlers exist.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def up(args: argparse.Namespace) -> int:
     from flowforge import up as tree
     from flowforge.tree import become_tree
 
-    # a bad config stops here: one line, exit 2, nothing started; the tree logs its warnings
-    config = _config(args, warn=False)
+    # A stop that comes before the supervisor's handlers exist stays pending (a blocked signal
+    # survives the exec into the tree) and becomes a drain once they do. Unblocked, it would
+    # end the process unannounced, and as PID 1 in a container (where the kernel ignores a
+    # signal without a handler) it would be lost: `podman stop` would wait for its SIGKILL.
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        # a bad config stops here: one line, exit 2, nothing started; the tree logs its warnings
+        config = _config(args, warn=False)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        raise
     # the file load_config read: -c, else $FLOWFORGE_CONFIG (the container image's way)
     path = getattr(args, "config", None) or os.environ.get(ENV_CONFIG) or None
     label = Path(path).name if path else "defaults"

@@ -37,7 +37,7 @@ from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from tests.chaos.support import unavailable
 from tests.conftest import TABLES, TEST_EXECUTIONS_DDL
-from tests.e2e import HANDLERS_MODULE, REPO
+from tests.e2e import HANDLERS_MODULE, RECORD_URL_ENV, REPO
 from tests.harness.cluster import PrivateRabbitCluster
 from tests.harness.replication import PrivateReplicatedPostgres
 from tests.harness.resources import child_pids, free_ports
@@ -136,7 +136,8 @@ class Tree:
 
     def start(self, database_url: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
-        env["FLOWFORGE_DATABASE_URL"] = database_url  # where e2e handlers record executions
+        env["FLOWFORGE_DATABASE_URL"] = database_url
+        env[RECORD_URL_ENV] = database_url  # where e2e handlers record executions
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flowforge.cli", "-c", str(self.config), "up"],

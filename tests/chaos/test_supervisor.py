@@ -137,6 +137,18 @@ def ns_pids(pid: int) -> list[int]:
     return [pid]
 
 
+def blocked_signals(pid: int) -> set[int]:
+    """The signals ``pid`` blocks (``SigBlk``); none once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return set()
+    mask = next(
+        int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigBlk:")
+    )
+    return {bit + 1 for bit in range(64) if mask >> bit & 1}
+
+
 def _kill(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
@@ -829,6 +841,29 @@ def test_as_pid_1_of_a_pid_namespace_up_drains_on_sigterm(
     ]
     assert sql.execute("SELECT count(*) FROM test_executions").fetchone() == (1,)
     assert not [p for p in children if alive(p)]
+
+
+@needs_unshare
+def test_as_pid_1_a_sigterm_that_comes_before_the_handlers_exist_is_not_lost(
+    stack: Stack, up: Callable[..., Tree]
+) -> None:
+    """PID 1 of a namespace ignores a signal it has no handler for: a `podman stop` in the
+    first instants of a container was lost, and the engine waited for its SIGKILL. `flowforge
+    up` blocks SIGTERM and SIGINT from its start (they stay pending across the exec into the
+    tree) until the supervisor's handlers exist, which then drain at once."""
+    tree = up(write_config(stack, processes={"workers": 1}), pid_namespace=True)
+    pid = tree.supervisor_pid
+    wait_for(
+        lambda: signal.SIGTERM in blocked_signals(pid) or not tree.running(),
+        timeout=READY_S,
+        interval=0.002,
+        what="flowforge up to block the stop signals",
+    )
+    assert ns_pids(pid)[-1] == 1, "not PID 1 of its namespace"
+    assert not tree.supervisor_events("tree_ready"), "too late: the handlers already exist"
+    _kill(pid, signal.SIGTERM)
+    assert tree.wait(STOP_S) == exitcodes.CLEAN, tree.text()
+    assert "draining (received SIGTERM)" in tree.text()
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ from tests.container.podman import (
     run_podman,
     ulimit_args,
 )
-from tests.e2e import DEFAULT_SETTINGS, REPO, Stack
+from tests.e2e import DEFAULT_SETTINGS, RECORD_URL_ENV, REPO, Stack
 from tests.harness.resources import free_ports
 from tests.helpers import wait_for
 
@@ -185,9 +185,10 @@ def start(image: str, config_dir: Path, stack: Stack, started: list[Container]) 
         *ulimit_args(),
         "--volume", f"{config_dir}:/etc/flowforge:ro",
         *secret_args,
-        # the e2e handlers record their executions through this variable: the one secret in the
-        # environment, a test database's URL
+        # the database, overriding the config's; the e2e handlers record their executions
+        # through the second (the tree keeps the first from its children)
         "--env", f"FLOWFORGE_DATABASE_URL={stack.database_url}",
+        "--env", f"{RECORD_URL_ENV}={stack.database_url}",
         "--env", "FLOWFORGE_BROKER_URL_FILE=/run/secrets/broker-url",
         "--env", "FLOWFORGE_API_TOKEN_FILE=/run/secrets/api-token",
         image,

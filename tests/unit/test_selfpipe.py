@@ -130,3 +130,17 @@ def test_the_supervisors_os_seam_reads_its_handled_signals_from_the_pipe(
     assert _open_fds() == before_fds
     with pytest.raises(RuntimeError, match="outside supervising"):
         system.wait_for_signals(0)
+
+
+def test_a_signal_blocked_before_the_pipe_existed_arrives_once_it_does() -> None:
+    """``flowforge up`` blocks SIGTERM and SIGINT until the supervisor's pipe exists: one that
+    came meanwhile was pending, and the pipe unblocks and reads it."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)  # blocked: pending, its default action not run
+        assert signal.SIGUSR1 in signal.sigpending()
+        with signal_pipe([signal.SIGUSR1]) as pipe:
+            assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            assert _read_until(pipe, 1) == [signal.SIGUSR1]
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,15 @@ from flowforge.cli.main import main
 from flowforge.config import load_config
 from flowforge.tree import SECRETS_FD_ENV, _take_secrets, become_tree
 from tests.helpers import modules_after_importing
+
+
+@pytest.fixture(autouse=True)
+def _signal_mask() -> Iterator[None]:
+    """``flowforge up`` blocks SIGTERM and SIGINT for the tree it becomes; a test that stops it
+    before the exec must not leave them blocked in the test process."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def test_the_tree_entry_loads_none_of_the_command_line() -> None:
@@ -52,6 +63,8 @@ def test_up_validates_the_config_then_becomes_the_tree(
 
     def fake_become_tree(_config: object, path: str | None, label: str) -> None:
         became.append((path, label))
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert {signal.SIGTERM, signal.SIGINT} <= blocked, "a stop could be lost before the tree"
         raise SystemExit(0)  # os.execv does not return either
 
     monkeypatch.setattr("flowforge.tree.become_tree", fake_become_tree)
@@ -63,8 +76,10 @@ def test_up_validates_the_config_then_becomes_the_tree(
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("processes:\n  workers: many\n")
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM, signal.SIGINT])
     assert main(["-c", str(bad), "up"]) == exitcodes.USAGE
     assert len(became) == 1, "a bad config must not start anything"
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, []), "left blocked"
 
 
 def test_up_names_the_config_from_the_environment_when_no_option_names_it(
