@@ -11,6 +11,7 @@ the config it returns holds the secrets themselves.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import math
 import os
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from flowforge import tlsfiles, yamlfile
 from flowforge.errors import ConfigError
@@ -51,6 +52,7 @@ DEFAULT_TOKEN_ENV = "FLOWFORGE_API_TOKEN"
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/flowforge"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_QUEUE = "flowforge.tasks"
+IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _positive(value: float, name: str) -> None:
@@ -163,7 +165,9 @@ class ApiConfig:
     ``token`` (None: no token, every request that needs one is refused).
 
     ``allowed_hosts`` None means the listen address's host and localhost (see
-    :meth:`hosts`). Time limits are in seconds; ``max_connections_per_client`` 0 means no cap;
+    :meth:`hosts`). ``trusted_proxies`` are the addresses or networks (``10.0.0.0/8``) of
+    reverse proxies whose ``X-Forwarded-For`` the access log believes (none by default).
+    Time limits are in seconds; ``max_connections_per_client`` 0 means no cap;
     ``ready_cache_s`` 0 means every ``/health/ready`` checks afresh.
     """
 
@@ -173,6 +177,7 @@ class ApiConfig:
     max_body_bytes: int = 1024 * 1024
     read_access: ReadAccess = ReadAccess.TOKEN
     allowed_hosts: tuple[str, ...] | None = None
+    trusted_proxies: tuple[str, ...] = ()
     # a request head (request line and headers) must arrive whole within this, counted from
     # the connection's accept or the first byte of a later request on it
     request_head_timeout_s: float = 5.0
@@ -194,6 +199,14 @@ class ApiConfig:
             raise ValueError("max_connections_per_client must be 0 (no cap) or more")
         if not 0 <= self.ready_cache_s < math.inf:
             raise ValueError("ready_cache_s must be 0 (no cache) or a positive number")
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted_proxies: {proxy!r} is not an IP address or network"
+                    " (e.g. 10.0.0.5 or 10.0.0.0/8)"
+                ) from None
         if self.allowed_hosts is not None:
             if not self.allowed_hosts:
                 raise ValueError('allowed_hosts needs at least one host ("*" allows any)')
@@ -203,6 +216,10 @@ class ApiConfig:
                         f"allowed_hosts: {host!r} is not a host name or address with an"
                         ' optional port (no scheme, no path), nor "*"'
                     )
+
+    def proxies(self) -> tuple[IPNetwork, ...]:
+        """``trusted_proxies`` as networks (an address is a network of one)."""
+        return tuple(ipaddress.ip_network(p, strict=False) for p in self.trusted_proxies)
 
     def hosts(self) -> tuple[str, ...]:
         """The allowed ``Host`` values, lower case: ``allowed_hosts``, or by default the

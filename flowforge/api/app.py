@@ -36,7 +36,7 @@ def guards(token: str | None, api: ApiConfig) -> list[Guard]:
     CSRF checks before authentication (a forged request is refused, token or not); responses
     pass them in reverse order."""
     return [
-        AccessLog(),
+        AccessLog(api.proxies()),
         SecurityHeaders(),
         HostCheck(api.hosts()),
         CsrfGuard(),

@@ -5,14 +5,16 @@ the access log, security headers on every response, and the request-body limit."
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import falcon
 
 from flowforge.api.errors import json_error
-from flowforge.config import ReadAccess
+from flowforge.config import IPNetwork, ReadAccess
 from flowforge.text import escape
 
 access_log = logging.getLogger("flowforge.api.access")
@@ -109,8 +111,24 @@ class TokenAuth:
 class AccessLog:
     """Middleware: one INFO line on ``flowforge.api.access`` per mutating request and per
     refused authentication (401/403): method, path (never the query string), status and the
-    client's address — never a header. Control characters in the path are escaped (a request
-    must not be able to forge log lines)."""
+    client's address — never another header. Control characters in the path are escaped (a
+    request must not be able to forge log lines).
+
+    The client is the connection's peer, unless the peer is one of ``trusted`` (reverse
+    proxies): then it is read from ``X-Forwarded-For`` (see :func:`forwarded_client`), and the
+    line names the proxy too (``from CLIENT via PROXY``)."""
+
+    def __init__(self, trusted: Sequence[IPNetwork] = ()) -> None:
+        self._trusted = tuple(trusted)
+
+    def client(self, req: falcon.Request) -> tuple[str, str | None]:
+        """``(client, proxy)``: the address the line names, and the proxy it came through
+        (None when the peer is not a trusted proxy or sent no ``X-Forwarded-For``)."""
+        peer = req.remote_addr
+        header = req.get_header("X-Forwarded-For") if self._trusted else None
+        if not header or not _within(peer, self._trusted):
+            return peer, None
+        return forwarded_client(header, peer, self._trusted), peer
 
     def process_response(
         self,
@@ -122,21 +140,55 @@ class AccessLog:
         status = resp.status_code
         if req.method in SAFE_METHODS and status not in (401, 403):
             return
-        method, path, client = escape(req.method), escape(req.path), req.remote_addr
+        method, path = escape(req.method), escape(req.path)
+        client, proxy = self.client(req)
+        extra = {"action": "api_access", "method": method, "path": path, "status": status}
+        if proxy is None:
+            access_log.info(
+                "%s %s %d from %s", method, path, status, client, extra={**extra, "client": client}
+            )
+            return
         access_log.info(
-            "%s %s %d from %s",
+            "%s %s %d from %s via %s",
             method,
             path,
             status,
             client,
-            extra={
-                "action": "api_access",
-                "method": method,
-                "path": path,
-                "status": status,
-                "client": client,
-            },
+            proxy,
+            extra={**extra, "client": client, "proxy": proxy},
         )
+
+
+def forwarded_client(header: str, peer: str, trusted: Sequence[IPNetwork]) -> str:
+    """The client ``X-Forwarded-For`` names, as far as trusted proxies vouch for it.
+
+    Each proxy appends the address it was reached from, so the list is read from the right:
+    the first address outside ``trusted`` is the client (what is left of it, the client could
+    have written itself). When every address is trusted, the leftmost is the client. An entry
+    that is not an address ends the walk: the last address vouched for (a trusted proxy's) is
+    named, never text a client sent.
+    """
+    vouched = peer
+    for hop in reversed(header.split(",")):
+        address = _address(hop.strip())
+        if address is None:
+            return vouched
+        vouched = str(address)
+        if not any(address in network for network in trusted):
+            return vouched
+    return vouched
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+
+
+def _within(text: str, trusted: Sequence[IPNetwork]) -> bool:
+    address = _address(text)
+    return address is not None and any(address in network for network in trusted)
 
 
 class CsrfGuard:

@@ -20,12 +20,15 @@ import pytest
 from flowforge.api import errors
 from flowforge.api.app import guards
 from flowforge.config import load_config
+from flowforge.errors import ConfigError
 
 TOKEN = "proxy-test-token"
 PUBLIC = "flow.example.com"
 
 
-def proxied_app(tmp_path: Path, extra_host: str | None = None) -> falcon.testing.TestClient:
+def proxied_app(
+    tmp_path: Path, extra_host: str | None = None, trusted: list[str] | None = None
+) -> falcon.testing.TestClient:
     hosts = [PUBLIC] if extra_host is None else [PUBLIC, extra_host]
     path = tmp_path / "flowforge.yaml"
     path.write_text(
@@ -35,6 +38,7 @@ def proxied_app(tmp_path: Path, extra_host: str | None = None) -> falcon.testing
               listen: 127.0.0.1:8080
               allowed_hosts: {hosts}
               max_connections_per_client: 0
+              trusted_proxies: {trusted or []}
             """
         )
     )
@@ -77,8 +81,83 @@ def test_a_dashboard_mutation_through_a_tls_terminating_proxy_is_served(
             "/api/v1/runs", headers=browser_post(PUBLIC, f"https://{PUBLIC}"), body="{}"
         )
     assert done.status_code == 201, done.text
-    # the access log names the proxy, not the browser: X-Forwarded-For is not trusted
+    # the access log names the proxy, not the browser: X-Forwarded-For is not trusted unless
+    # api.trusted_proxies names the proxy
     assert [r.getMessage() for r in caplog.records] == ["POST /api/v1/runs 201 from 127.0.0.1"]
+
+
+def logged_clients(
+    client: falcon.testing.TestClient,
+    caplog: pytest.LogCaptureFixture,
+    forwarded: str | None,
+    peer: str = "127.0.0.1",
+) -> list[tuple[str, str | None]]:
+    """(client, proxy) of the access-log line of one mutation from ``peer`` with
+    ``X-Forwarded-For: forwarded`` (no such header with None)."""
+    headers = browser_post(PUBLIC, f"https://{PUBLIC}")
+    del headers["X-Forwarded-For"]
+    if forwarded is not None:
+        headers["X-Forwarded-For"] = forwarded
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flowforge.api.access"):
+        done = client.simulate_post("/api/v1/runs", headers=headers, body="{}", remote_addr=peer)
+    assert done.status_code == 201, done.text
+    return [(r.__dict__["client"], r.__dict__.get("proxy")) for r in caplog.records]
+
+
+@pytest.mark.parametrize(
+    ("peer", "forwarded", "expected"),
+    [
+        # the proxy appended the browser's address
+        ("127.0.0.1", "203.0.113.7", ("203.0.113.7", "127.0.0.1")),
+        # what the client wrote itself, left of what the proxy appended, is not believed
+        ("127.0.0.1", "198.51.100.1, 203.0.113.7", ("203.0.113.7", "127.0.0.1")),
+        # through two trusted proxies: the first address outside them, from the right
+        ("127.0.0.1", "203.0.113.7, 10.1.2.3", ("203.0.113.7", "127.0.0.1")),
+        # every hop trusted: the leftmost (an internal caller)
+        ("127.0.0.1", "10.9.9.9, 10.1.2.3", ("10.9.9.9", "127.0.0.1")),
+        # text that is no address ends the walk at the last address vouched for
+        ("127.0.0.1", "203.0.113.7\u2028forged, nonsense, 10.1.2.3", ("10.1.2.3", "127.0.0.1")),
+        ("127.0.0.1", "not-an-address", ("127.0.0.1", "127.0.0.1")),
+        # IPv6, bracketed or not, written canonically
+        ("127.0.0.1", "[2001:DB8::1]", ("2001:db8::1", "127.0.0.1")),
+        # no header: the peer, no proxy
+        ("127.0.0.1", None, ("127.0.0.1", None)),
+        # a peer that is no trusted proxy: the header is ignored whatever it says
+        ("192.0.2.50", "203.0.113.7", ("192.0.2.50", None)),
+    ],
+)
+def test_a_trusted_proxy_s_x_forwarded_for_names_the_client_in_the_access_log(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    peer: str,
+    forwarded: str | None,
+    expected: tuple[str, str | None],
+) -> None:
+    client = proxied_app(tmp_path, trusted=["127.0.0.1", "10.0.0.0/8"])
+    assert logged_clients(client, caplog, forwarded, peer) == [expected]
+    message = caplog.records[0].getMessage()
+    tail = f"from {expected[0]}" + ("" if expected[1] is None else f" via {expected[1]}")
+    assert message == f"POST /api/v1/runs 201 {tail}"
+
+
+def test_without_trusted_proxies_x_forwarded_for_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = proxied_app(tmp_path)
+    assert logged_clients(client, caplog, "203.0.113.7") == [("127.0.0.1", None)]
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.0/33", "proxy.example", "", "10.0.0.1:80"])
+def test_a_trusted_proxy_that_is_no_address_or_network_is_refused(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "flowforge.yaml"
+    path.write_text(f"api:\n  trusted_proxies: [{bad!r}]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value) == (
+        f"{path}: api: trusted_proxies: {bad!r} is not an IP address or network"
+        " (e.g. 10.0.0.5 or 10.0.0.0/8)"
+    )
 
 
 def test_through_the_proxy_a_read_needs_the_token_and_the_public_host(tmp_path: Path) -> None:
