@@ -28,6 +28,8 @@ MAX_SPAN_S = 366 * 86_400.0
 PAST_TOLERANCE_S = 60.0
 #: How far after the database's now an explicit start time may lie, in seconds (3,660 days).
 MAX_AHEAD_S = 3_660 * 86_400.0
+#: Longest text read as a start time (an ISO 8601 time with fractions and an offset is ~32).
+MAX_INSTANT_CHARS = 64
 
 
 def seconds(value: Any, label: str) -> float:
@@ -55,6 +57,9 @@ def parse_instant(text: Any, label: str) -> datetime:
         raise InputError(f"{label} must be an ISO 8601 date and time, got {type(text).__name__}")
     shown = text[:60]
     try:
+        # fromisoformat lets a trailing NUL through: only short printable ASCII is a time
+        if len(text) > MAX_INSTANT_CHARS or not (text.isascii() and text.isprintable()):
+            raise ValueError(text)
         value = datetime.fromisoformat(text)
     except ValueError as exc:
         raise InputError(
