@@ -358,3 +358,28 @@ def test_next_due_is_measured_on_the_database_clock(repo: Store, sql: Sql) -> No
     repo.trigger(DEADLINED, deadline=5)
     due = repo.next_due_s()
     assert due is not None and 3 < due <= 5
+
+
+def test_a_handler_that_ignores_the_deadline_finishes_but_the_run_still_fails(
+    repo: Store, sql: Sql
+) -> None:
+    """The run stays RUNNING (failure_reason set) until the handler ends; its success counts,
+    and the run reads FAILED, deadline_exceeded, with the tasks that never started cancelled."""
+    run_id = repo.trigger(DEADLINED).run_id
+    ids = task_ids(repo, run_id)
+    drain(repo)
+    claim = claim_task(repo, sql, ids["a"])
+    sql.execute("UPDATE workflow_runs SET deadline_at = now() - interval '1 second'")
+    assert repo.expire_deadlines(100) == 1
+    drain(repo)
+    during = repo.get_run(run_id)
+    assert during.state is RunState.RUNNING and during.finished_at is None
+    assert during.failure_reason is RunFailureReason.DEADLINE_EXCEEDED
+    assert repo.finish(ids["a"], claim.fencing_token, TaskState.SUCCEEDED, result={"late": 1})
+    drain(repo)
+    run = repo.get_run(run_id)
+    assert run.state is RunState.FAILED and run.finished_at is not None
+    assert run.task("a").state is TaskState.SUCCEEDED
+    assert run.task("b").state is TaskState.CANCELLED  # never released by the late success
+    # nothing was dispatched after the deadline: b never had an outbox row
+    assert scalar(sql, "SELECT count(*) FROM outbox WHERE task_run_id = %s", ids["b"]) == 0
