@@ -169,6 +169,46 @@ def test_cancelling_a_scheduled_run_cancels_it_at_once_and_nothing_ever_runs(
     assert outbox_rows(sql, run_id) == 0 and count(sql, "task_attempts") == 0
 
 
+def test_cancels_racing_starts_leave_every_run_cancelled_and_nothing_claimable(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    """Either the cancel commits first (the run never starts) or the start does (the usual
+    cancel of a PENDING run); a lock-order deadlock between them is retried, never surfaced."""
+    runs = [r.run_id for r in repo.trigger_many(TWO, [{"i": i} for i in range(40)], delay=3600)]
+    sql.execute("UPDATE workflow_runs SET start_at = now() - interval '1 second'")
+    errors: list[BaseException] = []
+
+    def starter() -> None:
+        database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=2))
+        database.open()
+        try:
+            own = Store(database)
+            while own.start_due_runs(1) or own.promote_ready(10):
+                pass
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            database.close()
+
+    thread = threading.Thread(target=starter)
+    thread.start()
+    for run_id in runs:
+        repo.cancel_run(run_id)
+    thread.join(timeout=60)
+    assert not errors, errors
+    drain(repo)
+    states = {repo.get_run(run_id).state for run_id in runs}
+    assert states == {RunState.CANCELLED}
+    assert scalar(sql, "SELECT count(*) FROM task_runs WHERE state <> 'CANCELLED'") == 0
+    # a message already published for a task cancelled after its start names a stale token
+    stale = scalar(
+        sql,
+        "SELECT count(*) FROM outbox o JOIN task_runs t ON t.id = o.task_run_id"
+        " WHERE o.fencing_token = t.fencing_token",
+    )
+    assert stale == 0
+
+
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
