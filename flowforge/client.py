@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 from uuid import UUID
@@ -81,18 +82,48 @@ class Client:
         workflow: str,
         input: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        *,
+        start_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        deadline: float | timedelta | None = None,
     ) -> TriggerResult:
-        """Start a run of ``workflow``; a replayed ``idempotency_key`` returns the same run."""
-        return self._store.trigger(self._definition(workflow), input, idempotency_key)
+        """Start a run of ``workflow``; a replayed ``idempotency_key`` returns the same run.
+
+        ``start_at`` (a datetime *with* a UTC offset) or ``delay`` (seconds, or a timedelta,
+        counted on the database's clock) creates the run SCHEDULED until then; a start time
+        more than a minute in the past (by the database's clock) is refused. ``deadline``
+        (seconds or a timedelta) replaces the workflow's: past it, the run ends FAILED with
+        reason ``deadline_exceeded``. Bad values raise :class:`~flowforge.errors.InputError`.
+        """
+        return self._store.trigger(
+            self._definition(workflow),
+            input,
+            idempotency_key,
+            start_at=start_at,
+            delay=delay,
+            deadline=deadline,
+        )
 
     def trigger_many(
         self,
         workflow: str,
         inputs: Sequence[Mapping[str, Any] | None],
         idempotency_keys: Sequence[str | None] | None = None,
+        *,
+        start_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        deadline: float | timedelta | None = None,
     ) -> list[TriggerResult]:
-        """Start one run per input in a single transaction (much faster than one by one)."""
-        return self._store.trigger_many(self._definition(workflow), inputs, idempotency_keys)
+        """Start one run per input in a single transaction (much faster than one by one);
+        ``start_at``, ``delay`` and ``deadline`` apply to every run (see :meth:`trigger`)."""
+        return self._store.trigger_many(
+            self._definition(workflow),
+            inputs,
+            idempotency_keys,
+            start_at=start_at,
+            delay=delay,
+            deadline=deadline,
+        )
 
     def _definition(self, workflow: str) -> WorkflowDef:
         definition = self.workflows.get(workflow)

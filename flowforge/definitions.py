@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flowforge.domain.dag import WorkflowDef
+from flowforge.durations import parse_duration
 from flowforge.errors import DefinitionError
 from flowforge.schema import SchemaError, build
 from flowforge.yamlfile import Document, YamlFileError, read
@@ -29,8 +30,22 @@ def workflow_from_mapping(data: Any, source: str = "workflow") -> WorkflowDef:
 
 
 def _build(data: Any) -> WorkflowDef:
-    if isinstance(data, Mapping) and isinstance(data.get("tasks"), list):
-        data = {**data, "tasks": [_normalise_task(t) for t in data["tasks"]]}
+    errors: list[tuple[str, str]] = []
+    if isinstance(data, Mapping):
+        data = _seconds(data, "deadline", "", errors)
+        if isinstance(data.get("tasks"), list):
+            tasks = [
+                _seconds(_normalise_task(t), "sleep", f"tasks[{i}]", errors)
+                for i, t in enumerate(data["tasks"])
+            ]
+            errors += [
+                (f"tasks[{i}].handler", "required key is missing (or give sleep: for a timer)")
+                for i, t in enumerate(tasks)
+                if isinstance(t, Mapping) and "handler" not in t and "sleep" not in t
+            ]
+            data = {**data, "tasks": tasks}
+    if errors:
+        raise SchemaError.of(errors)
     return build(WorkflowDef, data, "")
 
 
@@ -39,6 +54,18 @@ def _normalise_task(task: Any) -> Any:
     if isinstance(task, Mapping) and isinstance(task.get("depends_on"), str):
         return {**task, "depends_on": [task["depends_on"]]}
     return task
+
+
+def _seconds(data: Any, key: str, path: str, errors: list[tuple[str, str]]) -> Any:
+    """``data`` with a duration written as text (``sleep: 10m``, ``deadline: 2h``) turned into
+    seconds (a number stays a number of seconds); a bad one is added to ``errors``."""
+    if not isinstance(data, Mapping) or not isinstance(data.get(key), str):
+        return data
+    try:
+        return {**data, key: parse_duration(data[key])}
+    except ValueError as exc:
+        errors.append((f"{path}.{key}" if path else key, str(exc)))
+        return data
 
 
 def check_file(

@@ -84,6 +84,10 @@ def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
         repo.reap_expired(limit)
         + repo.route_failed(limit)
         + repo.propagate(limit)
+        + repo.expire_deadlines(limit)
+        + repo.start_due_runs(limit)
+        + repo.wake_timers(limit)
+        + repo.start_timers(limit)
         + repo.promote_ready(limit)
     )
 

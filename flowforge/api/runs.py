@@ -12,6 +12,9 @@ from flowforge.api.errors import json_error
 from flowforge.api.security import read_json
 from flowforge.client import Client
 from flowforge.domain.states import RunState
+from flowforge.domain.timing import parse_instant, seconds
+from flowforge.durations import parse_duration
+from flowforge.errors import InputError
 from flowforge.store.operator import Operator
 from flowforge.store.reads import Reads
 from flowforge.views import run_dict
@@ -33,10 +36,11 @@ class Runs:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         body = read_json(req, self._max_body)
         workflow, run_input = _run_request(body)
+        timing = _timing(body)
         key = req.get_header("Idempotency-Key")
         if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
             raise json_error(falcon.HTTP_400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} chars")
-        result = self._client.trigger(workflow, run_input, key)
+        result = self._client.trigger(workflow, run_input, key, **timing)
         run = self._reads.get_run(result.run_id)
         resp.set_header("Location", f"/api/v1/runs/{run.id}")
         params.send(resp, run_dict(run), falcon.HTTP_201 if result.created else falcon.HTTP_200)
@@ -69,7 +73,7 @@ class Runs:
 def _run_request(body: Any) -> tuple[str, Mapping[str, Any]]:
     if not isinstance(body, dict):
         raise json_error(falcon.HTTP_400, "the body must be a JSON object")
-    unknown = sorted(set(body) - {"workflow", "input"})
+    unknown = sorted(set(body) - {"workflow", "input", *TIMING_FIELDS})
     if unknown:
         raise json_error(falcon.HTTP_400, f"unknown field {unknown[0]!r}")
     workflow = body.get("workflow")
@@ -79,6 +83,30 @@ def _run_request(body: Any) -> tuple[str, Mapping[str, Any]]:
     if not isinstance(run_input, dict):
         raise json_error(falcon.HTTP_400, "'input' must be a JSON object")
     return workflow, run_input
+
+
+#: Optional fields of ``POST /api/v1/runs`` that time a run (docs/time.md).
+TIMING_FIELDS = ("start_at", "delay", "deadline")
+
+
+def _timing(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``start_at`` (ISO 8601 with an offset), ``delay`` and ``deadline`` (a duration such as
+    ``"10m"``, or a number of seconds) as the client's keyword arguments; a bad one is an
+    :class:`InputError` naming the field (HTTP 400). Range checks are the trigger's."""
+    timing: dict[str, Any] = {}
+    if body.get("start_at") is not None:
+        timing["start_at"] = parse_instant(body["start_at"], "'start_at'")
+    for name in ("delay", "deadline"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            try:
+                value = parse_duration(value)
+            except ValueError as exc:
+                raise InputError(f"'{name}': {exc}") from exc
+        timing[name] = seconds(value, f"'{name}'")
+    return timing
 
 
 class OneRun:

@@ -20,12 +20,15 @@ from flowforge.cli import exitcodes, output
 from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
 from flowforge.definitions import check_paths
 from flowforge.domain.states import RunState, TaskState
+from flowforge.domain.timing import parse_instant
+from flowforge.durations import parse_duration
 from flowforge.errors import ConfigError, InputError
 from flowforge.handlers import collect
 
 if TYPE_CHECKING:  # imported where used: the other commands need none of the database layer
     from flowforge.cli.statements import CliStatements
     from flowforge.client import Client
+    from flowforge.domain.model import TaskRun
 
 
 def _config(args: argparse.Namespace, warn: bool = True) -> Config:
@@ -120,10 +123,32 @@ def trigger(args: argparse.Namespace) -> int:
         raise InputError(f"--input is not valid JSON: {exc.msg} at position {exc.pos}") from exc
     if not isinstance(run_input, dict):
         raise InputError("--input must be a JSON object")
+    if args.at is not None and args.delay is not None:
+        raise InputError("give either --at or --delay, not both")
+    start_at = None if args.at is None else parse_instant(args.at, "--at")
+    delay = _duration(args.delay, "--delay")
+    deadline = _duration(args.deadline, "--deadline")
     with _client(args) as client:
-        result = client.trigger(args.workflow, run_input, args.idempotency_key)
+        result = client.trigger(
+            args.workflow,
+            run_input,
+            args.idempotency_key,
+            start_at=start_at,
+            delay=delay,
+            deadline=deadline,
+        )
     output.line(str(result.run_id))
     return exitcodes.OK
+
+
+def _duration(text: str | None, label: str) -> float | None:
+    """Seconds of a duration option (``10m``), None when absent; one line naming it if bad."""
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise InputError(f"{label}: {exc}") from exc
 
 
 def status(args: argparse.Namespace) -> int:
@@ -132,9 +157,17 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         output.emit_json(output.run_dict(run))
         return exitcodes.OK
-    output.line(f"run {run.id}  workflow {run.workflow}  state {run.state}")
+    reason = f"  reason {run.failure_reason}" if run.failure_reason else ""
+    output.line(f"run {run.id}  workflow {run.workflow}  state {run.state}{reason}")
     finished = f"{run.finished_at:%Y-%m-%d %H:%M:%S}" if run.finished_at else "-"
     output.line(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  finished {finished}")
+    timing = [
+        f"{label} {value.isoformat(timespec='seconds')}"
+        for label, value in (("start at", run.start_at), ("deadline", run.deadline_at))
+        if value is not None
+    ]
+    if timing:
+        output.line("  ".join(timing))
     output.table(
         ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID"),
         [
@@ -142,7 +175,7 @@ def status(args: argparse.Namespace) -> int:
                 t.name,
                 t.state,
                 t.attempt,
-                t.failure_reason,
+                _task_reason(t),
                 t.started_at,
                 t.finished_at,
                 output.task_dict(t)["duration_s"],
@@ -152,6 +185,13 @@ def status(args: argparse.Namespace) -> int:
         ],
     )
     return exitcodes.OK
+
+
+def _task_reason(task: TaskRun) -> str | None:
+    """The REASON column: the failure reason, or when a sleeping durable timer wakes."""
+    if task.state == TaskState.RUNNING and task.wake_at is not None:
+        return f"sleeps until {task.wake_at.isoformat(timespec='seconds')}"
+    return None if task.failure_reason is None else str(task.failure_reason)
 
 
 def runs(args: argparse.Namespace) -> int:

@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workflow")
     p.add_argument("--input", default="{}", help="the run input as a JSON object")
     p.add_argument("--idempotency-key", default=None)
+    p.add_argument(
+        "--at", default=None, help="start at this ISO 8601 time with an offset (SCHEDULED until)"
+    )
+    p.add_argument("--delay", default=None, help="start after this long, e.g. 10m (SCHEDULED)")
+    p.add_argument("--deadline", default=None, help="end the run FAILED if unfinished after: 2h")
 
     p = command("status", commands.status, "show a run and its tasks")
     p.add_argument("run_id")

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from flowforge.domain.policy import RetryPolicy
+from flowforge.domain.timing import MAX_SPAN_S
 from flowforge.domain.values import check_text
 from flowforge.errors import DefinitionError, InputError, UnstorableValueError
 
@@ -35,20 +36,32 @@ class OnDead(StrEnum):
 
 @dataclass(frozen=True)
 class TaskDef:
-    """One task of a workflow: which handler runs it and under which rules."""
+    """One task of a workflow: which handler runs it and under which rules.
+
+    A task with ``sleep`` (seconds) is a durable timer instead: it has no handler, holds no
+    worker, and succeeds that long after its dependencies are met (on the database clock).
+    """
 
     name: str
-    handler: str
+    handler: str = ""
     depends_on: tuple[str, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeout: float | None = None  # seconds; None means no per-task limit
     idempotency_key: str | None = None  # template over the run input
     ordering_key: str | None = None  # template over the run input
     on_dead: OnDead = OnDead.RELEASE
+    sleep: float | None = None  # seconds: a durable timer (no handler)
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
-        _check_name(self.handler, f"task {self.name!r}: handler")
+        if self.sleep is not None:
+            self._check_timer()
+        elif self.handler == "":
+            raise DefinitionError(
+                f"task {self.name!r}: needs a handler (or sleep: for a durable timer)"
+            )
+        else:
+            _check_name(self.handler, f"task {self.name!r}: handler")
         if self.timeout is not None and not 0 < self.timeout <= MAX_TIMEOUT_S:
             raise DefinitionError(
                 f"task {self.name!r}: timeout must be a positive number of seconds "
@@ -61,17 +74,53 @@ class TaskDef:
             if template is not None:
                 check_template(template, f"task {self.name!r}: {label}")
 
+    def _check_timer(self) -> None:
+        """A durable timer has a sleep and nothing that only an execution would use."""
+        label = f"task {self.name!r}"
+        if isinstance(self.sleep, bool) or not isinstance(self.sleep, int | float):
+            raise DefinitionError(f"{label}: sleep must be a number of seconds")
+        if not 0 < self.sleep <= MAX_SPAN_S:  # NaN fails this too
+            raise DefinitionError(
+                f"{label}: sleep must be more than 0 and at most {MAX_SPAN_S:.0f} seconds"
+            )
+        if self.handler:
+            raise DefinitionError(f"{label}: has both a handler and sleep: it is one or the other")
+        extras = {
+            "timeout": self.timeout is not None,
+            "idempotency_key": self.idempotency_key is not None,
+            "ordering_key": self.ordering_key is not None,
+            "retry": self.retry != RetryPolicy(),
+            "on_dead": self.on_dead is not OnDead.RELEASE,
+        }
+        for key, given in extras.items():
+            if given:
+                raise DefinitionError(f"{label}: a sleep task takes no {key} (it never executes)")
+
 
 @dataclass(frozen=True)
 class WorkflowDef:
-    """A named DAG of tasks. ``fail_fast``: a dead task cancels the rest of its run."""
+    """A named DAG of tasks. ``fail_fast``: a dead task cancels the rest of its run.
+
+    ``deadline`` (seconds): a run still unfinished that long after it was created (or, for a
+    delayed run, after its start time) ends FAILED with reason ``deadline_exceeded``.
+    """
 
     name: str
     tasks: tuple[TaskDef, ...]
     fail_fast: bool = True
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name, "workflow name")
+        if self.deadline is not None and (
+            isinstance(self.deadline, bool)
+            or not isinstance(self.deadline, int | float)
+            or not 0 < self.deadline <= MAX_SPAN_S
+        ):
+            raise DefinitionError(
+                f"workflow {self.name!r}: deadline must be more than 0 and at most "
+                f"{MAX_SPAN_S:.0f} seconds"
+            )
         if not self.tasks:
             raise DefinitionError(f"workflow {self.name!r}: has no tasks")
         seen: set[str] = set()
@@ -114,12 +163,19 @@ class WorkflowDef:
         return tuple(order)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready canonical form (the inverse of the YAML/mapping parser)."""
-        return {
+        """A JSON-ready canonical form (the inverse of the YAML/mapping parser).
+
+        Keys added after the first release (``deadline``, a task's ``sleep``) appear only when
+        set, so the digests of definitions that do not use them never change.
+        """
+        data: dict[str, Any] = {
             "name": self.name,
             "fail_fast": self.fail_fast,
             "tasks": [_task_to_dict(t) for t in self.tasks],
         }
+        if self.deadline is not None:
+            data["deadline"] = float(self.deadline)
+        return data
 
     @property
     def digest(self) -> str:
@@ -129,6 +185,8 @@ class WorkflowDef:
 
 
 def _task_to_dict(task: TaskDef) -> dict[str, Any]:
+    if task.sleep is not None:  # a timer: none of an execution's keys
+        return {"name": task.name, "depends_on": list(task.depends_on), "sleep": float(task.sleep)}
     return {
         "name": task.name,
         "handler": task.handler,

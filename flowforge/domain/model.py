@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from flowforge.domain.reasons import FailureReason
+from flowforge.domain.reasons import FailureReason, RunFailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InvalidIdError
 
@@ -41,11 +41,18 @@ class TaskRun:
     started_at: datetime | None
     finished_at: datetime | None
     depends_on: tuple[str, ...] = ()
+    sleep_s: float | None = None  # a durable timer: how long it sleeps (seconds)
+    wake_at: datetime | None = None  # a sleeping (or woken) timer: when it succeeds
 
 
 @dataclass(frozen=True)
 class Run:
-    """A workflow run with its task runs (in creation order)."""
+    """A workflow run with its task runs (in creation order).
+
+    ``start_at``: a delayed run's start time (SCHEDULED until then); ``deadline_at``: when an
+    unfinished run is ended; ``failure_reason``: why the run itself was ended
+    (``deadline_exceeded``), None otherwise. All instants are the database's.
+    """
 
     id: UUID
     workflow: str
@@ -57,6 +64,9 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     tasks: tuple[TaskRun, ...] = ()
+    start_at: datetime | None = None
+    deadline_at: datetime | None = None
+    failure_reason: RunFailureReason | None = None
 
     def task(self, name: str) -> TaskRun:
         """The task run called ``name``; KeyError if the run has none."""
@@ -161,10 +171,21 @@ class PassReport:
     routed: int = 0
     reaped: int = 0
     propagated: int = 0
+    started: int = 0  # delayed runs started
+    timers: int = 0  # durable timers started or woken
+    expired: int = 0  # runs ended by their deadline
 
     @property
     def total(self) -> int:
-        return self.promoted + self.routed + self.reaped + self.propagated
+        return (
+            self.promoted
+            + self.routed
+            + self.reaped
+            + self.propagated
+            + self.started
+            + self.timers
+            + self.expired
+        )
 
 
 @dataclass(frozen=True)

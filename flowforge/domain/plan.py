@@ -11,9 +11,11 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from flowforge.domain import timing
 from flowforge.domain.dag import WorkflowDef, render_key
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
@@ -21,7 +23,12 @@ from flowforge.errors import InputError
 
 @dataclass(slots=True)  # not frozen: a frozen init costs ~9x, felt in a 10,000-task fan-out
 class PlannedTask:
-    """One task run to insert: PENDING on ``pending`` unmet dependencies (READY at none)."""
+    """One task run to insert: PENDING on ``pending`` unmet dependencies (READY at none).
+
+    ``start_gate``: a root task of a delayed run, whose ``pending`` counts one more "dependency"
+    (the run's start time) that a scheduler's ``start_due_runs`` removes. ``sleep_s``: a
+    durable timer (no handler, never READY, never dispatched).
+    """
 
     run_id: UUID
     id: UUID
@@ -36,12 +43,22 @@ class PlannedTask:
     idempotency_key: str | None
     ordering_key: str | None
     on_dead: str
+    start_gate: bool = False
+    sleep_s: float | None = None
 
 
 @dataclass
 class RunPlan:
-    """The runs (column by column), their task runs and their dependency edges to insert."""
+    """The runs (column by column), their task runs and their dependency edges to insert.
 
+    Every run of one plan shares its timing: a start time (``start_at``, an aware datetime) or
+    a delay in seconds (``delay_s``, added to the database's now), and a deadline in seconds
+    (``deadline_s``; None: the workflow's own, if any).
+    """
+
+    start_at: datetime | None = None
+    delay_s: float | None = None
+    deadline_s: float | None = None
     run_ids: list[UUID] = field(default_factory=list)
     inputs: list[JsonText] = field(default_factory=list)
     keys: list[str | None] = field(default_factory=list)
@@ -49,6 +66,11 @@ class RunPlan:
     tasks: list[PlannedTask] = field(default_factory=list)
     upstream: list[UUID] = field(default_factory=list)
     downstream: list[UUID] = field(default_factory=list)
+
+    @property
+    def delayed(self) -> bool:
+        """Whether the runs wait for a start time (they are created SCHEDULED)."""
+        return self.start_at is not None or self.delay_s is not None
 
     def ordering_keys(self) -> list[str]:
         return sorted({t.ordering_key for t in self.tasks if t.ordering_key is not None})
@@ -78,12 +100,28 @@ def plan_runs(
     workflow: WorkflowDef,
     inputs: Sequence[Mapping[str, Any] | None],
     keys: Sequence[str | None] | None = None,
+    *,
+    start_at: Any = None,
+    delay: Any = None,
+    deadline: Any = None,
 ) -> RunPlan:
-    """Rows for one run of ``workflow`` per input; :class:`InputError` names the bad one."""
+    """Rows for one run of ``workflow`` per input; :class:`InputError` names the bad one.
+
+    ``start_at`` (an aware datetime) or ``delay`` (seconds or a timedelta) makes the runs
+    delayed: their root tasks carry a closed start gate. ``deadline`` (seconds or a timedelta)
+    overrides the workflow's. Whether ``start_at`` is in the past is the store's to judge, on
+    the database clock (:func:`~flowforge.domain.timing.judge_start_at`).
+    """
     keys = [None] * len(inputs) if keys is None else list(keys)
     if len(keys) != len(inputs):
         raise InputError("one idempotency key (or None) is needed per input")
-    plan = RunPlan()
+    begin, delay_s = timing.start(start_at, delay)
+    plan = RunPlan(
+        start_at=begin,
+        delay_s=delay_s,
+        deadline_s=None if deadline is None else timing.seconds(deadline, "deadline"),
+    )
+    gated = plan.delayed
     ordered = workflow.topological_order()
     for index, (raw, key) in enumerate(zip(inputs, keys, strict=True)):
         run_input = {} if raw is None else raw
@@ -117,7 +155,11 @@ def plan_runs(
                 ),
                 ordering_key=_render(task.ordering_key, run_input, f"{label} ordering_key"),
                 on_dead=str(task.on_dead),
+                sleep_s=task.sleep,
             )
+            if gated and not task.depends_on:
+                planned.pending += 1
+                planned.start_gate = True
             plan.tasks.append(planned)
             for dep in task.depends_on:
                 plan.upstream.append(ids[dep])

@@ -20,6 +20,12 @@ class FailureReason(StrEnum):
     RESULT_TOO_LARGE = "result_too_large"
 
 
+class RunFailureReason(StrEnum):
+    """Why a whole run was ended, stored on the run (a task's own reason is on the task)."""
+
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+
+
 #: Attempt outcomes worth another attempt while the retry budget lasts. The others are
 #: deterministic: running the same code on the same input again would fail the same way.
 RETRYABLE_REASONS = frozenset(

@@ -22,6 +22,8 @@ class RunFacts:
     counts: Mapping[TaskState, int] = field(default_factory=dict)
     any_attempted: bool = False  # some task has been claimed at least once
     cancel_requested: bool = False  # an operator cancelled the run
+    start_gate_closed: bool = False  # a delayed run whose start time has not come yet
+    deadline_exceeded: bool = False  # the run's deadline passed: it ends FAILED
 
     def count(self, state: TaskState) -> int:
         return self.counts.get(state, 0)
@@ -52,13 +54,21 @@ Rule = tuple[str, Callable[[RunFacts], bool], RunState]
 
 #: First matching rule wins. A run is terminal only when no task of it can still change: while
 #: one can (a sibling running or retrying beside a DEAD task without fail-fast, a sibling that
-#: fail-fast or an operator asked to stop and that has not stopped yet), the run is RUNNING
-#: (PENDING if nothing has started). Once settled, an operator's cancellation beats a failure;
-#: otherwise a DEAD task makes the run FAILED even when fail-fast cancelled its dependents
-#: (those cancellations are a consequence of the failure, not an operator's decision).
+#: fail-fast, a deadline or an operator asked to stop and that has not stopped yet), the run is
+#: RUNNING (SCHEDULED while its start gate is closed, else PENDING if nothing has started).
+#: Once settled, a passed deadline makes the run FAILED although it cancelled the tasks (the
+#: cancellations are its consequence); an operator's cancellation beats a failure; otherwise a
+#: DEAD task makes the run FAILED even when fail-fast cancelled its dependents (those
+#: cancellations are a consequence of the failure, not an operator's decision).
 PRECEDENCE: tuple[Rule, ...] = (
     ("a task can still change", lambda f: not f.finished and f.started, RunState.RUNNING),
+    (
+        "its start time has not come",
+        lambda f: not f.finished and f.start_gate_closed,
+        RunState.SCHEDULED,
+    ),
     ("nothing started yet", lambda f: not f.finished, RunState.PENDING),
+    ("deadline exceeded", lambda f: f.deadline_exceeded, RunState.FAILED),
     (
         "operator cancelled",
         lambda f: f.cancel_requested and f.count(TaskState.CANCELLED) > 0,

@@ -19,8 +19,13 @@ class TaskState(StrEnum):
 
 
 class RunState(StrEnum):
-    """Lifecycle of one workflow run, derived from its task runs."""
+    """Lifecycle of one workflow run, derived from its task runs.
 
+    SCHEDULED: a delayed run whose start time (``start_at``, on the database clock) has not
+    come yet; nothing of it can run until a scheduler opens its start gate.
+    """
+
+    SCHEDULED = "SCHEDULED"
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
@@ -42,3 +47,4 @@ class CancelCause(StrEnum):
 
     OPERATOR = "operator"
     UPSTREAM = "upstream"
+    DEADLINE = "deadline"  # the run's deadline passed (the run ends FAILED, deadline_exceeded)

@@ -13,11 +13,12 @@ from flowforge.domain.states import TaskState as S
 from flowforge.errors import IllegalTransitionError
 
 TRANSITIONS: Mapping[S, frozenset[S]] = {
-    # advance (dependencies met) / cancel
-    S.PENDING: frozenset({S.READY, S.CANCELLED}),
+    # advance (dependencies met) / cancel / a durable timer starts sleeping (no worker)
+    S.PENDING: frozenset({S.READY, S.CANCELLED, S.RUNNING}),
     # claim / defer (idempotency key busy) / cancel / re-dispatch a message the broker lost
     S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED, S.READY}),
-    # finish / reap (retry or bury) / honoured cancellation / hand back an unstarted claim
+    # finish (or a timer's wake) / reap (retry or bury) / honoured cancellation (or a sleeping
+    # timer cancelled) / hand back an unstarted claim
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.RETRYING, S.DEAD, S.CANCELLED, S.READY}),
     # route by retry policy / cancel
     S.FAILED: frozenset({S.RETRYING, S.DEAD, S.CANCELLED}),

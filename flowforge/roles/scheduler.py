@@ -1,10 +1,13 @@
 """The scheduler role: runs the store's passes continuously.
 
 A pass reaps expired leases, routes failed attempts, applies the consequences of finished tasks
-(release dependents, fail-fast, run states) and promotes READY tasks with their outbox rows.
+(release dependents, fail-fast, run states), ends runs past their deadline, starts delayed runs
+whose time came, starts and wakes durable timers, and promotes READY tasks with their outbox
+rows.
 Each retry, death and cancellation it decides is logged once (:mod:`flowforge.roles.tasklog`).
 While passes find work they repeat at once; then the scheduler waits for a NOTIFY (a trigger or
-a finished task) or the poll interval. Several schedulers at once are safe: every step locks
+a finished task) or the poll interval — or less, when a start time, a timer's wake-up or a
+deadline (by the database clock) comes sooner. Several schedulers at once are safe: every step locks
 its batch with ``FOR UPDATE SKIP LOCKED``.
 """
 
@@ -31,6 +34,8 @@ logger = logging.getLogger(__name__)
 #: A registration silent this long belongs to a dead process (seconds).
 SILENT_PROCESS_AGE_S = 300.0
 SECONDS_PER_DAY = 86_400.0
+#: Shortest wait between passes that found nothing to do (seconds).
+MIN_WAIT_S = 0.01
 
 
 class SchedulerStatements(Passes, Processes):
@@ -65,19 +70,33 @@ class Scheduler:
             beat()
             self._housekeeping()
             if report.total == 0:
-                self._listener.wait(poll)
+                self._listener.wait(self._wait_s(poll))
+
+    def _wait_s(self, poll: float) -> float:
+        """How long to wait for a NOTIFY: the poll interval, or until the next start time,
+        wake-up or deadline if sooner (never less than MIN_WAIT_S: a due item another
+        scheduler holds locked is not spun on)."""
+        due = self._repo.next_due_s()
+        return poll if due is None else min(poll, max(due, MIN_WAIT_S))
 
     def run_pass(self) -> PassReport:
         """One pass over every kind of work, each bounded by the batch size."""
         batch = self._config.scheduler.batch_size
         threshold = self._config.scheduler.crash_loop_threshold
         with self._telemetry.scheduler_pass.time():
-            # the next level of a DAG waits on propagate → promote: they go first
+            # the next level of a DAG waits on propagate → promote: they go first; deadlines
+            # before starts, so a run already past its deadline is ended, not dispatched
             propagated = self._repo.propagate(batch)
+            expired = self._repo.expire_deadlines(batch)
+            started = self._repo.start_due_runs(batch)
+            timers = self._repo.wake_timers(batch) + self._repo.start_timers(batch)
             promoted = self._repo.promote_ready(batch)
             return PassReport(
                 propagated=propagated,
                 promoted=promoted,
+                started=started,
+                timers=timers,
+                expired=expired,
                 routed=self._repo.route_failed(batch, threshold, self._observe),
                 reaped=self._repo.reap_expired(batch, threshold, self._observe),
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
+from uuid import UUID
 
 from flowforge.domain import transitions
 from flowforge.domain.model import Routed
@@ -23,7 +24,7 @@ from flowforge.domain.policy import (
     decide,
 )
 from flowforge.domain.reasons import FailureReason
-from flowforge.domain.states import CancelCause, TaskState
+from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, TaskState
 from flowforge.store import rows
 from flowforge.store.part import Part, Tx
 from flowforge.store.runs import derive_states, stop_runs
@@ -98,6 +99,56 @@ class Passes(Part):
         """
         transitions.check(TaskState.PENDING, TaskState.CANCELLED)
         return self._transaction(_propagate, limit)
+
+    def start_due_runs(self, limit: int) -> int:
+        """SCHEDULED runs whose start time has come (``start_at <= now()``, the database's
+        clock) leave SCHEDULED with their start gates open, for the promote pass to make their
+        root tasks READY. Returns how many runs started; each starts once, whoever races."""
+        transitions.check(TaskState.PENDING, TaskState.READY)  # what the opened gates lead to
+        started = self._transaction(_start_due, limit)
+        if started:  # after the commit: a retried transaction logs once
+            logger.info(
+                "started %d delayed run(s) whose start time came",
+                started,
+                extra={"action": "runs_started"},
+            )
+        return started
+
+    def start_timers(self, limit: int) -> int:
+        """Durable timers whose dependencies are met: PENDING → RUNNING with a wake time (the
+        database's now + their sleep), no lease, no outbox row. Returns how many."""
+        transitions.check(TaskState.PENDING, TaskState.RUNNING)
+        found = self._query("start_timers", {"limit": limit})
+        return int(found[0]["n"]) if found else 0
+
+    def wake_timers(self, limit: int) -> int:
+        """Sleeping timers whose wake time has come: RUNNING → SUCCEEDED, dependents released
+        as a finish releases them. Returns how many woke."""
+        transitions.check(TaskState.RUNNING, TaskState.SUCCEEDED)
+        return self._transaction(_wake, limit)
+
+    def expire_deadlines(self, limit: int) -> int:
+        """Unfinished runs past their deadline: tasks not started (and sleeping timers)
+        CANCELLED, running ones asked to stop (``ctx.cancelled``), the run marked
+        ``deadline_exceeded`` — it ends FAILED once nothing of it runs. Returns how many runs
+        this pass ended (a run an operator cancelled first is left to the cancellation)."""
+        transitions.check({*NOT_STARTED_TASK_STATES, TaskState.RUNNING}, TaskState.CANCELLED)
+        ended: list[UUID] = self._transaction(_expire, limit)
+        if ended:  # after the commit
+            logger.warning(
+                "%d run(s) exceeded their deadline (FAILED, deadline_exceeded): %s",
+                len(ended),
+                ", ".join(str(rid) for rid in ended[:10]),
+                extra={"action": "deadline_exceeded"},
+            )
+        return len(ended)
+
+    def next_due_s(self) -> float | None:
+        """Seconds until the earliest start time, timer wake-up or deadline still to act on
+        (by the database clock; <= 0 when one is due now), None when nothing waits."""
+        found = self._query("next_due", {})
+        value = found[0]["due_in_s"] if found else None
+        return None if value is None else float(value)
 
     def purge(self, age_s: float, limit: int, *, key_age_s: float | None = None) -> int:
         """Retention: delete up to ``limit`` each of finished runs and published outbox rows
@@ -194,6 +245,29 @@ def _propagate(tx: Tx, limit: int) -> int:
         changed |= {row["id"] for row in tx.all("runs_to_derive", {"ids": succeeded_only})}
     derive_states(tx, changed)
     return len(finished)
+
+
+def _start_due(tx: Tx, limit: int) -> int:
+    row = tx.one("start_due_runs", {"limit": limit})
+    return int(row["started"]) if row else 0
+
+
+def _wake(tx: Tx, limit: int) -> int:
+    row = tx.one("wake_timers", {"limit": limit})
+    woke, queued = (int(row["woke"]), int(row["queued"])) if row else (0, 0)
+    if queued:
+        tx.all("notify_outbox")
+    return woke
+
+
+def _expire(tx: Tx, limit: int) -> list[UUID]:
+    overdue = [r["id"] for r in tx.all("overdue_runs", {"limit": limit})]
+    if not overdue:
+        return []
+    stop_runs(tx, overdue, CancelCause.DEADLINE)  # task rows first, then the runs
+    ended = [r["id"] for r in tx.all("mark_deadline_exceeded", {"ids": overdue})]
+    derive_states(tx, ended)
+    return ended
 
 
 def _purge(tx: Tx, ages: Mapping[str, float | None], limit: int) -> int:

@@ -18,13 +18,24 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 
 -- name: insert_runs
 -- A run whose idempotency key exists already is skipped (the caller compares digests).
+-- A delayed run (start_at given, or delay_s added to now()) is created SCHEDULED; its deadline
+-- (deadline_s, NULL for none) counts from its start, else from now(): the database's clock.
 INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
-                           request_digest)
-SELECT r.id, %(workflow)s, %(digest)s, r.input, %(fail_fast)s, r.key, r.request_digest
+                           request_digest, state, start_at, deadline_at)
+SELECT r.id, %(workflow)s, %(digest)s, r.input, %(fail_fast)s, r.key, r.request_digest,
+       CASE WHEN s.start_at IS NULL THEN 'PENDING' ELSE 'SCHEDULED' END, s.start_at,
+       coalesce(s.start_at, now()) + make_interval(secs => %(deadline_s)s::float8)
   FROM unnest(%(ids)s::uuid[], %(inputs)s::jsonb[], %(keys)s::text[], %(digests)s::text[])
-       AS r(id, input, key, request_digest)
+       AS r(id, input, key, request_digest),
+       (SELECT coalesce(%(start_at)s::timestamptz,
+                        now() + make_interval(secs => %(delay_s)s::float8)) AS start_at) AS s
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id;
+
+-- name: trigger_clock
+-- The trigger transaction's now(): an explicit start time is judged against it, never
+-- against the caller's clock.
+SELECT now() AS now;
 
 -- name: find_runs_by_keys
 SELECT id, idempotency_key, request_digest
@@ -32,23 +43,27 @@ SELECT id, idempotency_key, request_digest
  WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: insert_tasks
--- A task with nothing to wait for (no dependency, no ordering key) is created READY with its
--- outbox row in the same statement: the first step of a run needs no scheduler pass.
+-- A task with nothing to wait for (no dependency, no ordering key, not a timer, no closed
+-- start gate: that counts in pending_deps) is created READY with its outbox row in the same
+-- statement: the first step of a run needs no scheduler pass.
 WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
-                           on_dead, state, ready_at)
+                           on_dead, start_gate, sleep_s, state, ready_at)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
-           CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL THEN 'READY'
-                ELSE 'PENDING' END,
-           CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL THEN now() END
+           t.start_gate, t.sleep_s,
+           CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
+                THEN 'READY' ELSE 'PENDING' END,
+           CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
+                THEN now() END
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
-                  %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[])
+                  %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[],
+                  %(start_gates)s::bool[], %(sleeps)s::float8[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
-                jitter, timeout_s, idempotency_key, ordering_key, on_dead)
+                jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s)
     RETURNING id, state, fencing_token
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
@@ -74,10 +89,11 @@ SELECT pg_notify('flowforge_outbox', '');
 -- PENDING tasks whose dependencies succeeded and whose ordering stream is free, and RETRYING
 -- tasks whose backoff is over, become READY with an outbox row in the same statement. The
 -- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
+-- (A durable timer is never READY: start_timers takes it.)
 WITH eligible AS (
     SELECT t.id
       FROM task_runs t
-     WHERE t.state = 'PENDING' AND t.pending_deps = 0
+     WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.sleep_s IS NULL
        AND (t.ordering_key IS NULL OR NOT EXISTS (
                SELECT 1 FROM task_runs e
                 WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
@@ -205,12 +221,15 @@ UPDATE task_runs t
  WHERE e.upstream_id = ANY(%(ids)s::uuid[]) AND t.id = e.downstream_id AND t.state = 'PENDING';
 
 -- name: cancel_not_started
--- Cancels every task of the given runs that is not executing right now.
+-- Cancels every task of the given runs that is not executing right now: not started, or a
+-- sleeping durable timer (RUNNING with a wake time, no worker: nothing to ask).
 UPDATE task_runs
    SET state = 'CANCELLED', cancel_cause = %(cause)s, failure_reason = 'cancelled',
        fencing_token = fencing_token + 1, retry_at = NULL, finished_at = now(),
        propagated = false, updated_at = now()
- WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state IN ('PENDING', 'READY', 'RETRYING', 'FAILED')
+ WHERE run_id = ANY(%(run_ids)s::uuid[])
+   AND (state IN ('PENDING', 'READY', 'RETRYING', 'FAILED')
+        OR (state = 'RUNNING' AND wake_at IS NOT NULL))
 RETURNING id;
 
 -- name: request_stop
@@ -237,14 +256,16 @@ UPDATE task_runs SET propagated = true WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: lock_runs
 -- Runs are locked in id order after their tasks (the order every writer uses).
-SELECT id, state, cancel_requested_at IS NOT NULL AS cancel_requested
+SELECT id, state, cancel_requested_at IS NOT NULL AS cancel_requested,
+       coalesce(failure_reason = 'deadline_exceeded', false) AS deadline_exceeded
   FROM workflow_runs
  WHERE id = ANY(%(ids)s::uuid[])
  ORDER BY id
    FOR UPDATE;
 
 -- name: run_facts
-SELECT run_id, state, count(*) AS n, bool_or(attempt > 0) AS attempted
+SELECT run_id, state, count(*) AS n, bool_or(attempt > 0) AS attempted,
+       bool_or(start_gate) AS gated
   FROM task_runs
  WHERE run_id = ANY(%(ids)s::uuid[])
  GROUP BY run_id, state;
@@ -253,7 +274,7 @@ SELECT run_id, state, count(*) AS n, bool_or(attempt > 0) AS attempted
 UPDATE workflow_runs r
    SET state = d.state,
        finished_at = CASE WHEN d.finished THEN coalesce(r.finished_at, now()) END,
-       started_at = CASE WHEN d.state = 'PENDING' THEN r.started_at
+       started_at = CASE WHEN d.state IN ('PENDING', 'SCHEDULED') THEN r.started_at
                          ELSE coalesce(r.started_at, now()) END,
        updated_at = now()
   FROM unnest(%(ids)s::uuid[], %(states)s::text[], %(finished)s::bool[]) AS d(id, state, finished)
@@ -299,6 +320,129 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM idempotency_keys k USING doomed WHERE k.key = doomed.key;
+
+-- ------------------------------------------------------------------ scheduler: time
+
+-- name: start_due_runs
+-- SCHEDULED runs whose start time has come (on the database clock) leave SCHEDULED and open
+-- their root tasks' start gate in one statement; promote_ready then makes those READY. SKIP
+-- LOCKED and the state test divide the runs among any number of schedulers: each starts once.
+WITH due AS (
+    SELECT r.id
+      FROM workflow_runs r
+     WHERE r.state = 'SCHEDULED' AND r.start_at <= now()
+     ORDER BY r.start_at
+     LIMIT %(limit)s
+       FOR UPDATE OF r SKIP LOCKED
+), started AS (
+    UPDATE workflow_runs r
+       SET state = 'PENDING', updated_at = now()
+      FROM due
+     WHERE r.id = due.id AND r.state = 'SCHEDULED'
+    RETURNING r.id
+), opened AS (
+    UPDATE task_runs t
+       SET pending_deps = t.pending_deps - 1, start_gate = false, updated_at = now()
+      FROM started s
+     WHERE t.run_id = s.id AND t.start_gate AND t.state = 'PENDING'
+    RETURNING t.id
+)
+SELECT (SELECT count(*) FROM started) AS started, (SELECT count(*) FROM opened) AS opened;
+
+-- name: start_timers
+-- Durable timers whose dependencies are met start sleeping: RUNNING with a wake time on the
+-- database clock, no lease (never reaped), no outbox row (no worker); their runs are marked
+-- started like a claim marks them.
+WITH due AS (
+    SELECT t.id
+      FROM task_runs t
+     WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.sleep_s IS NOT NULL
+     ORDER BY t.seq
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+), sleeping AS (
+    UPDATE task_runs t
+       SET state = 'RUNNING', wake_at = now() + make_interval(secs => t.sleep_s),
+           started_at = coalesce(t.started_at, now()), updated_at = now()
+      FROM due
+     WHERE t.id = due.id AND t.state = 'PENDING'
+    RETURNING t.id, t.run_id
+), runs_started AS (
+    UPDATE workflow_runs r
+       SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
+     WHERE r.id IN (SELECT run_id FROM sleeping) AND r.state = 'PENDING'
+)
+SELECT count(*) AS n FROM sleeping;
+
+-- name: wake_timers
+-- Sleeping timers whose wake time has come SUCCEED, and release their dependents as a finish
+-- does (PENDING → READY with an outbox row when nothing else holds them); propagate then
+-- derives the runs.
+WITH due AS (
+    SELECT t.id
+      FROM task_runs t
+     WHERE t.state = 'RUNNING' AND t.wake_at <= now()
+     ORDER BY t.wake_at
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+), woke AS (
+    UPDATE task_runs t
+       SET state = 'SUCCEEDED', finished_at = now(), propagated = false, updated_at = now()
+      FROM due
+     WHERE t.id = due.id AND t.state = 'RUNNING' AND t.wake_at <= now()
+    RETURNING t.id
+), released AS (
+    UPDATE task_runs t
+       SET pending_deps = t.pending_deps - x.n,
+           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                             AND t.sleep_s IS NULL
+                        THEN 'READY' ELSE t.state END,
+           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                                AND t.sleep_s IS NULL
+                           THEN now() ELSE t.ready_at END,
+           updated_at = now()
+      FROM (SELECT e.downstream_id AS id, count(*) AS n
+              FROM task_edges e
+              JOIN woke w ON w.id = e.upstream_id
+             GROUP BY e.downstream_id) AS x
+     WHERE t.id = x.id AND t.state = 'PENDING'
+    RETURNING t.id, t.state, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM woke) AS woke, (SELECT count(*) FROM queued) AS queued;
+
+-- name: overdue_runs
+-- Unfinished runs past their deadline that no deadline or operator has ended yet. Not locked
+-- here: the caller stops their tasks first (task rows before run rows, the order every writer
+-- uses), then marks them with mark_deadline_exceeded, which decides.
+SELECT id
+  FROM workflow_runs
+ WHERE deadline_at <= now() AND finished_at IS NULL AND failure_reason IS NULL
+   AND cancel_requested_at IS NULL
+ ORDER BY deadline_at
+ LIMIT %(limit)s;
+
+-- name: mark_deadline_exceeded
+UPDATE workflow_runs
+   SET failure_reason = 'deadline_exceeded', updated_at = now()
+ WHERE id = ANY(%(ids)s::uuid[]) AND deadline_at <= now() AND finished_at IS NULL
+   AND failure_reason IS NULL AND cancel_requested_at IS NULL
+RETURNING id;
+
+-- name: next_due
+-- Seconds (by the database clock) until the earliest start, wake-up or deadline the passes
+-- above would act on: the scheduler sleeps no longer than that. NULL when none is waiting.
+SELECT extract(epoch FROM least(
+           (SELECT min(start_at) FROM workflow_runs
+             WHERE state = 'SCHEDULED' AND start_at IS NOT NULL),
+           (SELECT min(wake_at) FROM task_runs WHERE state = 'RUNNING' AND wake_at IS NOT NULL),
+           (SELECT min(deadline_at) FROM workflow_runs
+             WHERE deadline_at IS NOT NULL AND finished_at IS NULL AND failure_reason IS NULL
+               AND cancel_requested_at IS NULL)) - now())::float8 AS due_in_s;
 
 -- ------------------------------------------------------------------ worker
 
@@ -505,8 +649,10 @@ WITH outcome AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
            state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                             AND t.sleep_s IS NULL
                         THEN 'READY' ELSE t.state END,
            ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                                AND t.sleep_s IS NULL
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
       FROM (SELECT e.downstream_id AS id, count(*) AS n
@@ -595,14 +741,14 @@ SELECT state, failure_reason, attempt FROM task_runs WHERE id = %(id)s;
 
 -- name: get_run
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at
+       started_at, finished_at, start_at, deadline_at, failure_reason
   FROM workflow_runs WHERE id = %(id)s;
 
 -- name: get_run_tasks
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
-       t.ready_at, t.started_at, t.finished_at,
+       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on
@@ -614,7 +760,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
-       t.ready_at, t.started_at, t.finished_at,
+       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on
@@ -633,7 +779,7 @@ SELECT task_run_id, attempt, fencing_token, worker, started_at, finished_at, out
 -- [since, until). Run unprepared (a custom plan): the NULL tests then fold away and each filter
 -- combination gets its index (state / workflow / workflow+state / created_at).
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at
+       started_at, finished_at, start_at, deadline_at, failure_reason
   FROM workflow_runs
  WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
@@ -650,7 +796,8 @@ SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
-       t.ready_at, t.started_at, t.finished_at, '{}'::text[] AS depends_on, r.workflow
+       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
+       '{}'::text[] AS depends_on, r.workflow
   FROM task_runs t
   JOIN workflow_runs r ON r.id = t.run_id
  WHERE t.state = 'DEAD'

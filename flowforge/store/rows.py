@@ -38,7 +38,7 @@ from flowforge.domain.model import (
 )
 from flowforge.domain.plan import PlannedTask
 from flowforge.domain.policy import FailureFacts, Jitter, RetryPolicy
-from flowforge.domain.reasons import FailureReason
+from flowforge.domain.reasons import FailureReason, RunFailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.domain.values import (
     MAX_ERROR_CHARS,
@@ -89,6 +89,8 @@ def task_run(row: Row) -> TaskRun:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         depends_on=tuple(row["depends_on"] or ()),
+        sleep_s=row["sleep_s"],
+        wake_at=row["wake_at"],
     )
 
 
@@ -112,6 +114,9 @@ def run(row: Row, tasks: tuple[TaskRun, ...] = ()) -> Run:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         tasks=tasks,
+        start_at=row["start_at"],
+        deadline_at=row["deadline_at"],
+        failure_reason=RunFailureReason(row["failure_reason"]) if row["failure_reason"] else None,
     )
 
 
@@ -346,6 +351,8 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "idem_keys": [t.idempotency_key for t in tasks],
         "ordering_keys": [t.ordering_key for t in tasks],
         "on_dead": [t.on_dead for t in tasks],
+        "start_gates": [t.start_gate for t in tasks],
+        "sleeps": [t.sleep_s for t in tasks],
     }
 
 

@@ -17,8 +17,9 @@ from flowforge.store.part import Tx
 
 
 def stop_runs(tx: Tx, run_ids: Sequence[UUID], cause: CancelCause) -> None:
-    """Cancel the runs' tasks not yet started, ask their running ones to stop."""
-    transitions.check(NOT_STARTED_TASK_STATES, TaskState.CANCELLED)
+    """Cancel the runs' tasks not yet started (and their sleeping timers), ask their running
+    ones to stop."""
+    transitions.check({*NOT_STARTED_TASK_STATES, TaskState.RUNNING}, TaskState.CANCELLED)
     params = {"run_ids": list(run_ids), "cause": str(cause)}
     tx.all("cancel_not_started", params)
     stopping = tx.all("request_stop", params)
@@ -33,12 +34,20 @@ def derive_states(tx: Tx, run_ids: Iterable[UUID]) -> None:
     locked = tx.all("lock_runs", {"ids": ids})
     counts: dict[UUID, dict[TaskState, int]] = {r["id"]: {} for r in locked}
     attempted: dict[UUID, bool] = dict.fromkeys(counts, False)
+    gated: dict[UUID, bool] = dict.fromkeys(counts, False)
     for row in tx.all("run_facts", {"ids": ids}):
         counts[row["run_id"]][TaskState(row["state"])] = row["n"]
         attempted[row["run_id"]] = attempted[row["run_id"]] or bool(row["attempted"])
+        gated[row["run_id"]] = gated[row["run_id"]] or bool(row["gated"])
     columns: dict[str, list[Any]] = {"ids": [], "states": [], "finished": []}
     for row in locked:
-        facts = RunFacts(counts[row["id"]], attempted[row["id"]], row["cancel_requested"])
+        facts = RunFacts(
+            counts[row["id"]],
+            attempted[row["id"]],
+            row["cancel_requested"],
+            start_gate_closed=gated[row["id"]],
+            deadline_exceeded=row["deadline_exceeded"],
+        )
         columns["ids"].append(row["id"])
         columns["states"].append(str(derive(facts)))
         columns["finished"].append(facts.finished)

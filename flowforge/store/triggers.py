@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -13,6 +14,7 @@ from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import TriggerResult
 from flowforge.domain.plan import RunPlan, plan_runs
 from flowforge.domain.states import TaskState
+from flowforge.domain.timing import judge_start_at
 from flowforge.errors import TriggerConflictError
 from flowforge.store import rows
 from flowforge.store.part import Part, Tx
@@ -29,32 +31,62 @@ class Triggers(Part):
         workflow: WorkflowDef,
         run_input: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        *,
+        start_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        deadline: float | timedelta | None = None,
     ) -> TriggerResult:
         """Create a run and its task runs in one transaction.
 
         The same ``idempotency_key`` returns the same run (``created`` False); the same key
-        with another workflow or input raises :class:`TriggerConflictError`.
+        with another workflow or input raises :class:`TriggerConflictError`. ``start_at`` (an
+        aware datetime) or ``delay`` (seconds) creates the run SCHEDULED; ``deadline``
+        (seconds) overrides the workflow's (see :meth:`trigger_many`).
         """
-        return self.trigger_many(workflow, [run_input], [idempotency_key])[0]
+        return self.trigger_many(
+            workflow,
+            [run_input],
+            [idempotency_key],
+            start_at=start_at,
+            delay=delay,
+            deadline=deadline,
+        )[0]
 
     def trigger_many(
         self,
         workflow: WorkflowDef,
         inputs: Sequence[Mapping[str, Any] | None],
         idempotency_keys: Sequence[str | None] | None = None,
+        *,
+        start_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        deadline: float | timedelta | None = None,
     ) -> list[TriggerResult]:
         """Create one run per input in one transaction (a few array inserts, not one per run).
 
         Results are in input order; idempotency keys behave as in :meth:`trigger`, and one
-        conflict fails the whole batch.
+        conflict fails the whole batch. Every run shares the timing: ``start_at`` (an aware
+        datetime, refused more than a minute in the past by the *database's* clock) or
+        ``delay`` (seconds, or a timedelta, added to the database's now) makes them SCHEDULED
+        until then; ``deadline`` (seconds, or a timedelta) replaces the workflow's deadline.
+        Bad values raise :class:`InputError` before anything is stored.
         """
-        plan = plan_runs(workflow, inputs, idempotency_keys)
+        plan = plan_runs(
+            workflow, inputs, idempotency_keys, start_at=start_at, delay=delay, deadline=deadline
+        )
         if not plan.run_ids:
             return []
         return self._transaction(_insert_plan, workflow, plan)
 
 
 def _insert_plan(tx: Tx, workflow: WorkflowDef, plan: RunPlan) -> list[TriggerResult]:
+    """Insert ``plan``'s runs of ``workflow`` in the caller's transaction. Their deadline is the
+    plan's, else the workflow's (so runs made by any caller get it)."""
+    if plan.start_at is not None:
+        clock = tx.one("trigger_clock")
+        assert clock is not None  # SELECT now() always answers
+        judge_start_at(plan.start_at, clock["now"])
+    deadline_s = plan.deadline_s if plan.deadline_s is not None else workflow.deadline
     tx.all(
         "register_definition",
         {
@@ -76,6 +108,9 @@ def _insert_plan(tx: Tx, workflow: WorkflowDef, plan: RunPlan) -> list[TriggerRe
             "fail_fast": workflow.fail_fast,
             "keys": plan.keys,
             "digests": plan.digests,
+            "start_at": plan.start_at,
+            "delay_s": plan.delay_s,
+            "deadline_s": deadline_s,
         },
     )
     inserted = {r["id"] for r in found}

@@ -106,6 +106,53 @@ def test_only_pending_and_ready_never_attempted_is_pending() -> None:
     assert derive(facts(attempted=False, READY=2, PENDING=3)) is RunState.PENDING
 
 
+# Delayed runs and deadlines (issue 18): a closed start gate and a passed deadline are facts.
+
+
+def test_a_run_whose_start_gate_is_closed_is_scheduled() -> None:
+    assert derive(RunFacts({S.PENDING: 3}, start_gate_closed=True)) is RunState.SCHEDULED
+
+
+def test_a_scheduled_run_cancelled_by_its_operator_is_cancelled() -> None:
+    cancelled = RunFacts({S.CANCELLED: 3}, cancel_requested=True, start_gate_closed=True)
+    assert derive(cancelled) is RunState.CANCELLED
+
+
+def test_an_open_gate_with_nothing_started_is_pending() -> None:
+    assert derive(RunFacts({S.PENDING: 2, S.READY: 1})) is RunState.PENDING
+
+
+def test_a_passed_deadline_with_every_task_cancelled_is_failed_not_cancelled() -> None:
+    assert derive(RunFacts({S.CANCELLED: 3}, deadline_exceeded=True)) is RunState.FAILED
+
+
+def test_a_passed_deadline_with_some_successes_is_failed() -> None:
+    settled = RunFacts({S.SUCCEEDED: 2, S.CANCELLED: 1}, True, deadline_exceeded=True)
+    assert derive(settled) is RunState.FAILED
+
+
+def test_a_passed_deadline_while_a_handler_still_runs_is_running() -> None:
+    stopping = RunFacts({S.CANCELLED: 2, S.RUNNING: 1}, True, deadline_exceeded=True)
+    assert derive(stopping) is RunState.RUNNING
+
+
+def test_a_passed_deadline_beats_a_later_operator_cancel() -> None:
+    both = RunFacts({S.CANCELLED: 2}, True, cancel_requested=True, deadline_exceeded=True)
+    assert derive(both) is RunState.FAILED
+
+
+def test_a_passed_deadline_on_a_run_that_succeeded_anyway_is_failed() -> None:
+    """A handler that ignored ``ctx.cancelled`` and succeeded: the run still missed it."""
+    assert derive(RunFacts({S.SUCCEEDED: 3}, True, deadline_exceeded=True)) is RunState.FAILED
+
+
+def test_the_scheduled_rule_comes_before_pending_and_after_running() -> None:
+    names = [name for name, _, _ in PRECEDENCE]
+    scheduled = [name for name, _, state in PRECEDENCE if state is RunState.SCHEDULED]
+    assert names.index("a task can still change") < names.index(scheduled[0])
+    assert names.index(scheduled[0]) < names.index("nothing started yet")
+
+
 def test_precedence_rules_have_unique_names() -> None:
     names = [name for name, _, _ in PRECEDENCE]
     assert len(names) == len(set(names))
@@ -138,6 +185,8 @@ run_facts = st.builds(
     counts=st.dictionaries(st.sampled_from(list(TaskState)), st.integers(0, 5)),
     any_attempted=st.booleans(),
     cancel_requested=st.booleans(),
+    start_gate_closed=st.booleans(),
+    deadline_exceeded=st.booleans(),
 )
 
 
@@ -150,7 +199,9 @@ def test_derive_is_total_and_consistent(f: RunFacts) -> None:
         assert f.total > 0
         assert all(n == 0 for s, n in f.counts.items() if s is not S.SUCCEEDED)
     if state is RunState.FAILED:
-        assert f.count(S.DEAD) > 0
+        assert f.count(S.DEAD) > 0 or f.deadline_exceeded
+    if state is RunState.SCHEDULED:
+        assert f.start_gate_closed and not f.started and not f.finished
     if state is RunState.CANCELLED:
         assert f.count(S.CANCELLED) > 0
     if state is RunState.PENDING:

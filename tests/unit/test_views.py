@@ -69,7 +69,8 @@ def test_the_overview_maps_its_rows_to_typed_fields() -> None:
 
 def test_the_overview_json_keeps_its_fields_in_order() -> None:
     assert dumps(overview_dict(overview())) == (
-        '{"runs": {"PENDING": 0, "RUNNING": 1, "SUCCEEDED": 0, "FAILED": 1, "CANCELLED": 0}, '
+        '{"runs": {"SCHEDULED": 0, "PENDING": 0, "RUNNING": 1, "SUCCEEDED": 0, "FAILED": 1, '
+        '"CANCELLED": 0}, '
         '"tasks": {"PENDING": 0, "READY": 0, "RUNNING": 0, "SUCCEEDED": 0, "FAILED": 0, '
         '"RETRYING": 1, "DEAD": 1, "CANCELLED": 0}, '
         '"finished_per_minute": [{"minute": "2026-12-01T16:33:00+00:00", "succeeded": 2, '
