@@ -137,7 +137,9 @@ def test_a_signal_blocked_before_the_pipe_existed_arrives_once_it_does() -> None
     came meanwhile was pending, and the pipe unblocks and reads it."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
     try:
-        os.kill(os.getpid(), signal.SIGUSR1)  # blocked: pending, its default action not run
+        # to this thread, which blocks it (a process-directed signal could go to another
+        # thread of the test process, e.g. pytest-xdist's, whose default action would end it)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
         assert signal.SIGUSR1 in signal.sigpending()
         with signal_pipe([signal.SIGUSR1]) as pipe:
             assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
