@@ -121,6 +121,9 @@ def status(args: argparse.Namespace) -> int:
     output.line(f"run {run.id}  workflow {run.workflow}  state {run.state}")
     finished = f"{run.finished_at:%Y-%m-%d %H:%M:%S}" if run.finished_at else "-"
     output.line(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  finished {finished}")
+    if run.schedule is not None:
+        fired = f"{run.fire_time:%Y-%m-%d %H:%M:%S}" if run.fire_time else "-"
+        output.line(f"schedule {run.schedule}  fire time {fired}")
     output.table(
         ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID"),
         [
