@@ -11,16 +11,25 @@ from uuid import UUID
 from flowforge.config import Config
 from flowforge.definitions import load_paths
 from flowforge.domain.dag import WorkflowDef
-from flowforge.domain.model import Attempt, Run, TaskRun, TriggerResult
+from flowforge.domain.model import (
+    Attempt,
+    FireRecord,
+    ManualFire,
+    Run,
+    ScheduleInfo,
+    TaskRun,
+    TriggerResult,
+)
 from flowforge.errors import DefinitionError, UnknownWorkflowError
 from flowforge.store.db import Database
 from flowforge.store.operator import Operator
+from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
 
-class ClientStatements(Triggers, Operator):
-    """The client's part of the store: new runs, and the operator's cancel and requeue (which
-    answer with the read models of ``Reads``, :class:`Operator`'s base)."""
+class ClientStatements(Triggers, Operator, Schedules):
+    """The client's part of the store: new runs, the operator's cancel and requeue (which
+    answer with the read models of ``Reads``, :class:`Operator`'s base), and schedules."""
 
 
 class Client:
@@ -144,3 +153,26 @@ class Client:
 
     def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
         return self._store.attempts(task_run_id)
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule in the database (of every tree's workflows), by name."""
+        return self._store.list_schedules()
+
+    def schedule(self, name: str) -> ScheduleInfo:
+        """One schedule (``workflow/index`` or its ``name:``); NotFoundError if unknown."""
+        return self._store.get_schedule(name)
+
+    def schedule_history(self, name: str, limit: int = 20) -> list[FireRecord]:
+        """The latest decisions about ``name``'s fire times, newest first."""
+        self._store.get_schedule(name)  # an unknown name is an error, not an empty history
+        return self._store.fire_history(name, limit)
+
+    def pause_schedule(self, name: str) -> ScheduleInfo:
+        return self._store.pause_schedule(name)
+
+    def resume_schedule(self, name: str) -> ScheduleInfo:
+        return self._store.resume_schedule(name)
+
+    def trigger_schedule(self, name: str) -> ManualFire:
+        """A run of schedule ``name`` now, outside its timetable (recorded as a manual fire)."""
+        return self._store.trigger_schedule(name, self.workflows)

@@ -120,9 +120,11 @@ def check_paths(
     """Every valid workflow in the given files and folders (``*.yaml``/``*.yml``, sorted) by
     name, and every problem of every file (see :func:`check_file`).
 
-    Two files defining the same workflow name are a problem of the second.
+    Two files defining the same workflow name, or the same schedule name, are a problem of
+    the second.
     """
     found: dict[str, tuple[WorkflowDef, Path]] = {}
+    schedules: dict[str, Path] = {}  # schedule names are global (the schedules table's key)
     problems: list[str] = []
     for path in paths:
         if path.is_dir():
@@ -143,6 +145,13 @@ def check_paths(
                     f"{found[workflow.name][1]}"
                 )
                 continue
+            taken = [n for n, _ in workflow.named_schedules() if n in schedules]
+            if taken:
+                problems.append(
+                    f"{file}: schedule name {taken[0]!r} is already used in {schedules[taken[0]]}"
+                )
+                continue
+            schedules.update((n, file) for n, _ in workflow.named_schedules())
             found[workflow.name] = (workflow, file)
     return {name: wf for name, (wf, _) in found.items()}, problems
 

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from flowforge.broker.messages import MessageError
 from flowforge.cli import exitcodes
+from flowforge.domain.schedule import ScheduleError
 from flowforge.errors import (
     BootError,
     BrokerConfigError,
@@ -41,6 +42,7 @@ from flowforge.errors import (
     NotFoundError,
     QueueTypeMismatchError,
     RequestError,
+    ScheduleRetiredError,
     StoreError,
     TransactionConflictError,
     TriggerConflictError,
@@ -69,6 +71,7 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     # configuration and definitions
     ConfigError: _OPERATORS,
     DefinitionError: _OPERATORS,
+    ScheduleError: _OPERATORS,
     # domain: a caller bug, caught before any SQL ran
     IllegalTransitionError: _INTERNAL,
     # operator-facing lookups and requests
@@ -81,6 +84,7 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     NotFoundError: Meaning(exitcodes.NOT_FOUND, HTTPStatus.NOT_FOUND),
     NotDeadError: _REFUSED,
     TriggerConflictError: _REFUSED,
+    ScheduleRetiredError: _REFUSED,
     # storage
     StoreError: _INTERNAL,
     DatabaseUnavailableError: _OUTAGE,

@@ -71,6 +71,10 @@ class NotDeadError(RequestError):
     """A requeue was asked for a task run that is not DEAD."""
 
 
+class ScheduleRetiredError(RequestError):
+    """The schedule is retired (its workflow file no longer defines it): nothing to act on."""
+
+
 class UnstorableValueError(InputError):
     """A value PostgreSQL cannot store as given (NaN, ±Infinity, a NUL character, a lone
     surrogate, nesting or size over a bound, a non-JSON type). The message says what and where

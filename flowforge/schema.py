@@ -81,6 +81,11 @@ def build(cls: type[T], data: Any, path: str) -> T:
     except (ValueError, FlowForgeError) as exc:
         if isinstance(exc, SchemaError):
             raise
+        # an error that names the field it is about (``key`` and ``detail``) is reported at
+        # that field's path, so the line number is the field's own
+        key, detail = getattr(exc, "key", None), getattr(exc, "detail", None)
+        if isinstance(key, str) and key and isinstance(detail, str):
+            raise SchemaError(_join(path, key), detail) from exc
         raise SchemaError(path, str(exc)) from exc
 
 
@@ -98,6 +103,8 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
         return _convert_optional(hint, value, path)
     if origin is tuple:
         return _convert_tuple(hint, value, path)
+    if origin in (dict, Mapping):
+        return _convert_mapping(value, path)
     if dataclasses.is_dataclass(hint):
         return build(hint, value, path)  # type: ignore[arg-type]
     if isinstance(hint, type) and issubclass(hint, Enum):
@@ -106,15 +113,19 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
             raise SchemaError(path, f"must be one of {', '.join(allowed)}, got {value!r}")
         return hint(value)
     if hint in _SCALARS:
-        accepts, expected = _SCALARS[hint]
-        if not accepts(value):
-            raise SchemaError(path, f"expected {expected}, got {_kind(value)}")
-        if hint is float and not math.isfinite(value):
-            raise SchemaError(path, f"must be a finite number, got {value!r}")
-        if hint is str:
-            _check_str(value, path)
-        return float(value) if hint is float else value
+        return _convert_scalar(hint, value, path)
     raise TypeError(f"{path}: unsupported field type {hint!r}")
+
+
+def _convert_scalar(hint: type, value: Any, path: str) -> Any:
+    accepts, expected = _SCALARS[hint]
+    if not accepts(value):
+        raise SchemaError(path, f"expected {expected}, got {_kind(value)}")
+    if hint is float and not math.isfinite(value):
+        raise SchemaError(path, f"must be a finite number, got {value!r}")
+    if hint is str:
+        _check_str(value, path)
+    return float(value) if hint is float else value
 
 
 def _convert_optional(hint: Any, value: Any, path: str) -> Any:
@@ -151,6 +162,16 @@ def _check_str(value: str, path: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise SchemaError(path, "holds a lone surrogate (not UTF-8 text)") from None
+
+
+def _convert_mapping(value: Any, path: str) -> dict[str, Any]:
+    """A mapping with string keys, its values as given (plain data: checked by the caller)."""
+    if not isinstance(value, Mapping):
+        raise SchemaError(path, f"expected a mapping, got {_kind(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise SchemaError(path, f"keys must be strings, got {_kind(key)} {key!r}")
+    return dict(value)
 
 
 def _join(path: str, key: str) -> str:

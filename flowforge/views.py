@@ -11,10 +11,13 @@ from uuid import UUID
 
 from flowforge.domain.model import (
     Attempt,
+    FireRecord,
+    ManualFire,
     Overview,
     PoisonCandidate,
     RetryBacklog,
     Run,
+    ScheduleInfo,
     Stats,
     TaskRun,
 )
@@ -113,3 +116,47 @@ def stats_dict(stats: Stats) -> dict[str, Any]:
             for d in stats.dead
         ],
     }
+
+
+def fire_dict(record: FireRecord) -> dict[str, Any]:
+    """One decision about a fire time: ``outcome`` created (``run_id``) or skipped for
+    ``reason``; a skipped span runs from ``fire_time`` to ``last_fire_time``."""
+    return {
+        "fire_time": record.fire_time,
+        "last_fire_time": record.last_fire_time,
+        "outcome": record.outcome,
+        "reason": record.reason,
+        "manual": record.manual,
+        "run_id": record.run_id,
+        "decided_at": record.decided_at,
+    }
+
+
+def schedule_dict(info: ScheduleInfo) -> dict[str, Any]:
+    """The ``flowforge schedules list --json`` / ``GET /api/v1/schedules`` shape of one
+    schedule (docs/schedules.md)."""
+    spec = dict(info.spec)
+    timetable = f"cron {spec['cron']}" if spec.get("cron") else f"every {spec.get('every')}"
+    return {
+        "name": info.name,
+        "workflow": info.workflow,
+        "state": info.state,
+        "timetable": timetable,
+        "timezone": spec.get("timezone", "UTC"),
+        "spec": spec,
+        "next_fire_at": info.next_fire_at,
+        "last_fire_at": info.last_fire_at,
+        "last_run": (
+            None
+            if info.last_run_id is None
+            else {"id": info.last_run_id, "state": info.last_run_state}
+        ),
+        "last_decision": None if info.last_decision is None else fire_dict(info.last_decision),
+        "paused_at": info.paused_at,
+        "retired_at": info.retired_at,
+    }
+
+
+def manual_fire_dict(fired: ManualFire) -> dict[str, Any]:
+    """``flowforge schedules trigger --json`` / ``POST /api/v1/schedules/{name}/trigger``."""
+    return {"schedule": fired.schedule, "run_id": fired.run_id, "fire_time": fired.fire_time}

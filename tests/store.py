@@ -22,10 +22,11 @@ from flowforge.store.operator import Operator
 from flowforge.store.outbox import Outbox
 from flowforge.store.passes import Passes
 from flowforge.store.processes import Processes
+from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
 #: The store's parts, each a class of the product (store/part.py's ``Part``).
-PARTS = (Triggers, Passes, Claims, Outbox, Processes, Operator)
+PARTS = (Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Renewal:
     cancel_requested: bool = False
 
 
-class Store(Triggers, Passes, Claims, Outbox, Processes, Operator):
+class Store(Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules):
     """Triggers, scheduler passes, claims, the outbox, the registry, operator actions and
     reads (``Operator`` answers with the read models) over one ``Database``.
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import falcon
 
-from flowforge.api import dead, errors, health, overview, runs, tasks
+from flowforge.api import dead, errors, health, overview, runs, schedules, tasks
 from flowforge.api.graph import RunGraph
 from flowforge.api.metrics import Metrics
 from flowforge.api.security import AccessLog, CsrfGuard, HostCheck, SecurityHeaders, TokenAuth
@@ -18,11 +18,13 @@ from flowforge.dashboard.graph import LayoutCache
 from flowforge.errors import FlowForgeError
 from flowforge.store.operator import Operator
 from flowforge.store.processes import Processes
+from flowforge.store.schedules import Schedules
 
 
-class ApiStatements(Operator, Processes):
+class ApiStatements(Operator, Processes, Schedules):
     """The api's part of the store: read models and the operator's actions (``Operator``
-    answers with ``Reads``, its base), and the process registry (``/api/v1/processes``).
+    answers with ``Reads``, its base), the process registry (``/api/v1/processes``) and the
+    schedules (``/api/v1/schedules``).
 
     Runs are created through the :class:`Client`, which knows the workflows; the rest of the
     api reads and acts through these."""
@@ -74,6 +76,7 @@ def create_app(
     app.add_route("/api/v1/dead/requeue", dead.BulkRequeue(store, max_body))
     app.add_route("/api/v1/overview", overview.Overview(store))
     app.add_route("/api/v1/processes", overview.Processes(store))
+    schedules.add_routes(app, client, store)
     app.add_route("/health/live", health.Live())
     ready = health.Ready(health.Checks(store, client.config.broker), tree, api.ready_cache_s)
     app.add_route("/health/ready", ready)

@@ -168,6 +168,9 @@ def status(args: argparse.Namespace) -> int:
     ]
     if timing:
         output.line("  ".join(timing))
+    if run.schedule is not None:
+        fired = f"{run.fire_time:%Y-%m-%d %H:%M:%S}" if run.fire_time else "-"
+        output.line(f"schedule {run.schedule}  fire time {fired}")
     output.table(
         ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID"),
         [

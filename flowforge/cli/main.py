@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flowforge.cli import commands, exitcodes, output, purge
+from flowforge.cli import commands, exitcodes, output, purge, schedules
 from flowforge.errormap import exit_code_for
 from flowforge.errors import FlowForgeError
 
@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=commands.workflows_validate)
     p.add_argument("paths", nargs="*")
     purge.add_command(sub, common)
+    schedules.add_command(sub, common)
     return parser
 
 

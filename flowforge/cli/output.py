@@ -20,6 +20,7 @@ from flowforge.views import attempt_dict, dumps, run_dict, stats_dict, task_dict
 __all__ = [
     "attempt_dict",
     "block",
+    "dumps",
     "emit_json",
     "escape",
     "first_line",

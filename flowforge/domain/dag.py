@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from flowforge.domain.policy import RetryPolicy
+from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
 from flowforge.domain.values import check_text
 from flowforge.errors import DefinitionError, InputError, UnstorableValueError
@@ -103,12 +104,14 @@ class WorkflowDef:
 
     ``deadline`` (seconds): a run still unfinished that long after it was created (or, for a
     delayed run, after its start time) ends FAILED with reason ``deadline_exceeded``.
-    """
+    ``schedules`` start runs by themselves (``flowforge/domain/schedule.py``); they are not
+    part of :meth:`to_dict` nor of the digest: changing a schedule is no new version."""
 
     name: str
     tasks: tuple[TaskDef, ...]
     fail_fast: bool = True
     deadline: float | None = None
+    schedules: tuple[ScheduleDef, ...] = ()
 
     def __post_init__(self) -> None:
         _check_name(self.name, "workflow name")
@@ -142,6 +145,38 @@ class WorkflowDef:
         cycle = find_cycle({t.name: t.depends_on for t in self.tasks})
         if cycle:
             raise DefinitionError(f"workflow {self.name!r}: dependency cycle {' -> '.join(cycle)}")
+        self._check_schedules()
+
+    def _check_schedules(self) -> None:
+        """Distinct schedule names, and each schedule's input renders every key template (a
+        scheduled run must never fail to plan)."""
+        named: set[str] = set()
+        for index, schedule in enumerate(self.schedules):
+            if not isinstance(schedule, ScheduleDef):
+                raise ScheduleError(f"schedules[{index}]", "must be a ScheduleDef")
+            name = schedule.name or default_name(self.name, index)
+            if name in named:
+                raise ScheduleError(
+                    f"schedules[{index}].name", f"schedule name {name!r} is used twice"
+                )
+            named.add(name)
+            for task in self.tasks:
+                for label, template in (
+                    ("idempotency_key", task.idempotency_key),
+                    ("ordering_key", task.ordering_key),
+                ):
+                    if template is None:
+                        continue
+                    try:
+                        render_key(template, schedule.input, f"task {task.name!r}: {label}")
+                    except InputError as exc:
+                        raise ScheduleError(f"schedules[{index}].input", str(exc)) from None
+
+    def named_schedules(self) -> tuple[tuple[str, ScheduleDef], ...]:
+        """Each schedule with its name: its ``name``, else ``workflow/index``."""
+        return tuple(
+            (s.name or default_name(self.name, i), s) for i, s in enumerate(self.schedules)
+        )
 
     def task(self, name: str) -> TaskDef:
         """The task called ``name``; KeyError if there is none."""

@@ -67,6 +67,8 @@ class Run:
     start_at: datetime | None = None
     deadline_at: datetime | None = None
     failure_reason: RunFailureReason | None = None
+    schedule: str | None = None  # the schedule that made the run (None: triggered by a caller)
+    fire_time: datetime | None = None  # the fire time it was made for (a manual fire's instant)
 
     def task(self, name: str) -> TaskRun:
         """The task run called ``name``; KeyError if the run has none."""
@@ -174,6 +176,7 @@ class PassReport:
     started: int = 0  # delayed runs started
     timers: int = 0  # durable timers started or woken
     expired: int = 0  # runs ended by their deadline
+    fired: int = 0  # schedules whose due fire times were decided
 
     @property
     def total(self) -> int:
@@ -185,6 +188,7 @@ class PassReport:
             + self.started
             + self.timers
             + self.expired
+            + self.fired
         )
 
 
@@ -401,3 +405,60 @@ class Stats:
     retry_backlog: RetryBacklog
     poison_candidates: tuple[PoisonCandidate, ...]
     dead: tuple[DeadCount, ...]
+
+
+@dataclass(frozen=True)
+class FireRecord:
+    """One decision about a schedule's fire time, as stored: ``outcome`` ``created`` (a run,
+    ``run_id``) or ``skipped`` for ``reason`` (a span up to ``last_fire_time``); ``manual``
+    for a fire by hand, outside the timetable."""
+
+    schedule: str
+    fire_time: datetime
+    outcome: str
+    reason: str | None = None
+    last_fire_time: datetime | None = None
+    manual: bool = False
+    run_id: UUID | None = None
+    decided_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """A schedule as the operator sees it (``flowforge schedules list``).
+
+    ``state`` is ``active``, ``paused`` or ``retired`` (gone from the workflow files);
+    ``spec`` is the stored timetable and policies; ``last_run_state`` is the state of the last
+    run a fire made (None if none, or purged); ``last_decision`` the latest fire decision."""
+
+    name: str
+    workflow: str
+    spec: Mapping[str, Any]
+    state: str
+    next_fire_at: datetime | None
+    last_fire_at: datetime | None
+    last_run_id: UUID | None
+    last_run_state: RunState | None
+    last_decision: FireRecord | None
+    paused_at: datetime | None = None
+    retired_at: datetime | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleSync:
+    """What a scheduler's sync of its workflow files changed: schedules added, changed (their
+    next fire time recomputed) and retired."""
+
+    added: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ManualFire:
+    """A run started by hand from a schedule (``flowforge schedules trigger``)."""
+
+    schedule: str
+    run_id: UUID
+    fire_time: datetime

@@ -5,6 +5,9 @@ A pass reaps expired leases, routes failed attempts, applies the consequences of
 whose time came, starts and wakes durable timers, and promotes READY tasks with their outbox
 rows.
 Each retry, death and cancellation it decides is logged once (:mod:`flowforge.roles.tasklog`).
+It also fires the schedules of the workflows in the config's files (SPEC 7.2): it syncs them
+into the ``schedules`` table at :meth:`Scheduler.initialize` (so SIGHUP's rolling restart is
+a reload) and decides their due fire times in every pass (:mod:`flowforge.store.schedules`).
 While passes find work they repeat at once; then the scheduler waits for a NOTIFY (a trigger or
 a finished task) or the poll interval — or less, when a start time, a timer's wake-up or a
 deadline (by the database clock) comes sooner. Several schedulers at once are safe: every step locks
@@ -19,7 +22,9 @@ import time
 from collections.abc import Callable
 
 from flowforge.config import Config
-from flowforge.domain.model import PassReport, Routed
+from flowforge.definitions import check_paths
+from flowforge.domain.dag import WorkflowDef
+from flowforge.domain.model import FireRecord, PassReport, Routed
 from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
@@ -27,6 +32,7 @@ from flowforge.store.db import Database
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
 from flowforge.store.passes import Passes
 from flowforge.store.processes import Processes
+from flowforge.store.schedules import Schedules
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -38,8 +44,8 @@ SECONDS_PER_DAY = 86_400.0
 MIN_WAIT_S = 0.01
 
 
-class SchedulerStatements(Passes, Processes):
-    """The scheduler's part of the store: its passes, and the process registry."""
+class SchedulerStatements(Passes, Processes, Schedules):
+    """The scheduler's part of the store: its passes, the process registry, the schedules."""
 
 
 class Scheduler:
@@ -47,8 +53,15 @@ class Scheduler:
 
     title = "Scheduler"
 
-    def __init__(self, config: Config, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        telemetry: Telemetry | None = None,
+        workflows: tuple[WorkflowDef, ...] = (),
+    ) -> None:
         self._config = config
+        self._extra = workflows  # beside the config's files (tests, Python-defined workflows)
+        self._workflows: dict[str, WorkflowDef] = {}
         self._telemetry = telemetry or Telemetry()
         self._db = Database(config.database, application_name="flowforge-scheduler")
         self._repo = SchedulerStatements(self._db)
@@ -57,9 +70,31 @@ class Scheduler:
         self._next_housekeeping = 0.0
 
     def initialize(self) -> None:
+        # A file with a problem must not stop the tree (a typo before SIGHUP would take every
+        # role down): its workflows are left out, loudly; their schedules are neither fired nor
+        # retired until it is fixed. `flowforge workflows validate` lists the same problems.
+        workflows, problems = check_paths(self._config.workflow_paths())
+        for problem in problems:
+            logger.error(
+                "workflow file problem, its schedules are not fired: %s",
+                problem,
+                extra={"action": "workflow_invalid"},
+            )
+        workflows.update((w.name, w) for w in self._extra)
         self._db.open()
         self._listener.open()
         self._presence.announce()
+        synced = self._repo.sync(workflows)
+        self._workflows = workflows
+        if synced.added or synced.changed or synced.retired:
+            logger.info(
+                "schedules synced: %d added, %d changed, %d retired (%s)",
+                len(synced.added),
+                len(synced.changed),
+                len(synced.retired),
+                ", ".join([*synced.added, *synced.changed, *synced.retired]),
+                extra={"action": "schedules_synced"},
+            )
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         poll = self._config.scheduler.poll_interval_s
@@ -99,7 +134,15 @@ class Scheduler:
                 expired=expired,
                 routed=self._repo.route_failed(batch, threshold, self._observe),
                 reaped=self._repo.reap_expired(batch, threshold, self._observe),
+                fired=self._fire(batch),
             )
+
+    def _fire(self, batch: int) -> int:
+        """Decide the due schedules (up to ``batch``); how many schedules were decided."""
+        decided = self._repo.fire_due(self._workflows, batch)
+        for record in decided:
+            _log_fire(record)
+        return len({r.schedule for r in decided})
 
     def _observe(self, event: Routed) -> None:
         """Count and log one committed routing or reaping decision (one line per task)."""
@@ -120,6 +163,10 @@ class Scheduler:
             self._config.scheduler.batch_size,
             key_age_s=self._config.scheduler.idempotency_retention_days * SECONDS_PER_DAY,
         )
+        self._repo.purge_fires(
+            self._config.scheduler.retention_days * SECONDS_PER_DAY,
+            self._config.scheduler.batch_size,
+        )
         self._repo.redispatch_lost(
             self._config.scheduler.redispatch_after_s, self._config.scheduler.batch_size
         )
@@ -139,3 +186,28 @@ class Scheduler:
     def shutdown(self) -> None:
         self._presence.leave()
         self.reset()
+
+
+def _log_fire(record: FireRecord) -> None:
+    """One line per committed decision: a run created, or fire times skipped and why."""
+    if record.outcome == "created":
+        logger.info(
+            "schedule %s fired %s: run %s",
+            record.schedule,
+            record.fire_time.isoformat(),
+            record.run_id,
+            extra={"action": "schedule_fired"},
+        )
+        return
+    span = (
+        f"{record.fire_time.isoformat()} .. {record.last_fire_time.isoformat()}"
+        if record.last_fire_time is not None and record.last_fire_time != record.fire_time
+        else record.fire_time.isoformat()
+    )
+    logger.info(
+        "schedule %s skipped %s (%s)",
+        record.schedule,
+        span,
+        record.reason,
+        extra={"action": "schedule_skipped"},
+    )

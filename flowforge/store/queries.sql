@@ -741,7 +741,7 @@ SELECT state, failure_reason, attempt FROM task_runs WHERE id = %(id)s;
 
 -- name: get_run
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at, start_at, deadline_at, failure_reason
+       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time
   FROM workflow_runs WHERE id = %(id)s;
 
 -- name: get_run_tasks
@@ -779,7 +779,7 @@ SELECT task_run_id, attempt, fencing_token, worker, started_at, finished_at, out
 -- [since, until). Run unprepared (a custom plan): the NULL tests then fold away and each filter
 -- combination gets its index (state / workflow / workflow+state / created_at).
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at, start_at, deadline_at, failure_reason
+       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time
   FROM workflow_runs
  WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
@@ -1101,3 +1101,145 @@ SELECT count(*) AS n
 -- Tells the workers that LISTEN (roles/lease.py CancelWatch) which runs were asked to stop;
 -- delivered at the commit of the request, only if it commits.
 SELECT pg_notify('flowforge_cancel', run_id::text) FROM unnest(%(run_ids)s::uuid[]) AS run_id;
+
+-- ------------------------------------------------------------------ schedules (SPEC 7.2)
+-- Fire times are decided on the database clock: every statement that compares with "now"
+-- uses now(), and the pass computes the next fire times from the now() it read in its own
+-- transaction (flowforge/store/schedules.py, flowforge/domain/schedule.py).
+
+-- name: lock_synced_schedules
+-- The rows a scheduler's sync may change: its workflows' schedules and any row of a name it
+-- defines, locked in name order (the order every writer of several schedules uses).
+SELECT name, workflow, spec, next_fire_at, retired_at, now() AS now
+  FROM schedules
+ WHERE workflow = ANY(%(workflows)s::text[]) OR name = ANY(%(names)s::text[])
+ ORDER BY name
+   FOR UPDATE;
+
+-- name: upsert_schedules
+-- New schedules, and changed or returning ones with their recomputed next fire time.
+INSERT INTO schedules (name, workflow, spec, next_fire_at)
+SELECT * FROM unnest(%(names)s::text[], %(workflows)s::text[], %(specs)s::jsonb[],
+                     %(next)s::timestamptz[])
+ON CONFLICT (name) DO UPDATE
+   SET workflow = EXCLUDED.workflow, spec = EXCLUDED.spec, next_fire_at = EXCLUDED.next_fire_at,
+       retired_at = NULL, updated_at = now()
+ WHERE schedules.spec IS DISTINCT FROM EXCLUDED.spec
+    OR schedules.workflow IS DISTINCT FROM EXCLUDED.workflow
+    OR schedules.retired_at IS NOT NULL;
+
+-- name: retire_schedules
+-- A schedule of these workflows that the files no longer define: kept (its history), never fired.
+UPDATE schedules
+   SET retired_at = now(), updated_at = now()
+ WHERE workflow = ANY(%(workflows)s::text[]) AND NOT (name = ANY(%(names)s::text[]))
+   AND retired_at IS NULL
+RETURNING name;
+
+-- name: lock_due_schedules
+-- Due schedules of the caller's workflows, earliest first; a schedule another scheduler holds is
+-- skipped (it is being fired), and one it fired meanwhile no longer matches when re-checked.
+SELECT s.name, s.workflow, s.spec, s.next_fire_at, s.last_run_id, now() AS now,
+       coalesce((SELECT r.finished_at IS NULL FROM workflow_runs r WHERE r.id = s.last_run_id),
+                false) AS previous_unfinished
+  FROM schedules s
+ WHERE s.next_fire_at <= now() AND NOT s.paused AND s.retired_at IS NULL
+   AND s.workflow = ANY(%(workflows)s::text[])
+ ORDER BY s.next_fire_at
+ LIMIT %(limit)s
+   FOR UPDATE OF s SKIP LOCKED;
+
+-- name: insert_fires
+-- The decisions; a (schedule, fire time) decided already is not decided again (the unique key
+-- answers for it), and only those inserted are returned: their runs are the ones to create.
+INSERT INTO schedule_fires (schedule, fire_time, last_fire_time, manual, outcome, reason, run_id)
+SELECT f.schedule, f.fire_time, f.last_fire_time, false, f.outcome, f.reason, f.run_id
+  FROM unnest(%(schedules)s::text[], %(fire_times)s::timestamptz[],
+              %(last_fire_times)s::timestamptz[], %(outcomes)s::text[], %(reasons)s::text[],
+              %(run_ids)s::uuid[])
+       AS f(schedule, fire_time, last_fire_time, outcome, reason, run_id)
+ON CONFLICT DO NOTHING
+RETURNING schedule, fire_time, run_id;
+
+-- name: insert_manual_fire
+-- A fire by hand: at the database's clock_timestamp(), in the manual key space.
+INSERT INTO schedule_fires (schedule, fire_time, manual, outcome, run_id)
+VALUES (%(schedule)s, clock_timestamp(), true, 'created', %(run_id)s)
+RETURNING fire_time;
+
+-- name: stamp_schedule_runs
+-- The schedule and fire time on the runs just created in this transaction.
+UPDATE workflow_runs r
+   SET schedule = d.schedule, fire_time = d.fire_time
+  FROM unnest(%(ids)s::uuid[], %(schedules)s::text[], %(fire_times)s::timestamptz[])
+       AS d(id, schedule, fire_time)
+ WHERE r.id = d.id;
+
+-- name: advance_schedules
+-- After a pass's decisions: the next fire time, the last one decided, the last run created.
+UPDATE schedules s
+   SET next_fire_at = d.next_fire_at, last_fire_at = d.last_fire_at,
+       last_run_id = coalesce(d.run_id, s.last_run_id), updated_at = now()
+  FROM unnest(%(names)s::text[], %(next)s::timestamptz[], %(last)s::timestamptz[],
+              %(run_ids)s::uuid[]) AS d(name, next_fire_at, last_fire_at, run_id)
+ WHERE s.name = d.name;
+
+-- name: database_now
+SELECT now() AS now;
+
+-- name: lock_schedule
+SELECT name, workflow, spec, paused, retired_at, next_fire_at, now() AS now
+  FROM schedules
+ WHERE name = %(name)s
+   FOR UPDATE;
+
+-- name: pause_schedule
+UPDATE schedules
+   SET paused = true, paused_at = now(), updated_at = now()
+ WHERE name = %(name)s AND NOT paused
+RETURNING name;
+
+-- name: resume_schedule
+-- Fire times that passed while paused are recorded skipped (reason paused) by the caller.
+UPDATE schedules
+   SET paused = false, paused_at = NULL, next_fire_at = %(next)s, updated_at = now()
+ WHERE name = %(name)s AND paused
+RETURNING name;
+
+-- name: note_manual_run
+UPDATE schedules SET last_run_id = %(run_id)s, updated_at = now() WHERE name = %(name)s;
+
+-- name: list_schedules
+-- Every schedule (or one), with what its last run did and its last decision.
+SELECT s.name, s.workflow, s.spec, s.paused, s.paused_at, s.retired_at, s.next_fire_at,
+       s.last_fire_at, s.last_run_id, s.created_at, r.state AS last_run_state,
+       f.fire_time AS last_decision_fire_time, f.outcome AS last_outcome,
+       f.reason AS last_reason, f.manual AS last_manual, f.decided_at AS last_decided_at
+  FROM schedules s
+  LEFT JOIN workflow_runs r ON r.id = s.last_run_id
+  LEFT JOIN LATERAL (SELECT fire_time, outcome, reason, manual, decided_at
+                       FROM schedule_fires
+                      WHERE schedule = s.name
+                      ORDER BY id DESC
+                      LIMIT 1) f ON true
+ WHERE (%(name)s::text IS NULL OR s.name = %(name)s::text)
+ ORDER BY s.name;
+
+-- name: schedule_fire_history
+-- A schedule's latest decisions, newest first.
+SELECT schedule, fire_time, last_fire_time, manual, outcome, reason, run_id, decided_at
+  FROM schedule_fires
+ WHERE schedule = %(name)s
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: purge_schedule_fires
+-- Decisions older than the retention, in a bounded batch (the schedule row keeps the last).
+WITH doomed AS (
+    SELECT id FROM schedule_fires
+     WHERE decided_at < now() - make_interval(secs => %(age_s)s)
+     ORDER BY decided_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM schedule_fires f USING doomed WHERE f.id = doomed.id;

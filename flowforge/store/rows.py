@@ -25,6 +25,7 @@ from flowforge.domain.model import (
     Finish,
     Finished,
     FinishedMinute,
+    FireRecord,
     LiveProcesses,
     OutboxBacklog,
     Overview,
@@ -33,12 +34,14 @@ from flowforge.domain.model import (
     RetryBacklog,
     Routed,
     Run,
+    ScheduleInfo,
     Stats,
     TaskRun,
 )
 from flowforge.domain.plan import PlannedTask
 from flowforge.domain.policy import FailureFacts, Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason, RunFailureReason
+from flowforge.domain.schedule import Fire
 from flowforge.domain.states import RunState, TaskState
 from flowforge.domain.values import (
     MAX_ERROR_CHARS,
@@ -117,6 +120,8 @@ def run(row: Row, tasks: tuple[TaskRun, ...] = ()) -> Run:
         start_at=row["start_at"],
         deadline_at=row["deadline_at"],
         failure_reason=RunFailureReason(row["failure_reason"]) if row["failure_reason"] else None,
+        schedule=row.get("schedule"),
+        fire_time=row.get("fire_time"),
     )
 
 
@@ -410,3 +415,71 @@ def finish_columns(
         )
         columns["outcomes"].append(label or OUTCOMES[finish.state])
     return columns
+
+
+# ---------------------------------------------------------------- schedules (SPEC 7.2)
+
+
+def schedule_info(row: Row) -> ScheduleInfo:
+    state = "retired" if row["retired_at"] is not None else "paused" if row["paused"] else "active"
+    decision = None
+    if row["last_outcome"] is not None:
+        decision = FireRecord(
+            schedule=row["name"],
+            fire_time=row["last_decision_fire_time"],
+            outcome=row["last_outcome"],
+            reason=row["last_reason"],
+            manual=row["last_manual"],
+            decided_at=row["last_decided_at"],
+        )
+    return ScheduleInfo(
+        name=row["name"],
+        workflow=row["workflow"],
+        spec=row["spec"],
+        state=state,
+        next_fire_at=row["next_fire_at"],
+        last_fire_at=row["last_fire_at"],
+        last_run_id=row["last_run_id"],
+        last_run_state=None if row["last_run_state"] is None else RunState(row["last_run_state"]),
+        last_decision=decision,
+        paused_at=row["paused_at"],
+        retired_at=row["retired_at"],
+        created_at=row["created_at"],
+    )
+
+
+def fire_record(row: Row) -> FireRecord:
+    return FireRecord(
+        schedule=row["schedule"],
+        fire_time=row["fire_time"],
+        outcome=row["outcome"],
+        reason=row["reason"],
+        last_fire_time=row["last_fire_time"],
+        manual=row["manual"],
+        run_id=row["run_id"],
+        decided_at=row["decided_at"],
+    )
+
+
+def fire_columns(fires: Sequence[tuple[str, Fire, UUID | None]]) -> dict[str, list[Any]]:
+    """``insert_fires``'s arrays: (schedule name, decision, the run it creates or None)."""
+    return {
+        "schedules": [name for name, _, _ in fires],
+        "fire_times": [f.fire_time for _, f, _ in fires],
+        "last_fire_times": [f.last_fire_time for _, f, _ in fires],
+        "outcomes": ["created" if f.created else "skipped" for _, f, _ in fires],
+        "reasons": [None if f.reason is None else str(f.reason) for _, f, _ in fires],
+        "run_ids": [run_id for _, _, run_id in fires],
+    }
+
+
+def schedule_columns(
+    found: Sequence[tuple[str, str, Mapping[str, Any], Any]],
+) -> dict[str, list[Any]]:
+    """``upsert_schedules``'s arrays: (name, workflow, spec, next fire time) per schedule."""
+    return {
+        "names": [name for name, _, _, _ in found],
+        "workflows": [workflow for _, workflow, _, _ in found],
+        "specs": [Jsonb(spec) for _, _, spec, _ in found],
+        "next": [next_at for _, _, _, next_at in found],
+    }

@@ -145,3 +145,8 @@ def _replayed(
             raise TriggerConflictError(f"idempotency key {key!r} was used for a different request")
         results[index] = TriggerResult(found["id"], created=False)
     return results
+
+
+#: The plan insert, for parts that create runs inside a transaction of their own (a schedule's
+#: fire: flowforge/store/schedules.py), so every run is created by the same statements.
+insert_plan = _insert_plan

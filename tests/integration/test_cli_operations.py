@@ -479,6 +479,28 @@ BAD_WORKFLOWS = {
         "max_attempts must be at least 1",
     ),
     "unknown-key": ("name: k\ntasks:\n  - name: a\n    handler: x\n    retries: 3\n", "retries"),
+    # schedules (SPEC 7.2): the line names the field
+    "bad-cron": (
+        "name: s\ntasks: [{name: a, handler: x}]\nschedules: [{cron: '0 25 * * *'}]\n",
+        "schedules[0].cron: '0 25 * * *': bad hour",
+    ),
+    "unknown-timezone": (
+        "name: s\ntasks: [{name: a, handler: x}]\n"
+        "schedules: [{cron: '@daily', timezone: Moon/Base}]\n",
+        "schedules[0].timezone: unknown time zone 'Moon/Base'",
+    ),
+    "every-zero": (
+        "name: s\ntasks: [{name: a, handler: x}]\nschedules: [{every: 0s}]\n",
+        "schedules[0].every: '0s' is not a duration",
+    ),
+    "cron-and-every": (
+        "name: s\ntasks: [{name: a, handler: x}]\nschedules: [{every: 1s, cron: '@daily'}]\n",
+        "schedules[0].cron: give exactly one of cron and every",
+    ),
+    "bad-overlap": (
+        "name: s\ntasks: [{name: a, handler: x}]\nschedules: [{every: 1s, overlap: queue}]\n",
+        "schedules[0].overlap: must be one of allow, skip, cancel_previous",
+    ),
 }
 
 

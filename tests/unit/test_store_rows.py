@@ -102,6 +102,7 @@ def test_the_parts_share_no_name() -> None:
         "Processes",
         "Operator",
         "Reads",
+        "Schedules",
     }
     owners: dict[str, list[str]] = {}
     for part in parts:
