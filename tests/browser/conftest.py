@@ -228,9 +228,7 @@ class Dashboard:
         is_json = response.headers.get_content_type() == "application/json"
         return response.status, json.loads(raw) if is_json and raw else raw
 
-    def trigger(
-        self, workflow: str, run_input: dict[str, Any] | None = None, **timing: Any
-    ) -> str:
+    def trigger(self, workflow: str, run_input: dict[str, Any] | None = None, **timing: Any) -> str:
         """Start a run through the api (``timing``: ``start_at``, ``delay``, ``deadline`` as
         ``POST /api/v1/runs`` takes them); returns its id."""
         status, body = self.request(

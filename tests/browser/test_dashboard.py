@@ -725,7 +725,7 @@ def test_the_processes_page_lists_the_stack_processes(
     screenshot("processes")
 
 
-# ------------------------------------------------------------------ time: schedules, delays, deadlines
+# ------------------------------------------------------------------ time
 
 
 def test_schedules_page_lists_pauses_resumes_and_runs_a_schedule_now(
@@ -802,7 +802,18 @@ def test_schedules_page_lists_pauses_resumes_and_runs_a_schedule_now(
     expect(page.locator("[data-testid=run-state]")).to_have_text("SUCCEEDED")
     page.locator("[data-testid=run-schedule]").click()
     expect(page).to_have_url(re.compile(r"/ui/schedules\?schedule=ui-pair%2F0$"))
-    expect(page.locator("[data-testid=schedule-panel]")).to_have_attribute("data-schedule", SCHEDULE)
+    expect(page.locator("[data-testid=schedule-panel]")).to_have_attribute(
+        "data-schedule", SCHEDULE
+    )
+
+    # a link to a schedule that does not exist says so once and keeps the list
+    page.goto(dashboard.url("/ui/schedules?schedule=nope%2F9"))
+    expect(page.locator("[data-testid=flash]")).to_have_text(
+        "Error 404: no schedule named 'nope/9'"
+    )
+    expect(page.locator("[data-testid=schedule-panel]")).to_be_hidden()
+    expect(page.locator(f'tr[data-schedule="{SCHEDULE}"]')).to_be_visible()
+    expect(page).to_have_url(re.compile(r"/ui/schedules$"))
 
     # and so does the runs list
     page.goto(dashboard.url("/ui/runs"))

@@ -5,6 +5,7 @@
 
 import {
   $,
+  ApiError,
   describe,
   el,
   flash,
@@ -181,9 +182,22 @@ async function refresh() {
   const data = await getJSON("/api/v1/schedules");
   renderRows($("[data-testid=schedules-table] tbody"), data.schedules, keyOf, row);
   $("#schedules-empty").hidden = data.schedules.length > 0;
-  if (view.selected) {
-    drawPanel(await getJSON(`${path(view.selected)}?limit=${HISTORY}`));
+  if (view.selected) await loadPanel(view.selected);
+}
+
+/** The open panel's schedule and decisions; a name the api does not know closes the panel
+ * (said once on the status line) instead of failing every refresh. */
+async function loadPanel(name) {
+  let detail;
+  try {
+    detail = await getJSON(`${path(name)}?limit=${HISTORY}`);
+  } catch (err) {
+    if (!(err instanceof ApiError && err.status === 404) || view.selected !== name) throw err;
+    select(null);
+    flash(describe(err), "error");
+    return;
   }
+  if (view.selected === name) drawPanel(detail);
 }
 
 const poll = poller(REFRESH_MS, refresh);
