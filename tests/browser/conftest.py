@@ -78,10 +78,14 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
 }
 #: Schedules of the workflows above, synced by the stack's scheduler when it starts: one name
 #: with a slash (``ui-pair/0``, the default), a cron that fires once a year (1 January, 03:00
-#: Berlin), so no test meets a fire it did not ask for.
+#: Berlin), so no test meets a fire it did not ask for. Its input holds markup the pages must
+#: show as text.
 SCHEDULE = "ui-pair/0"
+SCHEDULE_MARKUP = "<b data-testid=injected>schedule</b>"
 SCHEDULES: dict[str, list[dict[str, Any]]] = {
-    "ui-pair": [{"cron": "0 3 1 1 *", "timezone": "Europe/Berlin", "input": {"from": "schedule"}}],
+    "ui-pair": [
+        {"cron": "0 3 1 1 *", "timezone": "Europe/Berlin", "input": {"from": SCHEDULE_MARKUP}}
+    ],
 }
 
 

@@ -47,7 +47,7 @@ import pytest
 from playwright.sync_api import Dialog, Locator, Page, Request, expect
 
 from flowforge.domain.states import RunState, TaskState
-from tests.browser.conftest import SCHEDULE, UI_TIMEOUT_MS, Dashboard
+from tests.browser.conftest import SCHEDULE, SCHEDULE_MARKUP, UI_TIMEOUT_MS, Dashboard
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
@@ -790,7 +790,10 @@ def test_schedules_page_lists_pauses_resumes_and_runs_a_schedule_now(
     expect(decision).to_have_count(1)
     expect(decision).to_contain_text("created (run now)")
     expect(decision.locator(f'a[href="/ui/runs/{run_id}"]')).to_have_count(1)
-    expect(panel.locator("pre[data-testid=schedule-input]")).to_contain_text('"from": "schedule"')
+    shown_input = panel.locator("pre[data-testid=schedule-input]")
+    expect(shown_input).to_contain_text(SCHEDULE_MARKUP)  # as text: never rendered
+    assert json.loads(shown_input.inner_text()) == {"from": SCHEDULE_MARKUP}
+    expect(page.locator("[data-testid=injected]")).to_have_count(0)
     screenshot("run-now")
 
     # the run names the schedule and fire time that made it, and links back
