@@ -22,7 +22,8 @@ class RunGraph:
     """``{"run", "width", "height", "nodes", "edges"}``.
 
     A node is ``{"name", "label", "x", "y", "width", "height", "task_id", "state", "handler",
-    "attempt", "max_attempts", "failure_reason"}`` (x, y: the top-left corner); an edge is
+    "attempt", "max_attempts", "failure_reason", "sleep_s", "wake_at"}`` (x, y: the top-left
+    corner; ``sleep_s``/``wake_at``: a durable timer's sleep and wake time, else null); an edge is
     ``{"from", "to", "points": [[x, y], ...], "path"}`` (``path``: the SVG path data).
     """
 
@@ -68,6 +69,8 @@ def _task_facts(task: TaskRun) -> dict[str, Any]:
         "attempt": task.attempt,
         "max_attempts": task.max_attempts,
         "failure_reason": task.failure_reason,
+        "sleep_s": task.sleep_s,
+        "wake_at": task.wake_at,
     }
 
 

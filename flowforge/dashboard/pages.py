@@ -34,7 +34,7 @@ CONTENT_TYPES = {
 HTML_TYPE = "text/html; charset=utf-8"
 #: Revalidate every time (cheap: an ETag); a new release is never hidden behind a stale cache.
 CACHE_CONTROL = "no-cache"
-NAV = ("overview", "runs", "dead", "processes")
+NAV = ("overview", "runs", "schedules", "dead", "processes")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ PAGES = (
     PageSpec("overview", "Overview", "overview.js", "overview"),
     PageSpec("runs", "Runs", "runs.js", "runs"),
     PageSpec("run", "Run", "run.js", "runs"),
+    PageSpec("schedules", "Schedules", "schedules.js", "schedules"),
     PageSpec("dead", "Dead tasks", "dead.js", "dead"),
     PageSpec("processes", "Processes", "processes.js", "processes"),
 )
@@ -172,13 +173,14 @@ class Home:
 
 
 def add_routes(app: App) -> None:
-    """Mount the pages (``/ui``, ``/ui/runs``, ``/ui/runs/{run_id}``, ``/ui/dead``,
-    ``/ui/processes``), the assets and the ``/`` redirect on ``app``."""
+    """Mount the pages (``/ui``, ``/ui/runs``, ``/ui/runs/{run_id}``, ``/ui/schedules``,
+    ``/ui/dead``, ``/ui/processes``), the assets and the ``/`` redirect on ``app``."""
     pages = render_pages()
     app.add_route("/", Home())
     app.add_route("/ui", Page(pages["overview"]))
     app.add_route("/ui/runs", Page(pages["runs"]))
     app.add_route("/ui/runs/{run_id}", RunPage(pages["run"]))
+    app.add_route("/ui/schedules", Page(pages["schedules"]))
     app.add_route("/ui/dead", Page(pages["dead"]))
     app.add_route("/ui/processes", Page(pages["processes"]))
     app.add_route("/ui/static/{name}", Static(load_assets()))

@@ -70,6 +70,22 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
     "ui-fail": [{"name": "only", "handler": "e2e.fail", "retry": {"max_attempts": 1}}],
     # one attempt that raises until input.file exists: DEAD, then fixed and requeued
     "ui-fixable": [{"name": "only", "handler": "e2e.fail_until", "retry": {"max_attempts": 1}}],
+    # a durable timer (no worker) before a quick task
+    "ui-timer": [
+        {"name": "nap", "sleep": "1h"},
+        {"name": "after", "handler": "e2e.record", "depends_on": ["nap"]},
+    ],
+}
+#: Schedules of the workflows above, synced by the stack's scheduler when it starts: one name
+#: with a slash (``ui-pair/0``, the default), a cron that fires once a year (1 January, 03:00
+#: Berlin), so no test meets a fire it did not ask for. Its input holds markup the pages must
+#: show as text.
+SCHEDULE = "ui-pair/0"
+SCHEDULE_MARKUP = "<b data-testid=injected>schedule</b>"
+SCHEDULES: dict[str, list[dict[str, Any]]] = {
+    "ui-pair": [
+        {"cron": "0 3 1 1 *", "timezone": "Europe/Berlin", "input": {"from": SCHEDULE_MARKUP}}
+    ],
 }
 
 
@@ -216,10 +232,11 @@ class Dashboard:
         is_json = response.headers.get_content_type() == "application/json"
         return response.status, json.loads(raw) if is_json and raw else raw
 
-    def trigger(self, workflow: str, run_input: dict[str, Any] | None = None) -> str:
-        """Start a run through the api; returns its id."""
+    def trigger(self, workflow: str, run_input: dict[str, Any] | None = None, **timing: Any) -> str:
+        """Start a run through the api (``timing``: ``start_at``, ``delay``, ``deadline`` as
+        ``POST /api/v1/runs`` takes them); returns its id."""
         status, body = self.request(
-            "POST", "/api/v1/runs", {"workflow": workflow, "input": run_input or {}}
+            "POST", "/api/v1/runs", {"workflow": workflow, "input": run_input or {}, **timing}
         )
         assert status == 201, (status, body)
         return str(body["id"])
@@ -229,7 +246,10 @@ def write_workflows(directory: Path) -> Path:
     folder = directory / "workflows"
     folder.mkdir(exist_ok=True)
     for name, tasks in WORKFLOWS.items():
-        (folder / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, "tasks": tasks}))
+        document: dict[str, Any] = {"name": name, "tasks": tasks}
+        if name in SCHEDULES:
+            document["schedules"] = SCHEDULES[name]
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(document))
     return folder
 
 

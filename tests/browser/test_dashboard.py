@@ -14,11 +14,18 @@ against the database. Proven here:
 - a dead task is requeued from the dead page with a reason (audited) and runs again;
 - requeue-all's dry run counts exactly the filtered dead tasks and changes nothing until
   confirmed; the confirmed requeue touches those and no others;
-- with ``api.read_access: open``, without the token an action shows an error and changes
-  nothing;
+- with ``api.read_access: open``, without the token an action (cancel, requeue, pause, run
+  now) shows the api's error and changes nothing;
 - forged requests from another origin, same-site and cross-site (url-encoded and text/plain
   forms, a no-cors fetch), are refused by the CSRF guard (403/415) and cancel nothing;
-- the processes page lists the stack's processes (pid, role, host), as registered.
+- the processes page lists the stack's processes (pid, role, host), as registered;
+- the schedules page lists a schedule synced from a workflow file with its next fire time (the
+  database's); Pause and Resume change its state in the database; Run now starts a run whose
+  page names the schedule and fire time and links back to the schedule's decisions;
+- a delayed run is listed SCHEDULED with its start time (the state filter offers SCHEDULED) and
+  is cancelled from its page before anything of it ran; a sleeping timer shows when it wakes;
+- a run past its deadline shows FAILED with ``deadline_exceeded`` and its deadline, in the
+  list and on its page.
 
 Every wait is a poll with a deadline (Playwright's ``expect`` or ``tests.helpers.wait_for``).
 """
@@ -30,6 +37,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -39,7 +47,7 @@ import pytest
 from playwright.sync_api import Dialog, Locator, Page, Request, expect
 
 from flowforge.domain.states import RunState, TaskState
-from tests.browser.conftest import UI_TIMEOUT_MS, Dashboard
+from tests.browser.conftest import SCHEDULE, SCHEDULE_MARKUP, UI_TIMEOUT_MS, Dashboard
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
@@ -128,6 +136,36 @@ def cancel_requested(sql: Sql, run_id: str) -> bool:
     return bool(row[0])
 
 
+def run_row(sql: Sql, run_id: str) -> dict[str, Any]:
+    """The run's timing columns, as stored."""
+    cur = sql.execute(
+        "SELECT state, schedule, fire_time, start_at, deadline_at, failure_reason"
+        " FROM workflow_runs WHERE id = %s",
+        (run_id,),
+    )
+    row = cur.fetchone()
+    assert row is not None and cur.description is not None, f"no run {run_id}"
+    return {column.name: value for column, value in zip(cur.description, row, strict=True)}
+
+
+def schedule_row(sql: Sql, name: str) -> tuple[bool, datetime | None, str | None]:
+    """(paused, next fire time, last run id) of schedule ``name``, as stored."""
+    row = sql.execute(
+        "SELECT paused, next_fire_at, last_run_id::text FROM schedules WHERE name = %s", (name,)
+    ).fetchone()
+    assert row is not None, f"no schedule {name}"
+    return bool(row[0]), row[1], row[2]
+
+
+def wait_paused(sql: Sql, name: str, paused: bool) -> None:
+    wait_for(
+        lambda: schedule_row(sql, name)[0] is paused,
+        timeout=UI_TIMEOUT_S,
+        interval=0.05,
+        what=f"schedule {name} to be {'paused' if paused else 'active'} in the database",
+    )
+
+
 # ------------------------------------------------------------------ page helpers
 
 
@@ -187,6 +225,14 @@ def expect_count(page: Page, testid: str, expected: int) -> None:
 def most_first(found: dict[str, int], states: Iterable[str]) -> list[str]:
     """``states`` ordered by their count in ``found``, largest first."""
     return sorted(states, key=lambda state: -found.get(state, 0))
+
+
+def shown_instant(locator: Locator) -> datetime:
+    """The instant a ``<time>`` element shows (its ``datetime`` attribute, ISO 8601)."""
+    expect(locator).to_have_attribute("datetime", re.compile(r"\d{4}-"))
+    value = locator.get_attribute("datetime")
+    assert value is not None
+    return datetime.fromisoformat(value)
 
 
 def dag_node(page: Page, name: str) -> Locator:
@@ -538,6 +584,23 @@ def test_without_the_token_an_action_shows_an_error_and_changes_nothing(
     assert task_state(sql, dead) == "DEAD" and audit_rows(sql) == []
     assert executions(sql, dead) == 1
 
+    # the schedules page shows the api's refusal too, and nothing is paused or started
+    page.goto(dashboard.url("/ui/schedules"))
+    row = page.locator(f'tr[data-schedule="{SCHEDULE}"]')
+    expect(row.locator("[data-testid=schedule-state]")).to_have_text("active")
+    for action in ("pause-schedule", "trigger-schedule"):
+        with page.expect_response(
+            lambda r: "/api/v1/schedules/" in r.url and r.request.method == "POST"
+        ) as answer:
+            row.locator(f"[data-testid={action}]").click()
+        assert answer.value.status == 401, (action, answer.value.status)
+        expect(flash).to_have_text("Error 401: a bearer token is required")
+    screenshot("schedule-action-refused")
+    assert not schedule_row(sql, SCHEDULE)[0]
+    made = sql.execute("SELECT count(*) FROM workflow_runs WHERE schedule IS NOT NULL")
+    assert made.fetchone() == (0,)
+    expect(row.locator("[data-testid=schedule-state]")).to_have_text("active")
+
 
 class ForgedSite(ThreadingHTTPServer):
     """Serves one attacker page (``html``) on another port: another origin than the api's."""
@@ -660,3 +723,182 @@ def test_the_processes_page_lists_the_stack_processes(
         for shown in (role, str(pid), host(pid)):
             expect(row).to_contain_text(shown)
     screenshot("processes")
+
+
+# ------------------------------------------------------------------ time
+
+
+def test_schedules_page_lists_pauses_resumes_and_runs_a_schedule_now(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    dashboard.sign_in(page)
+    wait_for(
+        lambda: sql.execute("SELECT 1 FROM schedules WHERE name = %s", (SCHEDULE,)).fetchone(),
+        timeout=UI_TIMEOUT_S,
+        interval=0.05,
+        what=f"the scheduler to sync {SCHEDULE} from its workflow file",
+    )
+    paused, next_fire, last_run = schedule_row(sql, SCHEDULE)
+    assert not paused and next_fire is not None and last_run is None
+    dialogs = accept_dialogs(page)
+    actions = posts_to(page, r"/api/v1/schedules/")
+
+    page.goto(dashboard.url("/ui/"))
+    page.locator("[data-testid=nav-schedules]").click()
+    expect(page).to_have_url(re.compile(r"/ui/schedules(?:[?#].*)?$"))
+    row = page.locator(f'[data-testid=schedules-table] tr[data-schedule="{SCHEDULE}"]')
+    expect(row.locator("[data-testid=schedule-state]")).to_have_text("active")
+    expect(row.locator("[data-testid=schedule-timetable]")).to_have_text("cron 0 3 1 1 *")
+    expect(row).to_contain_text("Europe/Berlin")
+    expect(row).to_contain_text("ui-pair")
+    assert shown_instant(row.locator("[data-testid=schedule-next]")) == next_fire
+    expect(row.locator("[data-testid=schedule-last-run]")).to_have_count(0)
+    screenshot("listed")
+
+    row.locator("[data-testid=pause-schedule]").click()
+    wait_paused(sql, SCHEDULE, True)
+    expect(row.locator("[data-testid=schedule-state]")).to_have_text("paused")
+    row.locator("[data-testid=resume-schedule]").click()
+    wait_paused(sql, SCHEDULE, False)
+    expect(row.locator("[data-testid=schedule-state]")).to_have_text("active")
+    expect(row.locator("[data-testid=pause-schedule]")).to_be_visible()
+
+    row.locator("[data-testid=trigger-schedule]").click()
+    wait_for(
+        lambda: schedule_row(sql, SCHEDULE)[2] is not None,
+        timeout=UI_TIMEOUT_S,
+        interval=0.05,
+        what="Run now to make a run",
+    )
+    run_id = str(schedule_row(sql, SCHEDULE)[2])
+    made = run_row(sql, run_id)
+    assert made["schedule"] == SCHEDULE and made["fire_time"] is not None, made
+    expect(page.locator("[data-testid=flash]")).to_contain_text(f"Started run {run_id}")
+    link = row.locator("[data-testid=schedule-last-run]")
+    expect(link).to_have_attribute("href", f"/ui/runs/{run_id}")
+    assert dialogs == ["confirm"] * 3, dialogs
+    assert [r.url.rsplit("/", 1)[-1] for r in actions] == ["pause", "resume", "trigger"]
+    assert all(r.url.startswith(dashboard.url("/api/v1/schedules/ui-pair%2F0/")) for r in actions)
+    for sent in actions:
+        assert sent.all_headers().get("authorization") == f"Bearer {dashboard.token}"
+
+    # the schedule's decisions on demand: the manual fire, with its run
+    row.locator("[data-testid=schedule-link]").click()
+    panel = page.locator("[data-testid=schedule-panel]")
+    expect(panel).to_have_attribute("data-schedule", SCHEDULE)
+    decision = panel.locator("tr[data-testid=decision]")
+    expect(decision).to_have_count(1)
+    expect(decision).to_contain_text("created (run now)")
+    expect(decision.locator(f'a[href="/ui/runs/{run_id}"]')).to_have_count(1)
+    shown_input = panel.locator("pre[data-testid=schedule-input]")
+    expect(shown_input).to_contain_text(SCHEDULE_MARKUP)  # as text: never rendered
+    assert json.loads(shown_input.inner_text()) == {"from": SCHEDULE_MARKUP}
+    expect(page.locator("[data-testid=injected]")).to_have_count(0)
+    screenshot("run-now")
+
+    # the run names the schedule and fire time that made it, and links back
+    link.click()
+    expect(page).to_have_url(re.compile(rf"/ui/runs/{run_id}$"))
+    expect(page.locator("[data-testid=run-schedule]")).to_have_text(SCHEDULE)
+    assert shown_instant(page.locator("[data-testid=run-fire-time]")) == made["fire_time"]
+    wait_run(sql, run_id, "SUCCEEDED")
+    expect(page.locator("[data-testid=run-state]")).to_have_text("SUCCEEDED")
+    page.locator("[data-testid=run-schedule]").click()
+    expect(page).to_have_url(re.compile(r"/ui/schedules\?schedule=ui-pair%2F0$"))
+    expect(page.locator("[data-testid=schedule-panel]")).to_have_attribute(
+        "data-schedule", SCHEDULE
+    )
+
+    # a link to a schedule that does not exist says so once and keeps the list
+    page.goto(dashboard.url("/ui/schedules?schedule=nope%2F9"))
+    expect(page.locator("[data-testid=flash]")).to_have_text(
+        "Error 404: no schedule named 'nope/9'"
+    )
+    expect(page.locator("[data-testid=schedule-panel]")).to_be_hidden()
+    expect(page.locator(f'tr[data-schedule="{SCHEDULE}"]')).to_be_visible()
+    expect(page).to_have_url(re.compile(r"/ui/schedules$"))
+
+    # and so does the runs list
+    page.goto(dashboard.url("/ui/runs"))
+    listed = page.locator(f'tr[data-run-id="{run_id}"]')
+    expect(listed.locator("[data-testid=run-schedule]")).to_have_text(SCHEDULE)
+    assert shown_instant(listed.locator("[data-testid=run-fire-time]")) == made["fire_time"]
+
+
+def test_a_delayed_run_shows_scheduled_with_its_start_and_is_cancelled_from_its_page(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    dashboard.sign_in(page)
+    delayed = dashboard.trigger("ui-pair", delay="1h", deadline="2h")
+    now = dashboard.trigger("ui-pair")
+    sleeper = dashboard.trigger("ui-timer")
+    wait_run(sql, now, "SUCCEEDED")
+    stored = run_row(sql, delayed)
+    assert stored["state"] == "SCHEDULED" and stored["start_at"] is not None, stored
+    nap = wait_task(sql, sleeper, "nap", "RUNNING")
+    row = sql.execute("SELECT wake_at FROM task_runs WHERE id = %s", (nap,)).fetchone()
+    assert row is not None and row[0] is not None
+    wake_at: datetime = row[0]
+
+    page.goto(dashboard.url("/ui/runs"))
+    page.locator("select[name=state]").select_option("SCHEDULED")
+    page.locator("[data-testid=apply-filters]").click()
+    rows = page.locator("[data-testid=runs-table] tr[data-run-id]")
+    expect_ids(rows, "data-run-id", {delayed})
+    listed = page.locator(f'tr[data-run-id="{delayed}"]')
+    expect(listed.locator("[data-testid=run-state]")).to_have_text("SCHEDULED")
+    assert shown_instant(listed.locator("[data-testid=run-start-at]")) == stored["start_at"]
+    assert shown_instant(listed.locator("[data-testid=run-deadline]")) == stored["deadline_at"]
+    screenshot("scheduled-listed")
+
+    # a sleeping timer shows when it wakes
+    page.goto(dashboard.url(f"/ui/runs/{sleeper}"))
+    expect(dag_node(page, "nap")).to_have_attribute("data-state", "RUNNING")
+    dag_node(page, "nap").click()
+    panel = page.locator("[data-testid=task-panel]")
+    expect(panel).to_have_attribute("data-task", "nap")
+    assert shown_instant(panel.locator("[data-testid=task-wake]")) == wake_at
+    expect(panel).to_contain_text("durable timer: sleeps 1h")
+
+    dialogs = accept_dialogs(page)
+    page.goto(dashboard.url(f"/ui/runs/{delayed}"))
+    expect(page.locator("[data-testid=run-state]")).to_have_text("SCHEDULED")
+    assert shown_instant(page.locator("[data-testid=run-start-at]")) == stored["start_at"]
+    assert shown_instant(page.locator("[data-testid=run-deadline]")) == stored["deadline_at"]
+    screenshot("scheduled")
+    page.locator("[data-testid=cancel-run]").click()
+    expect(page.locator("[data-testid=run-state]")).to_have_text("CANCELLED")
+    assert dialogs == ["confirm"], dialogs
+    wait_run(sql, delayed, "CANCELLED")
+    assert set(task_states(sql, delayed).values()) == {"CANCELLED"}
+    ran = sql.execute("SELECT count(*) FROM test_executions WHERE run_id = %s", (delayed,))
+    assert ran.fetchone() == (0,), "a task of the cancelled delayed run executed"
+    expect(page.locator("[data-testid=cancel-run]")).to_be_hidden()
+
+
+def test_a_run_past_its_deadline_shows_deadline_exceeded(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    dashboard.sign_in(page)
+    run_id = dashboard.trigger("ui-mixed", {"gate": str(dashboard.gate)}, deadline=2)
+    wait_run(sql, run_id, "FAILED")
+    stored = run_row(sql, run_id)
+    assert stored["failure_reason"] == "deadline_exceeded", stored
+
+    page.goto(dashboard.url("/ui/runs?state=FAILED"))
+    listed = page.locator(f'tr[data-run-id="{run_id}"]')
+    expect(listed.locator("[data-testid=run-state]")).to_have_text("FAILED")
+    expect(listed.locator("[data-testid=run-reason]")).to_have_text("deadline_exceeded")
+    assert shown_instant(listed.locator("[data-testid=run-deadline]")) == stored["deadline_at"]
+
+    listed.locator("a[data-testid=run-link]").click()
+    expect(page.locator("[data-testid=run-state]")).to_have_text("FAILED")
+    expect(page.locator("[data-testid=run-reason]")).to_have_text("deadline_exceeded")
+    assert shown_instant(page.locator("[data-testid=run-deadline]")) == stored["deadline_at"]
+    expect(page.locator("[data-testid=run-schedule]")).to_have_count(0)
+    # the gate was asked to stop (its handler returns when it sees ctx.cancelled); the task
+    # after it never started
+    states = expect_dag_matches(page, sql, run_id)
+    assert states["first"] == "SUCCEEDED" and states["last"] == "CANCELLED", states
+    expect(page.locator("[data-testid=cancel-run]")).to_be_hidden()
+    screenshot("deadline-exceeded")

@@ -65,8 +65,22 @@ FLOOD_S = 4.0
 #: A slow client sends one more header line this often.
 TRICKLE_EVERY_S = 0.5
 SLOW_CLIENTS = 120
-READS = ["/api/v1/runs", "/api/v1/dead", "/api/v1/overview", "/api/v1/processes", "/metrics"]
-OPEN_PAGES = ["/ui/", "/ui/runs", "/ui/static/app.js", "/ui/static/style.css"]
+READS = [
+    "/api/v1/runs",
+    "/api/v1/dead",
+    "/api/v1/overview",
+    "/api/v1/processes",
+    "/api/v1/schedules",
+    "/metrics",
+]
+OPEN_PAGES = [
+    "/ui/",
+    "/ui/runs",
+    "/ui/schedules",
+    "/ui/static/app.js",
+    "/ui/static/schedules.js",
+    "/ui/static/style.css",
+]
 READY_KEYS = {"status", "postgres", "rabbitmq", "scheduler", "publisher", "worker"}
 
 

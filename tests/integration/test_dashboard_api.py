@@ -19,7 +19,9 @@ Proven here:
 - CSRF: a cross-site ``Origin`` or ``Sec-Fetch-Site`` is a 403, a form body a 415, and nothing
   changes;
 - the pages under ``/ui`` are HTML with the contract's selectors, the assets have the right
-  content types and nothing points off-site, ``/`` redirects;
+  content types and nothing points off-site, ``/`` redirects; the schedules page is open (its
+  data needs the token) under the same Content-Security-Policy, and never renders its query;
+- a sleeping timer's graph node and task detail carry its sleep and wake time;
 - bad ids, filters, cursors and bodies are JSON 4xx, never a 500.
 """
 
@@ -107,6 +109,14 @@ PAGES = {
         "task-input",
         "task-result",
         "cancel-run",
+        "run-reason",
+    ],
+    "/ui/schedules": [
+        "schedules-table",
+        "schedule-panel",
+        "panel-state",
+        "schedule-input",
+        "schedule-history",
     ],
     "/ui/dead": ["apply-filters", "requeue-all", "dry-run-count", "confirm-requeue-all"],
     "/ui/processes": ["processes-table"],
@@ -114,6 +124,7 @@ PAGES = {
 COMMON_TESTIDS = [
     "nav-overview",
     "nav-runs",
+    "nav-schedules",
     "nav-dead",
     "nav-processes",
     "token",
@@ -678,6 +689,7 @@ def test_the_pages_are_html_with_the_contracts_selectors(api: Api, clean_databas
     for name in ("state", "workflow", "since", "until"):
         assert f'name="{name}"' in runs
     assert all(f'<option value="{s}">' in runs for s in RunState)
+    assert '<option value="SCHEDULED">' in runs  # delayed runs (issue 18)
     dead = api.get("/ui/dead").body.decode()
     assert all(f'<option value="{r}">' in dead for r in FailureReason)
     assert 'name="requeue-reason"' in dead
@@ -707,7 +719,67 @@ def test_the_assets_are_served_with_their_content_types_and_nothing_off_site(
         etag = reply.headers["ETag"]
         again = api.request("GET", path, auth=False, headers={"If-None-Match": etag})
         assert again.status == 304, path
-    assert len(seen) >= 7  # app, 5 page scripts, style, icon
+    assert "/ui/static/schedules.js" in seen
+    assert len(seen) >= 9  # app, 6 page scripts, style, icon
+
+
+#: The pages' Content-Security-Policy, as it was before the schedules page: a new page must
+#: not need a looser one (no inline script or style, nothing from another origin).
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def test_the_schedules_page_is_open_its_data_needs_the_token_and_the_csp_is_unchanged(
+    api: Api, clean_database_url: str
+) -> None:
+    for path in PAGES:
+        assert api.get(path).headers["Content-Security-Policy"] == CSP, path
+    page = api.request("GET", "/ui/schedules", auth=False)
+    assert page.status == 200 and page.headers["Content-Security-Policy"] == CSP
+    text = page.body.decode()
+    # nothing the policy would block: every script is a file of this origin, no handler
+    # attribute, no inline style
+    assert re.findall(r"<script\b[^>]*>", text) == [
+        '<script type="module" src="/ui/static/schedules.js">'
+    ]
+    assert not re.search(r"\son[a-z]+=|\sstyle=|<style", text, re.I)
+    assert 'data-testid="nav-schedules" href="/ui/schedules" aria-current="page"' in text
+    # the page is a fixed shell: a query string (the panel's ?schedule=) is never rendered
+    probe = quote('<b data-testid="injected">x</b>')
+    assert api.request("GET", f"/ui/schedules?schedule={probe}", auth=False).body == page.body
+    # what it shows, and what it does, needs the token
+    assert_json_error(api.request("GET", "/api/v1/schedules", auth=False), 401)
+    wrong = {"Authorization": "Bearer wrong"}
+    assert "invalid token" in assert_json_error(
+        api.request("GET", "/api/v1/schedules", auth=False, headers=wrong), 403
+    )
+    for action in ("pause", "resume", "trigger"):
+        assert_json_error(api.post(f"/api/v1/schedules/x%2F0/{action}", auth=False), 401)
+        refused = api.post(
+            f"/api/v1/schedules/x%2F0/{action}", headers={"Origin": "http://evil.example"}
+        )
+        assert "refused" in assert_json_error(refused, 403)
+
+
+def test_the_graph_shows_when_a_sleeping_timer_wakes(api: Api, repo: Store) -> None:
+    flow = WorkflowDef(
+        "dash-timer",
+        (TaskDef("nap", sleep=3600.0), TaskDef("after", "tests.noop", depends_on=("nap",))),
+    )
+    run_id = repo.trigger(flow).run_id
+    ids = task_ids(repo, run_id)
+    drain(repo)  # the timer falls asleep
+    nap = repo.get_task(ids["nap"])
+    assert nap.state is TaskState.RUNNING and nap.wake_at is not None
+
+    nodes = {n["name"]: n for n in ok(api.get(f"/api/v1/runs/{run_id}/graph"))["nodes"]}
+    assert nodes["nap"]["sleep_s"] == 3600.0
+    assert datetime.fromisoformat(nodes["nap"]["wake_at"]) == nap.wake_at
+    assert (nodes["after"]["sleep_s"], nodes["after"]["wake_at"]) == (None, None)
+    task = ok(api.get(f"/api/v1/task-runs/{ids['nap']}"))["task"]
+    assert datetime.fromisoformat(task["wake_at"]) == nap.wake_at and task["sleep_s"] == 3600.0
 
 
 def test_root_redirects_to_the_overview(api: Api) -> None:
@@ -741,6 +813,8 @@ BAD_REQUESTS = [
     _bad("asset-traversal", "GET", "/ui/static/..%2fpages.py", status=404),
     _bad("asset-not-served-suffix", "GET", "/ui/static/../templates/layout.html", status=404),
     _bad("ui-unknown", "GET", "/ui/nope", status=404),
+    _bad("ui-schedules-subpath", "GET", "/ui/schedules/ui-pair/0", status=404),
+    _bad("post-ui-schedules", "POST", "/ui/schedules", {"x": 1}, status=405),
     _bad("dead-reason-unknown", "GET", "/api/v1/dead?reason=sleepy"),
     _bad("dead-reason-empty", "GET", "/api/v1/dead?reason="),
     _bad("dead-cursor-garbage", "GET", "/api/v1/dead?cursor=abc"),

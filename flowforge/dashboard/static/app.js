@@ -179,9 +179,33 @@ export function when(iso) {
   );
 }
 
+/** The query parameter of the schedules page that opens one schedule's panel. */
+export const SCHEDULE_PARAM = "schedule";
+
+/** The page that shows schedule ``name`` with its panel open (runs link to it). */
+export function scheduleHref(name) {
+  return `/ui/schedules?${new URLSearchParams({ [SCHEDULE_PARAM]: name })}`;
+}
+
 /** A table cell showing a time, the exact ISO value as its tooltip. */
 export function timeCell(iso) {
   return el("td", { title: iso || null, class: "time" }, when(iso));
+}
+
+/** A <time> element (``datetime`` = the exact ISO value, text local), or "—" for none. */
+export function timeOf(iso, attrs = {}) {
+  if (!iso) return el("span", attrs, "—");
+  return el("time", { ...attrs, datetime: iso, title: iso }, when(iso));
+}
+
+/** What made a run, for a run list or page: a link to its schedule and its fire time. */
+export function madeBy(run) {
+  if (!run.schedule) return ["—"];
+  return [
+    el("a", { "data-testid": "run-schedule", href: scheduleHref(run.schedule) }, run.schedule),
+    " at ",
+    timeOf(run.fire_time, { "data-testid": "run-fire-time" }),
+  ];
 }
 
 /** A state badge: text = the state, coloured by class. */

@@ -1,6 +1,8 @@
 // Run detail: the DAG from GET /api/v1/runs/{id}/graph (laid out on the server by grandalf)
 // drawn as SVG, task states refreshed every 2 s; a click on a task shows its attempts, input
-// and result (GET /api/v1/task-runs/{id}); the cancel button posts to /cancel.
+// and result (GET /api/v1/task-runs/{id}), a timer when it wakes; the run's schedule and fire
+// time (a link to the schedule), start time, deadline and failure reason; the cancel button
+// posts to /cancel (a SCHEDULED run too).
 
 import {
   $,
@@ -9,12 +11,14 @@ import {
   flash,
   getJSON,
   initChrome,
+  madeBy,
   poller,
   postJSON,
   pretty,
   stateBadge,
   svg,
   timeCell,
+  timeOf,
   when,
 } from "./app.js";
 
@@ -22,11 +26,20 @@ const REFRESH_MS = 2000;
 const STATES = ["PENDING", "READY", "RUNNING", "RETRYING", "FAILED", "SUCCEEDED", "DEAD", "CANCELLED"];
 
 const runId = decodeURIComponent(location.pathname.replace(/\/+$/, "").split("/").pop());
-const view = { shape: null, nodes: new Map(), selected: null, attempt: null };
+const view = { shape: null, nodes: new Map(), selected: null, attempt: null, state: null };
 
 function setState(element, state) {
   element.textContent = state;
   element.className = `state s-${state}`;
+}
+
+/** A node's tooltip: name, handler (or timer and wake time) and state. */
+function nodeTitle(node) {
+  if (node.sleep_s === null || node.sleep_s === undefined) {
+    return `${node.name} (${node.handler}): ${node.state}`;
+  }
+  const wakes = node.wake_at ? `, wakes ${when(node.wake_at)}` : "";
+  return `${node.name} (timer, sleeps ${span(node.sleep_s)}): ${node.state}${wakes}`;
 }
 
 function drawDag(graph) {
@@ -46,7 +59,7 @@ function drawDag(graph) {
   );
   view.nodes = new Map();
   const nodes = graph.nodes.map((node) => {
-    const title = svg("title", {}, `${node.name} (${node.handler}): ${node.state}`);
+    const title = svg("title", {}, nodeTitle(node));
     const group = svg(
       "g",
       {
@@ -84,7 +97,7 @@ function updateNodes(graph) {
     if (drawn.group.getAttribute("data-state") !== node.state) {
       drawn.group.setAttribute("data-state", node.state);
     }
-    drawn.title.textContent = `${node.name} (${node.handler}): ${node.state}`;
+    drawn.title.textContent = nodeTitle(node);
     drawn.group.classList.toggle("selected", node.name === view.selected);
   }
 }
@@ -97,8 +110,38 @@ function drawRun(run) {
   $("#run-created").textContent = when(run.created_at);
   $("#run-started").textContent = when(run.started_at);
   $("#run-finished").textContent = when(run.finished_at);
-  // a finished run has nothing left to cancel
+  fact("#run-reason-fact", run.failure_reason, () => {
+    $("[data-testid=run-reason]").textContent = run.failure_reason;
+  });
+  fact("#run-schedule-fact", run.schedule, () => $("#run-made-by").replaceChildren(...madeBy(run)));
+  fact("#run-start-fact", run.start_at, () =>
+    $("#run-start-at").replaceChildren(timeOf(run.start_at, { "data-testid": "run-start-at" })),
+  );
+  fact("#run-deadline-fact", run.deadline_at, () =>
+    $("#run-deadline").replaceChildren(timeOf(run.deadline_at, { "data-testid": "run-deadline" })),
+  );
+  view.state = run.state;
+  // a finished run has nothing left to cancel (a SCHEDULED one has: nothing of it has run)
   $("[data-testid=cancel-run]").hidden = Boolean(run.finished_at);
+}
+
+/** Show the fact ``selector`` (and draw it) when ``value`` is set; hide it otherwise. */
+function fact(selector, value, draw) {
+  $(selector).hidden = !value;
+  if (value) draw();
+}
+
+/** A number of seconds as "1h 30m" (a timer's sleep). */
+function span(seconds) {
+  const parts = [];
+  let left = Math.round(seconds);
+  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
+    if (left >= size) {
+      parts.push(`${Math.floor(left / size)}${unit}`);
+      left %= size;
+    }
+  }
+  return parts.join(" ") || `${seconds}s`;
 }
 
 function shapeOf(graph) {
@@ -119,7 +162,16 @@ function drawTask(detail) {
   panel.dataset.task = task.name;
   $("#task-name").textContent = task.name;
   setState($("[data-testid=task-state]"), task.state);
-  $("#task-handler").textContent = task.handler;
+  const timer = task.sleep_s !== null && task.sleep_s !== undefined;
+  $("#task-handler").textContent = timer ? `(durable timer: sleeps ${span(task.sleep_s)})` : task.handler;
+  // wake_at is set once the timer sleeps (its dependencies met): when it succeeds
+  fact("#task-wake-fact", timer, () =>
+    $("#task-wake").replaceChildren(
+      task.wake_at
+        ? timeOf(task.wake_at, { "data-testid": "task-wake" })
+        : el("span", { "data-testid": "task-wake" }, "not asleep yet: waits for its dependencies"),
+    ),
+  );
   $("#task-attempts").textContent = `${task.attempt} of ${task.max_attempts}`;
   $("#task-reason").textContent = task.failure_reason || "—";
   const shown = shownAttempt(detail.attempts);
@@ -191,9 +243,11 @@ function select(name) {
 }
 
 async function cancelRun() {
-  if (!window.confirm(`Cancel run ${runId}? Tasks not started are cancelled, running ones are asked to stop.`)) {
-    return;
-  }
+  const question =
+    view.state === "SCHEDULED"
+      ? `Cancel run ${runId}? It has not started yet: it ends CANCELLED and nothing of it runs.`
+      : `Cancel run ${runId}? Tasks not started are cancelled, running ones are asked to stop.`;
+  if (!window.confirm(question)) return;
   try {
     const run = await postJSON(`/api/v1/runs/${encodeURIComponent(runId)}/cancel`);
     flash(`Cancel requested: the run is ${run.state}.`, "ok");

@@ -1,5 +1,7 @@
 // Runs: GET /api/v1/runs with the filters (state, workflow, created since/until), keyset pages
 // (a stack of cursors: "older" pushes, "newer" pops), the current page refreshed every 2 s.
+// Each run shows the schedule and fire time that made it, its start time while SCHEDULED, its
+// deadline and why the run itself failed (deadline_exceeded).
 // The applied filters live in the address bar, so a reload or a shared link keeps them.
 
 import {
@@ -13,11 +15,13 @@ import {
   flash,
   getJSON,
   initChrome,
+  madeBy,
   poller,
   query,
   renderRows,
   stateBadge,
   timeCell,
+  timeOf,
 } from "./app.js";
 
 const REFRESH_MS = 2000;
@@ -48,6 +52,14 @@ function readFilters() {
   };
 }
 
+/** Started: while SCHEDULED, when it will start instead. */
+function startCell(run) {
+  if (run.state === "SCHEDULED" && run.start_at) {
+    return el("td", { class: "time" }, "starts ", timeOf(run.start_at, { "data-testid": "run-start-at" }));
+  }
+  return timeCell(run.started_at);
+}
+
 function row(run) {
   return el(
     "tr",
@@ -58,17 +70,25 @@ function row(run) {
       el("a", { "data-testid": "run-link", href: `/ui/runs/${encodeURIComponent(run.id)}` }, run.id),
     ),
     el("td", {}, run.workflow),
-    el("td", {}, stateBadge(run.state, { "data-testid": "run-state" })),
+    el(
+      "td",
+      {},
+      stateBadge(run.state, { "data-testid": "run-state" }),
+      run.failure_reason ? [" ", el("span", { class: "reason", "data-testid": "run-reason" }, run.failure_reason)] : null,
+    ),
+    el("td", { class: "made-by" }, ...madeBy(run)),
     timeCell(run.created_at),
-    timeCell(run.started_at),
+    startCell(run),
     timeCell(run.finished_at),
+    el("td", { class: "time" }, timeOf(run.deadline_at, { "data-testid": "run-deadline" })),
   );
 }
 
 async function refresh() {
   const cursor = view.cursors[view.cursors.length - 1];
   const data = await getJSON(`/api/v1/runs?${query({ ...view.filters, limit: PAGE_SIZE, cursor })}`);
-  const key = (run) => `${run.id}|${run.state}|${run.started_at}|${run.finished_at}`;
+  const key = (run) =>
+    [run.id, run.state, run.failure_reason, run.started_at, run.finished_at, run.start_at, run.deadline_at].join("|");
   renderRows($("[data-testid=runs-table] tbody"), data.runs, key, row);
   $("#runs-empty").hidden = data.runs.length > 0;
   view.next = data.next_cursor;
