@@ -27,7 +27,7 @@ from psycopg import sql
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
-from flowforge.domain.schedule import ScheduleDef
+from flowforge.domain.schedule import Overlap, ScheduleDef
 from flowforge.store import queries
 from flowforge.store.db import Database
 from flowforge.store.schedules import Schedules
@@ -40,7 +40,7 @@ SCHEDULE_TABLES = "schedule_fires, schedules"
 
 def workflow(n: int) -> WorkflowDef:
     """One workflow with ``n`` hourly schedules (due together once moved into this hour)."""
-    schedules = tuple(ScheduleDef(every="1h", overlap="allow") for _ in range(n))
+    schedules = tuple(ScheduleDef(every="1h", overlap=Overlap.ALLOW) for _ in range(n))
     return WorkflowDef(WORKFLOW, (TaskDef("t", HANDLER),), schedules=schedules)
 
 
@@ -87,7 +87,7 @@ def _idle_db_ms(conn: psycopg.Connection[Any]) -> float:
             ).fetchone()
         assert row is not None
         plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-        samples.append(plan[0]["Planning Time"] + plan[0]["Execution Time"])
+        samples.append(float(plan[0]["Planning Time"]) + float(plan[0]["Execution Time"]))
     return statistics.median(samples)
 
 
