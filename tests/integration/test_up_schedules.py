@@ -29,7 +29,7 @@ import psycopg
 import pytest
 import yaml
 
-from tests.e2e import HANDLERS_MODULE, REPO, Stack
+from tests.e2e import REPO, Stack
 from tests.harness.resources import child_pids
 from tests.helpers import wait_for
 
@@ -41,10 +41,11 @@ READY_S = 60.0
 FIRES_S = 60.0
 STOP_S = 30.0
 SKEW = "+5h"
+NOOP_MODULE = "tests.harness.bench_handlers"
 
 WORKFLOW = {
     "name": "ticks",
-    "tasks": [{"name": "only", "handler": "e2e.record"}],
+    "tasks": [{"name": "only", "handler": "bench.noop"}],  # needs no database of its own
     "schedules": [
         {"every": "1s", "catch_up": "all", "overlap": "allow", "name": "every-all"},
         {"every": "1s", "catch_up": "latest", "overlap": "allow", "name": "every-latest"},
@@ -117,7 +118,7 @@ def config_for(stack: Stack, tmp_path: Path) -> Path:
     folder.mkdir(exist_ok=True)
     (folder / "ticks.yaml").write_text(yaml.safe_dump(WORKFLOW))
     return stack.config_path(
-        handlers=[HANDLERS_MODULE],
+        handlers=[NOOP_MODULE],
         workflows=[str(folder)],
         processes={"workers": 1},
         scheduler={"poll_interval_s": 0.2},
