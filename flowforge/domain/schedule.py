@@ -289,7 +289,10 @@ def decide(
     (a run just started is unfinished, so ``catch_up: all`` with ``overlap: skip`` starts one).
     """
     latest = schedule.latest_at_or_before(now)
-    assert latest is not None and latest >= due, "a due schedule has a fire time by now"
+    if latest is None or latest < due:
+        # ``due`` is not one of this timetable's fire times (moved by hand, or written by other
+        # code) and none lies between it and now: nothing to decide, wait for the next one
+        return Decision((), schedule.at_or_after(due))
     wanted: list[datetime] = []
     if schedule.catch_up is CatchUp.ALL:
         cursor: datetime | None = latest

@@ -85,7 +85,9 @@ class Scheduler:
         self._listener.open()
         self._presence.announce()
         synced = self._repo.sync(workflows)
-        self._workflows = workflows
+        # only a workflow with schedules can have an active one (sync retired the others): a
+        # tree without any asks nothing in its passes
+        self._workflows = {name: w for name, w in workflows.items() if w.schedules}
         if synced.added or synced.changed or synced.retired:
             logger.info(
                 "schedules synced: %d added, %d changed, %d retired (%s)",

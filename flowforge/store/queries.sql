@@ -1178,7 +1178,7 @@ UPDATE workflow_runs r
 -- name: advance_schedules
 -- After a pass's decisions: the next fire time, the last one decided, the last run created.
 UPDATE schedules s
-   SET next_fire_at = d.next_fire_at, last_fire_at = d.last_fire_at,
+   SET next_fire_at = d.next_fire_at, last_fire_at = coalesce(d.last_fire_at, s.last_fire_at),
        last_run_id = coalesce(d.run_id, s.last_run_id), updated_at = now()
   FROM unnest(%(names)s::text[], %(next)s::timestamptz[], %(last)s::timestamptz[],
               %(run_ids)s::uuid[]) AS d(name, next_fire_at, last_fire_at, run_id)

@@ -317,7 +317,7 @@ def _advance(
 ) -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {"names": [], "next": [], "last": [], "run_ids": []}
     for row, _, decision in decided:
-        last = max(f.last_fire_time or f.fire_time for f in decision.fires)
+        last = max((f.last_fire_time or f.fire_time for f in decision.fires), default=None)
         keys = [(row["name"], f.fire_time) for f in decision.fires]
         runs = [created[k] for k in keys if k in created]
         columns["names"].append(row["name"])

@@ -34,7 +34,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.triggers import Triggers
-from tests.harness import bench_api, services
+from tests.harness import bench_api, bench_schedules, services
 from tests.harness.resources import (
     child_pids,
     create_database,
@@ -46,8 +46,8 @@ from tests.harness.resources import (
 HANDLER_MODULE = "tests.harness.bench_handlers"
 API_WORKFLOW = "bench-api"
 TABLES = (
-    "counters, processes, requeue_audit, idempotency_keys, outbox, task_attempts, task_edges, "
-    "task_runs, workflow_runs, workflow_definitions"
+    "schedule_fires, schedules, counters, processes, requeue_audit, idempotency_keys, outbox, "
+    "task_attempts, task_edges, task_runs, workflow_runs, workflow_definitions"
 )
 POLL_S = 0.02
 READY_TIMEOUT_S = 60.0
@@ -68,6 +68,8 @@ class Settings:
     scale: tuple[int, ...] = (1000, 10000)
     api_requests: int = 2000
     api_clients: int = 4
+    schedules: int = 10_000
+    schedule_batch: int = 500  # the scheduler's default batch_size
     timeout_s: float = 600.0
 
 
@@ -366,6 +368,8 @@ def measure(
         repo = Triggers(db)
         try:
             floor = floors(url)
+            for _ in range(settings.repeat):  # the bench plays the scheduler: no tree needed
+                bench_schedules.measure(url, settings.schedules, settings.schedule_batch, record)
             tree.start()
             time.sleep(1.0)
             memory["idle"] = tree.memory_kb()
@@ -503,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanout", type=int, default=5000)
     parser.add_argument("--chain", type=int, default=200)
     parser.add_argument("--latency-runs", type=int, default=500)
+    parser.add_argument("--schedules", type=int, default=10_000, help="schedules due at once")
     parser.add_argument("--scale", default="1000,10000", help="fan-out widths, comma-separated")
     parser.add_argument("--quick", action="store_true", help="a few hundred tasks, one repetition")
     parser.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write JSON")
@@ -517,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         chain=args.chain,
         latency_runs=args.latency_runs,
         scale=tuple(int(w) for w in args.scale.split(",")),
+        schedules=args.schedules,
     )
     if args.quick:
         settings = Settings(
@@ -528,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             latency_runs=20,
             scale=(50, 200),
             api_requests=200,
+            schedules=300,
             timeout_s=120,
         )
     with service_urls(args) as (server_url, broker_url):

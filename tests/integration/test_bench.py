@@ -26,6 +26,10 @@ FIGURES = {
     "api trigger p50",
     "api read",
     "api live",
+    "schedules due",
+    "schedule runs",
+    "schedule idle pass db",
+    "schedule idle pass",
 }
 
 

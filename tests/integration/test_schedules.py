@@ -380,3 +380,16 @@ def test_the_scheduler_role_syncs_at_initialize_fires_in_its_pass_and_reloads(
     assert sql.execute(
         "SELECT retired_at IS NOT NULL FROM schedules WHERE name = 'minutely'"
     ).fetchone() == (True,)
+
+
+def test_a_next_fire_time_moved_off_the_timetable_decides_nothing_and_realigns(
+    repo: Store, sql: Sql
+) -> None:
+    flows = synced(repo, workflow(ScheduleDef(every="1h")))
+    # a next fire time between two of the timetable's, already passed: nothing to decide
+    back(sql, "nightly/0", "date_trunc('hour', now()) + (now() - date_trunc('hour', now())) / 2")
+    repo.fire_due(flows, 100)
+    assert fires(sql, "nightly/0") == [] and runs_of(sql, "nightly/0") == []
+    info = repo.get_schedule("nightly/0")
+    assert info.next_fire_at is not None and info.next_fire_at.minute == 0
+    assert info.next_fire_at > db_now(sql)

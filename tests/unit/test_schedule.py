@@ -20,6 +20,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.schedule import (
     SKIP_GRACE_S,
     CatchUp,
+    Decision,
     Overlap,
     ScheduleDef,
     ScheduleError,
@@ -449,3 +450,12 @@ def test_python_and_yaml_build_the_same_schedules() -> None:
 def test_a_definition_error_is_what_every_schedule_error_is() -> None:
     assert issubclass(ScheduleError, DefinitionError)
     assert str(ScheduleError("plain message")) == "plain message"
+
+
+def test_a_next_fire_time_off_the_timetable_decides_nothing_until_the_next_one() -> None:
+    hourly = ScheduleDef(every="1h")
+    decision = decide(hourly, utc(2026, 1, 1, 10, 30), utc(2026, 1, 1, 10, 45), False)
+    assert decision == Decision((), utc(2026, 1, 1, 11))
+    dry = ScheduleDef(cron="0 0 29 2 *")  # leap days only: none between these two instants
+    decision = decide(dry, utc(2026, 3, 1), utc(2026, 3, 2), False)
+    assert decision.fires == () and decision.next_fire_at == utc(2028, 2, 29)
