@@ -8,6 +8,7 @@ the test instead of skipping it.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,15 @@ CREATE TABLE test_executions (
     pid         integer     NOT NULL,
     at          timestamptz NOT NULL DEFAULT clock_timestamp()
 )"""
+
+
+@pytest.fixture(autouse=True)
+def _logging_enabled() -> Iterator[None]:
+    """Every test starts with logging enabled: the CLI's ``main()`` run in this process silences
+    it without ``-v`` (``logging.disable``), which would leave a later test's ``caplog`` empty
+    — in whatever order pytest-xdist hands tests to a worker."""
+    yield
+    logging.disable(logging.NOTSET)
 
 
 def _unavailable(message: str) -> None:
