@@ -27,14 +27,18 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from cronsim import CronSim, CronSimError
+from typing import TYPE_CHECKING, Any
 
 from flowforge.domain.values import to_json
 from flowforge.durations import parse_duration
 from flowforge.errors import DefinitionError, UnstorableValueError
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
+
+# cronsim (and zoneinfo) are imported where a schedule is checked or computed, not here: every
+# process imports this module (through dag.py), and only the scheduler, the api and the CLI
+# read schedules — the supervisor and the workers, whose memory counts once per process, do not.
 
 #: ``cron:`` aliases and the five fields each stands for.
 ALIASES = {
@@ -349,6 +353,8 @@ def _check_cron(cron: str) -> None:
         raise ScheduleError(
             "cron", f"{cron!r} needs five fields (minute hour day month weekday) or {aliases}"
         )
+    from cronsim import CronSim, CronSimError
+
     try:
         first = next(iter(CronSim(expression, datetime(2000, 1, 1))), None)
     except CronSimError as exc:
@@ -360,6 +366,8 @@ def _check_cron(cron: str) -> None:
 
 
 def _zone(name: str) -> ZoneInfo:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
     if not isinstance(name, str) or not name or "\x00" in name:
         raise ScheduleError("timezone", f"{name!r} is not an IANA time zone name")
     try:
@@ -390,6 +398,8 @@ def _wall(t: datetime, zone: ZoneInfo) -> datetime:
 
 def _walls(expression: str, start: datetime, reverse: bool = False) -> Iterator[datetime]:
     """Matching naive wall times after ``start`` (before it, in reverse), per cronsim."""
+    from cronsim import CronSim
+
     it = CronSim(expression, start, reverse=reverse)
     while True:
         try:

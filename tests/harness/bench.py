@@ -370,6 +370,10 @@ def measure(
             floor = floors(url)
             for _ in range(settings.repeat):  # the bench plays the scheduler: no tree needed
                 bench_schedules.measure(url, settings.schedules, settings.schedule_batch, record)
+            # the runs the schedules made are not the tree's work: once started, it would
+            # publish and execute them under the workloads measured next
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"TRUNCATE {TABLES} CASCADE")
             tree.start()
             time.sleep(1.0)
             memory["idle"] = tree.memory_kb()

@@ -29,6 +29,7 @@ from flowforge.domain.schedule import (
     paused_span,
 )
 from flowforge.errors import DefinitionError
+from tests.helpers import modules_after_importing
 
 
 def utc(*args: int) -> datetime:
@@ -459,3 +460,14 @@ def test_a_next_fire_time_off_the_timetable_decides_nothing_until_the_next_one()
     dry = ScheduleDef(cron="0 0 29 2 *")  # leap days only: none between these two instants
     decision = decide(dry, utc(2026, 3, 1), utc(2026, 3, 2), False)
     assert decision.fires == () and decision.next_fire_at == utc(2028, 2, 29)
+
+
+def test_the_supervisor_and_the_workers_load_no_cron_library() -> None:
+    """They read no schedule, and every MiB they load is counted once per process: cronsim
+    (with calendar and locale) is imported where a schedule is checked or computed
+    (docs/performance.md, part 4's A/B). zoneinfo comes with psycopg's binary module anyway."""
+    loaded = modules_after_importing(
+        "flowforge.up", "flowforge.roles.worker", "flowforge.roles.publisher"
+    )
+    assert "flowforge.domain.schedule" in loaded  # through dag.py: the module, not its libraries
+    assert not {m for m in loaded if m.split(".")[0] == "cronsim"}
