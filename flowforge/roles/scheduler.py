@@ -111,9 +111,9 @@ class Scheduler:
 
     def _wait_s(self, poll: float) -> float:
         """How long to wait for a NOTIFY: the poll interval, or until the next start time,
-        wake-up or deadline if sooner (never less than MIN_WAIT_S: a due item another
-        scheduler holds locked is not spun on)."""
-        due = self._repo.next_due_s()
+        wake-up, deadline or fire time of this scheduler's schedules if sooner (never less than
+        MIN_WAIT_S: a due item another scheduler holds locked is not spun on)."""
+        due = self._repo.next_due_s(list(self._workflows))
         return poll if due is None else min(poll, max(due, MIN_WAIT_S))
 
     def run_pass(self) -> PassReport:

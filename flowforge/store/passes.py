@@ -8,7 +8,7 @@ retry policy (:func:`~flowforge.domain.policy.decide`) only decides *how long*.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -143,10 +143,11 @@ class Passes(Part):
             )
         return len(ended)
 
-    def next_due_s(self) -> float | None:
-        """Seconds until the earliest start time, timer wake-up or deadline still to act on
-        (by the database clock; <= 0 when one is due now), None when nothing waits."""
-        found = self._query("next_due", {})
+    def next_due_s(self, workflows: Sequence[str] = ()) -> float | None:
+        """Seconds until the earliest start time, timer wake-up, deadline or fire time of a
+        schedule of ``workflows`` still to act on (by the database clock; <= 0 when one is due
+        now), None when nothing waits."""
+        found = self._query("next_due", {"workflows": list(workflows)})
         value = found[0]["due_in_s"] if found else None
         return None if value is None else float(value)
 

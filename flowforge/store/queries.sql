@@ -434,9 +434,12 @@ UPDATE workflow_runs
 RETURNING id;
 
 -- name: next_due
--- Seconds (by the database clock) until the earliest start, wake-up or deadline the passes
--- above would act on: the scheduler sleeps no longer than that. NULL when none is waiting.
+-- Seconds (by the database clock) until the earliest start, wake-up, deadline or fire time
+-- (of the schedules of the given workflows: the ones this scheduler fires) the passes act on:
+-- the scheduler sleeps no longer than that. NULL when none is waiting.
 SELECT extract(epoch FROM least(
+           (SELECT min(next_fire_at) FROM schedules
+             WHERE NOT paused AND retired_at IS NULL AND workflow = ANY(%(workflows)s::text[])),
            (SELECT min(start_at) FROM workflow_runs
              WHERE state = 'SCHEDULED' AND start_at IS NOT NULL),
            (SELECT min(wake_at) FROM task_runs WHERE state = 'RUNNING' AND wake_at IS NOT NULL),

@@ -393,3 +393,20 @@ def test_a_next_fire_time_moved_off_the_timetable_decides_nothing_and_realigns(
     info = repo.get_schedule("nightly/0")
     assert info.next_fire_at is not None and info.next_fire_at.minute == 0
     assert info.next_fire_at > db_now(sql)
+
+
+def test_the_scheduler_sleeps_until_its_own_schedules_next_fire_time_and_no_longer(
+    repo: Store, sql: Sql
+) -> None:
+    """The idle wait ends at the next fire time of a schedule this scheduler fires (by the
+    database clock), so a schedule fires on time rather than within a poll interval; another
+    tree's schedule, which it never fires, does not wake it (or it would spin on it)."""
+    ours = synced(repo, workflow(ScheduleDef(every="1h"), name="ours"))
+    synced(repo, workflow(ScheduleDef(every="1h"), name="theirs"))
+    assert repo.next_due_s([]) is None
+    back(sql, "theirs/0", "now() - interval '1 minute'")  # due, but not this scheduler's
+    back(sql, "ours/0", "now() + interval '20 seconds'")
+    due = repo.next_due_s(list(ours))
+    assert due is not None and 18 < due <= 20
+    repo.pause_schedule("ours/0")
+    assert repo.next_due_s(list(ours)) is None  # a paused schedule wakes no one
