@@ -18,6 +18,8 @@ from flowforge.views import fire_dict, manual_fire_dict, schedule_dict
 
 #: Decisions ``GET /api/v1/schedules/{name}`` shows unless ``?limit=`` says otherwise.
 HISTORY = 20
+#: Schedules per page of ``GET /api/v1/schedules`` unless ``?limit=`` says otherwise.
+DEFAULT_PAGE = 100
 
 
 def _joined(name: str, index: str | None) -> str:
@@ -25,14 +27,25 @@ def _joined(name: str, index: str | None) -> str:
 
 
 class ScheduleList:
-    """``GET /api/v1/schedules``: ``{"schedules": [...]}``, by name."""
+    """``GET /api/v1/schedules?limit=&cursor=``: ``{"schedules": [...], "next_cursor"}``, a
+    page by name; ``next_cursor`` (the page's last name, or null on the last page) asks for
+    the next one."""
 
     def __init__(self, schedules: Schedules) -> None:
         self._schedules = schedules
 
-    def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
-        found = self._schedules.list_schedules()
-        params.send(resp, {"schedules": [schedule_dict(s) for s in found]})
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        limit = params.limit(req, DEFAULT_PAGE)
+        found = self._schedules.list_schedules(after=params.text(req, "cursor"), limit=limit + 1)
+        page = found[:limit]
+        more = len(found) > limit
+        params.send(
+            resp,
+            {
+                "schedules": [schedule_dict(s) for s in page],
+                "next_cursor": page[-1].name if more else None,
+            },
+        )
 
 
 class OneSchedule:

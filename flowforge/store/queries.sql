@@ -1213,7 +1213,8 @@ RETURNING name;
 UPDATE schedules SET last_run_id = %(run_id)s, updated_at = now() WHERE name = %(name)s;
 
 -- name: list_schedules
--- Every schedule (or one), with what its last run did and its last decision.
+-- Every schedule (or one), with what its last run did and its last decision; by name, after
+-- the name ``after`` (NULL: from the first), at most ``limit`` (NULL: all).
 SELECT s.name, s.workflow, s.spec, s.paused, s.paused_at, s.retired_at, s.next_fire_at,
        s.last_fire_at, s.last_run_id, s.created_at, r.state AS last_run_state,
        f.fire_time AS last_decision_fire_time, f.outcome AS last_outcome,
@@ -1226,7 +1227,9 @@ SELECT s.name, s.workflow, s.spec, s.paused, s.paused_at, s.retired_at, s.next_f
                       ORDER BY id DESC
                       LIMIT 1) f ON true
  WHERE (%(name)s::text IS NULL OR s.name = %(name)s::text)
- ORDER BY s.name;
+   AND (%(after)s::text IS NULL OR s.name > %(after)s::text)
+ ORDER BY s.name
+ LIMIT %(limit)s;
 
 -- name: schedule_fire_history
 -- A schedule's latest decisions, newest first.

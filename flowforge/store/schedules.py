@@ -72,14 +72,21 @@ class Schedules(Part):
             return []
         return self._transaction(_fire_due, workflows, limit)
 
-    def list_schedules(self) -> list[ScheduleInfo]:
-        """Every schedule, by name: state, next and last fire time, its last run's state and
-        its last decision."""
-        return [rows.schedule_info(r) for r in self._query("list_schedules", {"name": None})]
+    def list_schedules(
+        self, after: str | None = None, limit: int | None = None
+    ) -> list[ScheduleInfo]:
+        """Schedules by name — after the name ``after`` (None: from the first), at most
+        ``limit`` (None: all) — each with its state, next and last fire time, its last run's
+        state and its last decision."""
+        found = self._query(
+            "list_schedules",
+            {"name": None, "after": None if after is None else _name(after), "limit": limit},
+        )
+        return [rows.schedule_info(r) for r in found]
 
     def get_schedule(self, name: str) -> ScheduleInfo:
         """One schedule; :class:`NotFoundError` if there is none of that name."""
-        found = self._query("list_schedules", {"name": _name(name)})
+        found = self._query("list_schedules", _one(_name(name)))
         if not found:
             raise NotFoundError(f"no schedule named {name!r}")
         return rows.schedule_info(found[0])
@@ -106,6 +113,11 @@ class Schedules(Part):
     def purge_fires(self, age_s: float, limit: int) -> int:
         """Delete up to ``limit`` decisions older than ``age_s`` seconds (database clock)."""
         return len(self._query("purge_schedule_fires", {"age_s": age_s, "limit": limit}))
+
+
+def _one(name: str) -> dict[str, Any]:
+    """The parameters of ``list_schedules`` for the schedule called ``name``."""
+    return {"name": name, "after": None, "limit": None}
 
 
 def _name(name: str) -> str:
@@ -342,7 +354,7 @@ def _locked(tx: Tx, name: str) -> Mapping[str, Any]:
 
 
 def _info(tx: Tx, name: str) -> ScheduleInfo:
-    row = tx.one("list_schedules", {"name": name})
+    row = tx.one("list_schedules", _one(name))
     assert row is not None  # locked by this transaction
     return rows.schedule_info(row)
 

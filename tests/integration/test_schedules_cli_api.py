@@ -217,3 +217,18 @@ def test_the_api_refuses_what_the_caller_got_wrong_and_stores_nothing(
     assert "retired" in assert_json_error(api.post("/api/v1/schedules/hourly/trigger"), 409)
     assert (count(sql, "workflow_runs"), count(sql, "schedule_fires")) == before
     assert repo.get_schedule("hourly").state == "retired"
+
+
+def test_the_api_lists_schedules_a_page_at_a_time_by_name(api: Api) -> None:
+    first = api.get("/api/v1/schedules?limit=1").json()
+    assert [s["name"] for s in first["schedules"]] == ["hourly"]
+    assert first["next_cursor"] == "hourly"
+    second = api.get("/api/v1/schedules?limit=1&cursor=hourly").json()
+    assert [s["name"] for s in second["schedules"]] == ["nightly/0"]
+    assert second["next_cursor"] is None
+    whole = api.get("/api/v1/schedules").json()  # the default page holds both
+    assert [s["name"] for s in whole["schedules"]] == ["hourly", "nightly/0"]
+    assert whole["next_cursor"] is None
+    assert api.get("/api/v1/schedules?cursor=zzz").json() == {"schedules": [], "next_cursor": None}
+    assert_json_error(api.get("/api/v1/schedules?cursor=a%00b"), 400)
+    assert_json_error(api.get("/api/v1/schedules?limit=1001"), 400)

@@ -1,4 +1,5 @@
-// Schedules: GET /api/v1/schedules refreshed every 2 s; Pause / Resume / Run now post to
+// Schedules: GET /api/v1/schedules, a page of PAGE_SIZE by name (a stack of cursors: "next"
+// pushes, "previous" pops), refreshed every 2 s; Pause / Resume / Run now post to
 // /api/v1/schedules/{name}/pause|resume|trigger after a confirm(); a schedule's panel (its
 // policies and recent decisions, GET /api/v1/schedules/{name}) opens on a click on its name
 // and is kept in the address bar (?schedule=NAME), so a run's page can link to it.
@@ -14,17 +15,24 @@ import {
   poller,
   postJSON,
   pretty,
+  query,
   renderRows,
   SCHEDULE_PARAM,
   scheduleHref,
   stateBadge,
   when,
+  wirePager,
 } from "./app.js";
 
 const REFRESH_MS = 2000;
 const HISTORY = 20;
+const PAGE_SIZE = 50;
 
-const view = { selected: new URLSearchParams(location.search).get(SCHEDULE_PARAM) || null };
+const view = {
+  selected: new URLSearchParams(location.search).get(SCHEDULE_PARAM) || null,
+  cursors: [null],
+  next: null,
+};
 
 /** The api path of a schedule (a name may hold one "/": sent as %2F, which the api accepts). */
 function path(name, action = "") {
@@ -179,9 +187,14 @@ function drawPanel(detail) {
 }
 
 async function refresh() {
-  const data = await getJSON("/api/v1/schedules");
+  const cursor = view.cursors[view.cursors.length - 1];
+  const data = await getJSON(`/api/v1/schedules?${query({ limit: PAGE_SIZE, cursor })}`);
   renderRows($("[data-testid=schedules-table] tbody"), data.schedules, keyOf, row);
   $("#schedules-empty").hidden = data.schedules.length > 0;
+  view.next = data.next_cursor;
+  $("[data-testid=next-page]").disabled = !view.next;
+  $("[data-testid=prev-page]").disabled = view.cursors.length < 2;
+  $("#page-number").textContent = `page ${view.cursors.length}`;
   if (view.selected) await loadPanel(view.selected);
 }
 
@@ -232,4 +245,5 @@ async function act(schedule, action) {
 
 initChrome();
 $("#close-panel").addEventListener("click", () => select(null));
+wirePager(view, poll);
 poll.start();
