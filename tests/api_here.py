@@ -5,7 +5,7 @@ second (the server's loop slice) per test. Tests of what the server does with re
 connections — tokens, hosts, body limits, deadlines, caps — get the same server object (the
 falcon app under FlowForge's waitress server, listening on a real socket) from
 :class:`ApiHere` in milliseconds. What needs the process — its log stream, ``flowforge up`` —
-is tested on a real api child (tests/integration/test_api.py ``start_api``), and so is one
+is tested on a real api child (tests/api_client.py ``start_api``), and so is one
 module-wide api per module that reads the api.
 """
 

@@ -31,29 +31,25 @@ import http.client
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.e2e import Stack
-from tests.helpers import wait_for
-from tests.integration.test_api import (
+from tests.api_client import (
     TOKEN,
     UNKNOWN_ID,
     Api,
     Reply,
     StartApi,
-    api_here,
-    api_stack,
     assert_json_error,
     count_runs,
     start_api,
 )
+from tests.e2e import Stack
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
-_ = (api_here, api_stack)  # the fixtures of test_api.py, taken here by name
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
@@ -82,17 +78,6 @@ OPEN_PAGES = [
     "/ui/static/style.css",
 ]
 READY_KEYS = {"status", "postgres", "rabbitmq", "scheduler", "publisher", "worker"}
-
-
-@pytest.fixture
-def stack(tmp_path: Path, clean_database_url: str, broker_url: str) -> Iterator[Stack]:
-    """Role processes for one test, on a fresh queue; all stopped at the end."""
-    running = Stack(tmp_path, clean_database_url, broker_url)
-    try:
-        yield running
-    finally:
-        running.stop_all()
-        running.delete_queue()
 
 
 def without_token(api: Api, method: str, path: str, **kwargs: Any) -> Reply:

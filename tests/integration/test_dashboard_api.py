@@ -1,7 +1,7 @@
 """The dashboard's JSON endpoints, pages and request-forgery checks against the api's server.
 
 The api is the api role served from this process (tests/api_here.py, through
-tests/integration/test_api.py's helpers; the api child itself is test_api.py's); states are
+tests/api_client.py's helpers; the api child itself is test_api.py's); states are
 driven through the repository as in test_transitions.py; every request goes over a socket.
 Proven here:
 
@@ -44,22 +44,19 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
-from tests.e2e import Stack
-from tests.helpers import FAST_RETRY, chain, claim_task, diamond, drain, task_ids
-from tests.integration.test_api import (
+from tests.api_client import (
     UNKNOWN_ID,
     Api,
     Reply,
     StartApi,
-    api_here,
-    api_stack,
     assert_json_error,
     serve_here,
 )
+from tests.e2e import Stack
+from tests.helpers import FAST_RETRY, chain, claim_task, diamond, drain, task_ids
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
-_ = (api_here, api_stack)  # the fixtures of test_api.py, taken here by name
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 

@@ -19,8 +19,8 @@ import pytest
 
 from flowforge.cli import exitcodes
 from flowforge.domain.states import RunState
+from tests.api_client import Api, assert_json_error, count_runs, serve_here
 from tests.e2e import Stack
-from tests.integration.test_api import Api, assert_json_error, count_runs, serve_here
 from tests.integration.test_cli import assert_operator_error, flowforge
 
 pytestmark = pytest.mark.integration

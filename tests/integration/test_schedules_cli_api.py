@@ -24,10 +24,10 @@ from flowforge.config import load_config
 from flowforge.definitions import load_paths
 from flowforge.domain.dag import WorkflowDef
 from tests import cli_runner
+from tests.api_client import TOKEN, TOKEN_ENV, Api, assert_json_error
 from tests.api_here import ApiHere
 from tests.e2e import REPO
 from tests.harness.resources import free_ports
-from tests.integration.test_api import TOKEN, TOKEN_ENV, Api, assert_json_error
 from tests.store import Store
 
 pytestmark = pytest.mark.integration

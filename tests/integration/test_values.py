@@ -36,9 +36,9 @@ from flowforge.errors import DefinitionError, InputError, PermanentError, Unstor
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import Job, classify
 from flowforge.roles.worker import Worker
+from tests.api_client import Api, assert_json_error, serve_here
 from tests.e2e import REPO, Stack
 from tests.helpers import claim_task, drain, task_ids
-from tests.integration.test_api import Api, assert_json_error, serve_here
 from tests.integration.test_cli_operations import assert_operator_error, flowforge
 from tests.store import Store
 from tests.stubs import Outcomes
