@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10.0
 CONFIRM_TIMEOUT_S = 10.0
 PERSISTENT = 2
+#: Batches in a row whose every message the broker nacked before the channel is given up.
+NACK_STREAK_LIMIT = 3
 
 
 class ConfirmingPublisher:
@@ -56,6 +58,8 @@ class ConfirmingPublisher:
         self._pending: dict[int, int] = {}  # delivery tag → outbox id
         self._confirmed: set[int] = set()
         self._returned: set[int] = set()
+        self._nacked = 0  # messages of the current batch the broker nacked
+        self._nack_streak = 0  # batches in a row the broker nacked whole
 
     # ------------------------------------------------------------------ connection
 
@@ -107,13 +111,19 @@ class ConfirmingPublisher:
     def publish(self, batch: Sequence[Dispatch], timeout_s: float = CONFIRM_TIMEOUT_S) -> set[int]:
         """Publish ``batch``; return the outbox ids the broker confirmed (acked, not returned).
 
-        Raises :class:`BrokerUnavailableError` if the connection fails or the confirms do not
-        all arrive within ``timeout_s``; the caller then keeps every row pending.
+        Raises :class:`BrokerUnavailableError` if the connection fails, the confirms do not
+        all arrive within ``timeout_s``, or the broker nacked every message of
+        :data:`NACK_STREAK_LIMIT` batches in a row; the caller then keeps every row pending.
+        The last is a channel given up: a quorum queue's client inside a RabbitMQ channel can
+        go on refusing every publish after its queue's leader died (seen for over a minute in
+        tests/chaos/test_failover.py) while a fresh channel publishes at once, so the role
+        reconnects (``run_role``, with its backoff) instead of sweeping into the refusal.
         """
         if not self.is_open or self._channel is None:
             raise BrokerUnavailableError("publisher is not connected")
         self._confirmed.clear()
         self._returned.clear()
+        self._nacked = 0
         try:
             for dispatch in batch:
                 self._channel.basic_publish(
@@ -141,7 +151,22 @@ class ConfirmingPublisher:
                 len(self._returned),
                 extra={"action": "publish_returned"},
             )
+        self._judge_nacks(len(batch))
         return self._confirmed - self._returned
+
+    def _judge_nacks(self, sent: int) -> None:
+        """Count a batch the broker nacked whole; give the channel up at the limit."""
+        if not sent or self._nacked < sent:
+            self._nack_streak = 0
+            return
+        self._nack_streak += 1
+        if self._nack_streak >= NACK_STREAK_LIMIT:
+            self._nack_streak = 0
+            self._ready = False  # is_open is False: nothing publishes on it again
+            raise BrokerUnavailableError(
+                f"the broker nacked every message of {NACK_STREAK_LIMIT} batches in a row:"
+                " reconnecting on a fresh channel"
+            )
 
     def idle(self, timeout_s: float, wake_fd: int | None = None) -> None:
         """Run the I/O loop (heartbeats) for ``timeout_s`` or until ``wake_fd`` is readable."""
@@ -263,4 +288,6 @@ class ConfirmingPublisher:
             outbox_id = self._pending.pop(tag, None)
             if outbox_id is not None and acked:
                 self._confirmed.add(outbox_id)
+            elif outbox_id is not None:
+                self._nacked += 1
         self._check_done()
