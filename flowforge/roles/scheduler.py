@@ -83,7 +83,6 @@ class Scheduler:
         workflows.update((w.name, w) for w in self._extra)
         self._db.open()
         self._listener.open()
-        self._presence.announce()
         synced = self._repo.sync(workflows)
         # only a workflow with schedules can have an active one (sync retired the others): a
         # tree without any asks nothing in its passes
@@ -97,6 +96,8 @@ class Scheduler:
                 ", ".join([*synced.added, *synced.changed, *synced.retired]),
                 extra={"action": "schedules_synced"},
             )
+        # last: the registry lists a scheduler once it is ready to run passes
+        self._presence.announce()
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         poll = self._config.scheduler.poll_interval_s

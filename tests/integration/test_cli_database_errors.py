@@ -222,13 +222,17 @@ def test_a_role_that_has_run_logs_a_refused_password_each_time_and_recovers(
     try:
         with psycopg.connect(admin_url, autocommit=True) as admin:
 
-            def connected() -> bool:
-                row = admin.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE usename = 'ff'"
-                ).fetchone()
-                return "Scheduler starting" in log.read_text() and bool(row and row[0])
+            def started() -> bool:
+                # registered: its initialize is over (the scheduler announces itself last), so
+                # what follows meets a role that has run — before, it would be a boot failure
+                with psycopg.connect(f"postgresql://ff:right@127.0.0.1:{port}/flowforge") as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM processes WHERE pid = %s AND role = 'scheduler'",
+                        (role.pid,),
+                    ).fetchone()
+                return bool(row and row[0])
 
-            wait_for(connected, 30, 0.1, "the scheduler to connect")
+            wait_for(started, 30, 0.1, "the scheduler to start")
             admin.execute("ALTER ROLE ff PASSWORD 'rotated'")
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'ff'"
