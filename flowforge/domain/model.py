@@ -43,6 +43,8 @@ class TaskRun:
     depends_on: tuple[str, ...] = ()
     sleep_s: float | None = None  # a durable timer: how long it sleeps (seconds)
     wake_at: datetime | None = None  # a sleeping (or woken) timer: when it succeeds
+    for_each: str | None = None  # a map task: the upstream task it maps over
+    item_counts: Mapping[str, int] | None = None  # a map task: its items by state (run reads)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,8 @@ class Claim:
     idempotency_key: str | None = None
     dispatch_lag_s: float = 0.0  # READY → claimed, by the database clock
     workflow: str = ""  # the run's workflow name (for log lines)
+    item: Any = None  # a map item's element of the upstream list (for_each), else None
+    index: int | None = None  # a map item's position from 0, else None
 
 
 class ClaimOutcome(StrEnum):
@@ -177,6 +181,7 @@ class PassReport:
     timers: int = 0  # durable timers started or woken
     expired: int = 0  # runs ended by their deadline
     fired: int = 0  # schedules whose due fire times were decided
+    maps: int = 0  # map tasks expanded, buried or settled, and item slots opened
 
     @property
     def total(self) -> int:
@@ -189,6 +194,7 @@ class PassReport:
             + self.timers
             + self.expired
             + self.fired
+            + self.maps
         )
 
 
