@@ -1281,7 +1281,8 @@ SELECT t.id, t.run_id, t.name, t.for_each, r.input, u.result AS source,
  WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.for_each IS NOT NULL
  ORDER BY t.seq
  LIMIT %(limit)s
-   FOR UPDATE OF t SKIP LOCKED;
+   -- NO KEY: the items' foreign key to the map (KEY SHARE) must not make the map look busy
+   FOR NO KEY UPDATE OF t SKIP LOCKED;
 
 -- name: expand_map
 -- PENDING → RUNNING for the map, and one PENDING item row per element of its upstream's list
