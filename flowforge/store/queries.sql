@@ -725,6 +725,9 @@ WITH RECURSIVE downstream(id) AS (
            updated_at = now(),
            pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                             WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
+                          -- a map's item waits for a max_parallel slot again (no edge of its own)
+                          + (SELECT count(*) FROM task_runs m
+                              WHERE m.id = t.map_id AND m.max_parallel IS NOT NULL)
       FROM run_state s
      WHERE t.run_id = %(run_id)s AND t.state = 'CANCELLED' AND t.cancel_cause = 'upstream'
        AND NOT s.operator_cancel
@@ -1453,3 +1456,29 @@ SELECT id, item_index, state, attempt, failure_reason, last_error, result, item,
  WHERE map_id = %(id)s AND item_index > %(after)s
  ORDER BY item_index
  LIMIT %(limit)s;
+
+-- name: requeue_map_items
+-- The requeue of a DEAD map requeues its DEAD items with it (the map's audit row covers them):
+-- DEAD → PENDING with a fresh retry budget, waiting for a max_parallel slot if it has one.
+UPDATE task_runs t
+   SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
+       failure_reason = NULL, retry_at = NULL, finished_at = NULL, crash_streak = 0,
+       cancel_requested = false, propagated = true, updated_at = now(),
+       pending_deps = CASE WHEN m.max_parallel IS NULL THEN 0 ELSE 1 END
+  FROM task_runs m
+ WHERE m.id = %(id)s AND m.for_each IS NOT NULL AND t.map_id = m.id AND t.state = 'DEAD'
+RETURNING t.id;
+
+-- name: reopen_map
+-- The requeue of a DEAD item reopens its DEAD map: DEAD → PENDING, so the expansion pass takes
+-- it again (its items exist: the unique (map_id, item_index) leaves them as they are) and
+-- settle_maps judges it anew once its items are finished.
+UPDATE task_runs m
+   SET state = 'PENDING', fencing_token = m.fencing_token + 1, failure_reason = NULL,
+       last_error = NULL, result = NULL, finished_at = NULL, cancel_requested = false,
+       propagated = true, updated_at = now(),
+       pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                        WHERE e.downstream_id = m.id AND u.state <> 'SUCCEEDED')
+  FROM task_runs i
+ WHERE i.id = %(id)s AND m.id = i.map_id AND m.state = 'DEAD'
+RETURNING m.id;

@@ -264,3 +264,47 @@ def test_an_expansion_rolled_back_mid_way_leaves_nothing_and_is_done_again(
     assert repo.expand_maps(100) == 1
     assert [r[0] for r in items(sql, run_id)] == [0, 1, 2]
     assert repo.expand_maps(100) == 0
+
+
+def work(repo: Store, sql: Sql, bound: int | None = None) -> list[int]:
+    """Claim and succeed every dispatched task until none is left; the item indexes, in the
+    order they ran."""
+    seen: list[int] = []
+    for _ in range(20):
+        sent = dispatch(sql)
+        if not sent:
+            break
+        assert bound is None or len(sent) <= bound  # never more items at once
+        for tid, tok in sent:
+            claim = repo.claim(tid, tok, "w", 30.0).claim
+            if claim is None:
+                continue
+            if claim.index is not None:
+                seen.append(claim.index)
+            repo.finish(tid, claim.fencing_token, TaskState.SUCCEEDED, result=claim.index)
+        drain(repo)
+    return seen
+
+
+@pytest.mark.parametrize("requeued", ["item", "map"])
+def test_requeuing_a_dead_item_or_its_map_reopens_the_map_and_finishes_the_run(
+    repo: Store, sql: Sql, requeued: str
+) -> None:
+    run_id = run_list(repo, sql, [0, 1, 2], mapped(max_parallel=1))
+    ((tid, tok),) = dispatch(sql)
+    claim = repo.claim(tid, tok, "w", 30.0).claim
+    assert claim is not None and claim.index == 0
+    repo.finish(
+        tid, claim.fencing_token, TaskState.FAILED, reason=FailureReason.PERMANENT_ERROR, error="x"
+    )
+    drain(repo)
+    ids = task_ids(repo, run_id)
+    assert repo.get_run(run_id).state is RunState.FAILED
+    repo.requeue_dead(tid if requeued == "item" else ids["process"], "ops", "fixed")
+    drain(repo)
+    assert work(repo, sql, bound=1) == [0, 1, 2]  # still one at a time, in item order
+    process = repo.get_task(ids["process"])
+    assert process.state is TaskState.SUCCEEDED and process.result == [0, 1, 2]
+    assert scalar(sql, "SELECT count(*) FROM task_runs WHERE map_id = %s", ids["process"]) == 3
+    assert repo.get_task(ids["merge"]).state is TaskState.SUCCEEDED  # revived, then ran
+    assert repo.get_run(run_id).state is RunState.SUCCEEDED
