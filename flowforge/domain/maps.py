@@ -90,3 +90,11 @@ def _render_all(
         scope = {**run_input, "item": item, "index": index}
         keys.append(check_text(render_key(template, scope, label), label))
     return keys
+
+
+def summary(counts: Mapping[str, int]) -> str:
+    """A map's items in one line: ``"5 items: 3 SUCCEEDED, 2 RUNNING"`` (states by count)."""
+    total = sum(counts.values())
+    parts = [f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    noun = "item" if total == 1 else "items"
+    return f"{total} {noun}" + (": " + ", ".join(parts) if parts else "")

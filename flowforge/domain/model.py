@@ -45,6 +45,8 @@ class TaskRun:
     wake_at: datetime | None = None  # a sleeping (or woken) timer: when it succeeds
     for_each: str | None = None  # a map task: the upstream task it maps over
     item_counts: Mapping[str, int] | None = None  # a map task: its items by state (run reads)
+    map_id: UUID | None = None  # a map's item: its map task run (task reads)
+    item_index: int | None = None  # a map's item: its position from 0 (task reads)
 
 
 @dataclass(frozen=True)
@@ -468,3 +470,33 @@ class ManualFire:
     schedule: str
     run_id: UUID
     fire_time: datetime
+
+
+@dataclass(frozen=True)
+class MapItem:
+    """One item of a map task (``for_each``): its element of the list and how it went."""
+
+    id: UUID
+    index: int
+    state: TaskState
+    attempt: int
+    failure_reason: FailureReason | None
+    last_error: str | None
+    item: Any
+    result: Any
+    idempotency_key: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class MapPage:
+    """A map task, its items counted by state, and one page of its items in item order.
+
+    ``next_after``: the ``after`` that reads the next page; None on the last page.
+    """
+
+    task: TaskRun
+    counts: Mapping[str, int]
+    items: tuple[MapItem, ...]
+    next_after: int | None

@@ -16,13 +16,14 @@ A map task's row never reaches a worker. Three passes move it:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
 from uuid import UUID
 
 from flowforge.domain import transitions
 from flowforge.domain.maps import MapFailure, plan_items
+from flowforge.domain.model import MapPage, parse_id
 from flowforge.domain.states import TaskState
+from flowforge.errors import NotFoundError
+from flowforge.store import rows
 from flowforge.store.part import Part, Tx
 
 logger = logging.getLogger(__name__)
@@ -64,17 +65,12 @@ class Maps(Part):
         transitions.check(TaskState.RUNNING, TaskState.SUCCEEDED)
         return self._transaction(_settle, limit)
 
-    def map_item_counts(self, map_ids: Sequence[UUID]) -> dict[UUID, dict[str, int]]:
-        """Each map's items counted by state (maps without items are absent)."""
-        counts: dict[UUID, dict[str, int]] = {}
-        for row in self._query("map_item_counts", {"ids": list(map_ids)}):
-            counts.setdefault(row["map_id"], {})[row["state"]] = int(row["n"])
-        return counts
-
-    def map_items_page(self, map_id: UUID, after: int, limit: int) -> list[dict[str, Any]]:
-        """Up to ``limit`` items of a map in item order, after item index ``after`` (-1: from
-        the first)."""
-        return self._query("map_items_page", {"id": map_id, "after": after, "limit": limit})
+    def map_page(self, task_run_id: UUID | str, after: int = -1, limit: int = 100) -> MapPage:
+        """A map task with its items counted by state and up to ``limit`` of its items in item
+        order after index ``after`` (-1: from the first); :class:`NotFoundError` if the id
+        names no task run, or one that is not a map."""
+        tid = parse_id(task_run_id, "task run id")
+        return self._transaction(_map_page, tid, after, limit)
 
 
 def _expand(tx: Tx, limit: int, buried: list[tuple[UUID, MapFailure]]) -> int:
@@ -113,3 +109,16 @@ def _settle(tx: Tx, limit: int) -> int:
     if queued:
         tx.all("notify_outbox")
     return settled
+
+
+def _map_page(tx: Tx, tid: UUID, after: int, limit: int) -> MapPage:
+    row = tx.one("get_task", {"id": tid})
+    if row is None:
+        raise NotFoundError(f"no task run with id {tid}")
+    if row["for_each"] is None:
+        raise NotFoundError(f"task run {tid} is not a map (for_each) task: it has no items")
+    counts = {r["state"]: int(r["n"]) for r in tx.all("map_item_counts", {"ids": [tid]})}
+    page = tx.all("map_items_page", {"id": tid, "after": after, "limit": limit + 1})
+    items = tuple(rows.map_item(r) for r in page[:limit])
+    more = len(page) > limit and bool(items)
+    return MapPage(rows.task_run(row), counts, items, items[-1].index if more else None)

@@ -781,7 +781,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-                  WHERE e.downstream_id = t.id), '{}') AS depends_on
+                  WHERE e.downstream_id = t.id), '{}') AS depends_on,
+       t.for_each, t.map_id, t.item_index
   FROM task_runs t
  WHERE t.id = %(id)s;
 
@@ -1266,7 +1267,7 @@ WITH doomed AS (
 )
 DELETE FROM schedule_fires f USING doomed WHERE f.id = doomed.id;
 
--- ------------------------------------------------------------------ scheduler: maps (SPEC 7.3)
+-- ------------------------------------------------------------------ maps (SPEC 7.3): passes, reads, requeue
 
 -- name: lock_maps_to_expand
 -- Map tasks whose dependencies are met, with what their expansion needs: the upstream's result

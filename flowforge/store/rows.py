@@ -27,6 +27,7 @@ from flowforge.domain.model import (
     FinishedMinute,
     FireRecord,
     LiveProcesses,
+    MapItem,
     OutboxBacklog,
     Overview,
     PoisonCandidate,
@@ -96,6 +97,25 @@ def task_run(row: Row) -> TaskRun:
         wake_at=row["wake_at"],
         for_each=row.get("for_each"),
         item_counts=row.get("item_counts"),
+        map_id=row.get("map_id"),
+        item_index=row.get("item_index"),
+    )
+
+
+def map_item(row: Row) -> MapItem:
+    """A ``map_items_page`` row."""
+    return MapItem(
+        id=row["id"],
+        index=row["item_index"],
+        state=TaskState(row["state"]),
+        attempt=row["attempt"],
+        failure_reason=_reason(row["failure_reason"]),
+        last_error=row["last_error"],
+        item=row["item"],
+        result=row["result"],
+        idempotency_key=row["idempotency_key"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
     )
 
 
