@@ -8,7 +8,7 @@ import pytest
 
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.dag import DEFAULT_MAX_ITEMS, TaskDef, WorkflowDef
-from flowforge.domain.maps import ItemKeys, MapFailure, item_name, plan_items
+from flowforge.domain.maps import ItemKeys, MapFailure, item_name, plan_items, summary
 from flowforge.domain.plan import plan_runs
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.schedule import ScheduleDef
@@ -214,3 +214,9 @@ def test_a_handler_context_has_no_item_unless_it_is_an_item() -> None:
     assert plain.item is None and plain.index is None
     item = TaskContext({}, {}, 1, uuid.uuid4(), uuid.uuid4(), "t[3]", item={"a": 1}, index=3)
     assert item.item == {"a": 1} and item.index == 3
+
+
+def test_a_maps_items_are_summed_up_in_one_line_most_first() -> None:
+    assert summary({"RUNNING": 50, "SUCCEEDED": 200}) == "250 items: 200 SUCCEEDED, 50 RUNNING"
+    assert summary({"DEAD": 1}) == "1 item: 1 DEAD"
+    assert summary({}) == "0 items"
