@@ -500,11 +500,14 @@ WITH wanted AS (
             WHERE q.published_at IS NULL
               FOR UPDATE OF q SKIP LOCKED)
 )
--- (a map's item sees its map's upstream results)
+-- (a map's item sees its map's upstream results but the list it maps over, which it has as its
+-- item: 10,000 items each given the 10,000-element list would move it 10,000 times)
 SELECT c.*, r.input, r.workflow,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
           FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-         WHERE e.downstream_id = coalesce(c.map_id, c.id)) AS upstream
+          LEFT JOIN task_runs m ON m.id = c.map_id
+         WHERE e.downstream_id = coalesce(c.map_id, c.id)
+           AND u.name IS DISTINCT FROM m.for_each) AS upstream
   FROM claimed c
   JOIN workflow_runs r ON r.id = c.run_id;
 
@@ -852,11 +855,13 @@ SELECT t.id
 
 -- name: task_context
 -- What a task was given: its run's input and the results of its upstream tasks (a map's
--- item: its map's upstream tasks).
+-- item: its map's upstream tasks but the one it maps over, as claim gives them).
 SELECT r.workflow, r.state AS run_state, r.input,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
           FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-         WHERE e.downstream_id = coalesce(t.map_id, t.id)) AS upstream
+          LEFT JOIN task_runs m ON m.id = t.map_id
+         WHERE e.downstream_id = coalesce(t.map_id, t.id)
+           AND u.name IS DISTINCT FROM m.for_each) AS upstream
   FROM task_runs t
   JOIN workflow_runs r ON r.id = t.run_id
  WHERE t.id = %(id)s;

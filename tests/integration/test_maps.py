@@ -78,7 +78,7 @@ def test_a_map_runs_once_per_item_and_its_dependent_sees_the_results_in_item_ord
     claims = [repo.claim(tid, tok, "w", 30.0).claim for tid, tok in sent]
     assert sorted(c.index for c in claims if c is not None) == [0, 1, 2, 3, 4]
     for c in reversed([c for c in claims if c is not None]):
-        assert c.upstream == {"list": [5, 1, 4, 2, 3]}  # the map's upstream, not nothing
+        assert c.upstream == {}  # the list mapped over is the item, not an upstream result
         repo.finish(c.task_run_id, c.fencing_token, TaskState.SUCCEEDED, result=c.item * 10)
     drain(repo)
     ids = task_ids(repo, run_id)
@@ -308,3 +308,28 @@ def test_requeuing_a_dead_item_or_its_map_reopens_the_map_and_finishes_the_run(
     assert scalar(sql, "SELECT count(*) FROM task_runs WHERE map_id = %s", ids["process"]) == 3
     assert repo.get_task(ids["merge"]).state is TaskState.SUCCEEDED  # revived, then ran
     assert repo.get_run(run_id).state is RunState.SUCCEEDED
+
+
+def test_an_item_sees_the_maps_other_upstream_results_but_not_the_list(
+    repo: Store, sql: Sql
+) -> None:
+    wf = WorkflowDef(
+        "mapped-config",
+        (
+            TaskDef("config", "tests.noop"),
+            TaskDef("list", "tests.noop"),
+            TaskDef("process", "tests.noop", for_each="list", depends_on=("config",)),
+        ),
+    )
+    run_id = repo.trigger(wf, {}).run_id
+    ids = task_ids(repo, run_id)
+    for name, result in (("config", {"mode": "fast"}), ("list", ["a", "b"])):
+        claim = claim_task(repo, sql, ids[name])
+        repo.finish(ids[name], claim.fencing_token, TaskState.SUCCEEDED, result=result)
+    dispatch(sql)
+    drain(repo)
+    claims = [repo.claim(tid, tok, "w", 30.0).claim for tid, tok in dispatch(sql)]
+    assert [(c.item, c.index, c.upstream) for c in claims if c is not None] == [
+        ("a", 0, {"config": {"mode": "fast"}}),
+        ("b", 1, {"config": {"mode": "fast"}}),
+    ]
