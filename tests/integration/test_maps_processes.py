@@ -105,3 +105,24 @@ def test_killing_the_scheduler_mid_expansion_neither_duplicates_nor_loses_an_ite
     assert process.result == [{"item": i, "index": i} for i in range(N)]
     merge = repo.get_run(run_id).task("merge")
     assert merge.result["upstream"]["process"] == process.result
+
+
+def test_two_schedulers_expand_each_map_once(stack: Stack, repo: Store, sql: Sql) -> None:
+    stack.start("scheduler")
+    stack.start_all(workers=2)  # a second scheduler, a publisher and two workers
+    runs = [repo.trigger(MAP, {"n": 60}).run_id for _ in range(6)]
+    wait_for(
+        lambda: all(repo.get_run(r).state is RunState.SUCCEEDED for r in runs),
+        timeout=120,
+        what="every mapped run to succeed",
+    )
+    for run_id in runs:
+        map_id = task_ids(repo, run_id)["process"]
+        assert scalar(sql, "SELECT count(*) FROM task_runs WHERE map_id = %s", map_id) == 60
+        assert repo.get_task(map_id).result == [{"item": i, "index": i} for i in range(60)]
+    executed = sql.execute(
+        "SELECT count(*), count(DISTINCT task_run_id) FROM test_executions"
+        " WHERE handler = 'e2e.item' AND run_id = ANY(%s)",
+        (runs,),
+    ).fetchone()
+    assert executed == (6 * 60, 6 * 60)  # every item ran, once
