@@ -16,7 +16,10 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
+from flowforge.store import queries
 from flowforge.store.db import Database
+from flowforge.store.maps import _expand
+from flowforge.store.part import Tx
 from tests.helpers import claim_task, dispatch, drain, task_ids
 from tests.store import Store
 
@@ -244,23 +247,28 @@ def test_racing_expansions_create_each_item_exactly_once(
 
 
 def test_an_expansion_rolled_back_mid_way_leaves_nothing_and_is_done_again(
-    repo: Store, sql: Sql, clean_database_url: str
+    repo: Store, sql: Sql, db: Database
 ) -> None:
     run_id = repo.trigger(mapped(), {}).run_id
     ids = task_ids(repo, run_id)
     claim = claim_task(repo, sql, ids["list"])
     repo.finish(ids["list"], claim.fencing_token, TaskState.SUCCEEDED, result=[1, 2, 3])
-    # an expansion that dies before its commit (its connection closed mid-transaction)
-    with psycopg.connect(clean_database_url) as conn:
-        conn.execute(
-            "INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts,"
-            " base_delay_s, max_delay_s, jitter, map_id, item_index, item)"
-            " VALUES (gen_random_uuid(), %s, 'process[0]', 'tests.noop', 0, 1, 0, 0, 'none',"
-            " %s, 0, '1')",
-            (run_id, ids["process"]),
+
+    class Died(Exception):
+        """The expanding process dying after its statement, before its commit."""
+
+    def expand_then_die(cur: Any) -> None:
+        assert _expand(Tx(cur, queries.load()), 4, []) == 1
+        inside = cur.execute(
+            "SELECT count(*) AS n FROM task_runs WHERE map_id = %s", (ids["process"],)
         )
-        conn.rollback()
+        assert inside.fetchone()["n"] == 3  # inserted, in this transaction only
+        raise Died
+
+    with pytest.raises(Died):
+        db.run(expand_then_die)
     assert items(sql, run_id) == []
+    assert repo.get_task(ids["process"]).state is TaskState.PENDING
     assert repo.expand_maps(100) == 1
     assert [r[0] for r in items(sql, run_id)] == [0, 1, 2]
     assert repo.expand_maps(100) == 0
