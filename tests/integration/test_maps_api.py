@@ -15,6 +15,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
+from flowforge.cli import exitcodes
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import TaskState
 from tests import cli_runner
@@ -141,3 +142,28 @@ def test_status_counts_a_maps_items_in_one_line(
     process = next(t for t in json.loads(as_json.stdout)["tasks"] if t["name"] == "process")
     assert process["item_counts"] == {"READY": 3, "SUCCEEDED": 2}
     assert len(json.loads(as_json.stdout)["tasks"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("process", "message"),
+    [
+        ("for_each: merge", "for_each names 'merge', which is not upstream of it"),
+        ("for_each: nowhere", "for_each names unknown task 'nowhere'"),
+        ("for_each: list, max_parallel: 0", "max_parallel must be a whole number"),
+        ("max_parallel: 3", "max_parallel is only for a for_each task"),
+    ],
+)
+def test_workflows_validate_refuses_a_bad_map_with_exit_2_naming_it(
+    tmp_path: Path, process: str, message: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: etl\ntasks:\n"
+        "  - {name: list, handler: h.list}\n"
+        f"  - {{name: process, handler: h.process, {process}}}\n"
+        "  - {name: merge, handler: h.merge, depends_on: [process]}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
+    found = cli_runner.run(["-c", str(EXAMPLE), "workflows", "validate", str(path)], env)
+    assert found.returncode == exitcodes.USAGE, found
+    assert message in found.stderr and "Traceback" not in found.stderr
