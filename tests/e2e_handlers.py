@@ -262,3 +262,16 @@ def unstorable(ctx: TaskContext) -> Any:
     if kind == "nul_error":
         raise PermanentError("broken \x00 text \ud800 here")
     return UNSTORABLE_RESULTS[kind]()
+
+
+@task("e2e.items")
+def items(ctx: TaskContext) -> list[Any]:
+    """The list a map (``for_each``) expands: ``[0, 1, ..., input.n - 1]``."""
+    return list(range(int(ctx.input["n"])))
+
+
+@task("e2e.item")
+def item(ctx: TaskContext) -> dict[str, Any]:
+    """One map item: recorded, and returned with its index (results come back in item order)."""
+    record(ctx, "e2e.item")
+    return {"item": ctx.item, "index": ctx.index}

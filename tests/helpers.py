@@ -88,6 +88,9 @@ def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
         + repo.start_due_runs(limit)
         + repo.wake_timers(limit)
         + repo.start_timers(limit)
+        + repo.expand_maps(limit)
+        + repo.settle_maps(limit)
+        + repo.open_item_slots(limit)
         + repo.promote_ready(limit)
     )
 

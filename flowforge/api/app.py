@@ -16,12 +16,13 @@ from flowforge.config import ApiConfig
 from flowforge.dashboard import pages
 from flowforge.dashboard.graph import LayoutCache
 from flowforge.errors import FlowForgeError
+from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
 from flowforge.store.processes import Processes
 from flowforge.store.schedules import Schedules
 
 
-class ApiStatements(Operator, Processes, Schedules):
+class ApiStatements(Operator, Processes, Schedules, Maps):
     """The api's part of the store: read models and the operator's actions (``Operator``
     answers with ``Reads``, its base), the process registry (``/api/v1/processes``) and the
     schedules (``/api/v1/schedules``).
@@ -71,6 +72,7 @@ def create_app(
     app.add_route("/api/v1/runs/{run_id}/cancel", runs.CancelRun(store))
     app.add_route("/api/v1/runs/{run_id}/graph", RunGraph(store, LayoutCache()))
     app.add_route("/api/v1/task-runs/{task_run_id}", tasks.TaskRunDetail(store))
+    app.add_route("/api/v1/task-runs/{task_run_id}/items", tasks.MapItems(store))
     app.add_route("/api/v1/task-runs/{task_run_id}/requeue", dead.Requeue(store, max_body))
     app.add_route("/api/v1/dead", dead.DeadTasks(store))
     app.add_route("/api/v1/dead/requeue", dead.BulkRequeue(store, max_body))

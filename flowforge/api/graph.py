@@ -23,7 +23,9 @@ class RunGraph:
 
     A node is ``{"name", "label", "x", "y", "width", "height", "task_id", "state", "handler",
     "attempt", "max_attempts", "failure_reason", "sleep_s", "wake_at"}`` (x, y: the top-left
-    corner; ``sleep_s``/``wake_at``: a durable timer's sleep and wake time, else null); an edge is
+    corner; ``sleep_s``/``wake_at``: a durable timer's sleep and wake time, else null;
+    ``for_each``/``item_counts``: a map task's upstream and its items counted by state — one
+    node however many items: ``GET /api/v1/task-runs/{id}/items`` pages them); an edge is
     ``{"from", "to", "points": [[x, y], ...], "path"}`` (``path``: the SVG path data).
     """
 
@@ -71,6 +73,8 @@ def _task_facts(task: TaskRun) -> dict[str, Any]:
         "failure_reason": task.failure_reason,
         "sleep_s": task.sleep_s,
         "wake_at": task.wake_at,
+        "for_each": task.for_each,
+        "item_counts": task.item_counts,
     }
 
 

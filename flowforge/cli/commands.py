@@ -19,6 +19,7 @@ from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
 from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
 from flowforge.definitions import check_paths
+from flowforge.domain import maps
 from flowforge.domain.states import RunState, TaskState
 from flowforge.domain.timing import parse_instant
 from flowforge.durations import parse_duration
@@ -191,10 +192,15 @@ def status(args: argparse.Namespace) -> int:
 
 
 def _task_reason(task: TaskRun) -> str | None:
-    """The REASON column: the failure reason, or when a sleeping durable timer wakes."""
+    """The REASON column: the failure reason, or when a sleeping durable timer wakes; for a
+    map task, also its items counted by state."""
     if task.state == TaskState.RUNNING and task.wake_at is not None:
         return f"sleeps until {task.wake_at.isoformat(timespec='seconds')}"
-    return None if task.failure_reason is None else str(task.failure_reason)
+    reason = None if task.failure_reason is None else str(task.failure_reason)
+    if task.item_counts is not None and task.state != TaskState.PENDING:
+        items = maps.summary(task.item_counts)
+        return items if reason is None else f"{reason}; {items}"
+    return reason
 
 
 def runs(args: argparse.Namespace) -> int:

@@ -25,6 +25,10 @@ from flowforge.errors import DefinitionError, InputError, UnstorableValueError
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 #: Longest per-task time limit accepted (one week), in seconds.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+#: Most items a map task (``for_each``) may expand to unless its workflow sets ``max_items``.
+DEFAULT_MAX_ITEMS = 10_000
+#: Bound on ``max_items`` and ``max_parallel`` themselves (one expansion is one transaction).
+ITEMS_LIMIT = 1_000_000
 _FIELD_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\[\]]+\])*")
 
 
@@ -41,6 +45,11 @@ class TaskDef:
 
     A task with ``sleep`` (seconds) is a durable timer instead: it has no handler, holds no
     worker, and succeeds that long after its dependencies are met (on the database clock).
+
+    A task with ``for_each`` (the name of an upstream task; it is a dependency even when
+    ``depends_on`` omits it) is a map: it runs once per item of that task's JSON-list result,
+    at most ``max_parallel`` items at once (None: no limit), each item with the task's retries,
+    timeout and key templates, which may use ``{item}``, ``{index}`` and ``{item[field]}``.
     """
 
     name: str
@@ -52,9 +61,12 @@ class TaskDef:
     ordering_key: str | None = None  # template over the run input
     on_dead: OnDead = OnDead.RELEASE
     sleep: float | None = None  # seconds: a durable timer (no handler)
+    for_each: str | None = None  # a map over this upstream task's list result
+    max_parallel: int | None = None  # a map's items running at once; None: no limit
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
+        self._check_map()
         if self.sleep is not None:
             self._check_timer()
         elif self.handler == "":
@@ -74,6 +86,30 @@ class TaskDef:
         ):
             if template is not None:
                 check_template(template, f"task {self.name!r}: {label}")
+
+    def _check_map(self) -> None:
+        """``for_each`` names a task (made a dependency); ``max_parallel`` needs it."""
+        label = f"task {self.name!r}"
+        if self.for_each is None:
+            if self.max_parallel is not None:
+                raise DefinitionError(f"{label}: max_parallel is only for a for_each task")
+            return
+        _check_name(self.for_each, f"{label}: for_each")
+        if self.for_each == self.name:
+            raise DefinitionError(f"{label}: for_each names the task itself")
+        if self.sleep is not None:
+            raise DefinitionError(f"{label}: a sleep task cannot have for_each")
+        if self.max_parallel is not None and (
+            isinstance(self.max_parallel, bool)
+            or not isinstance(self.max_parallel, int)
+            or not 1 <= self.max_parallel <= ITEMS_LIMIT
+        ):
+            raise DefinitionError(
+                f"{label}: max_parallel must be a whole number from 1 to {ITEMS_LIMIT}"
+            )
+        if isinstance(self.depends_on, tuple) and self.for_each not in self.depends_on:
+            # the upstream of a map is one of its dependencies, listed or not
+            object.__setattr__(self, "depends_on", (*self.depends_on, self.for_each))
 
     def _check_timer(self) -> None:
         """A durable timer has a sleep and nothing that only an execution would use."""
@@ -112,6 +148,7 @@ class WorkflowDef:
     fail_fast: bool = True
     deadline: float | None = None
     schedules: tuple[ScheduleDef, ...] = ()
+    max_items: int | None = None  # a map's most items; None: DEFAULT_MAX_ITEMS
 
     def __post_init__(self) -> None:
         _check_name(self.name, "workflow name")
@@ -131,6 +168,7 @@ class WorkflowDef:
             if task.name in seen:
                 raise DefinitionError(f"workflow {self.name!r}: duplicate task name {task.name!r}")
             seen.add(task.name)
+        self._check_maps(seen)
         for task in self.tasks:
             if len(set(task.depends_on)) != len(task.depends_on):
                 raise DefinitionError(
@@ -142,10 +180,40 @@ class WorkflowDef:
                         f"workflow {self.name!r}: task {task.name!r} depends on unknown task "
                         f"{dep!r}"
                     )
-        cycle = find_cycle({t.name: t.depends_on for t in self.tasks})
-        if cycle:
-            raise DefinitionError(f"workflow {self.name!r}: dependency cycle {' -> '.join(cycle)}")
+        self._check_cycle()
         self._check_schedules()
+
+    def _check_maps(self, names: set[str]) -> None:
+        """``max_items`` in range; each ``for_each`` names a task of the workflow."""
+        if self.max_items is not None and (
+            isinstance(self.max_items, bool)
+            or not isinstance(self.max_items, int)
+            or not 1 <= self.max_items <= ITEMS_LIMIT
+        ):
+            raise DefinitionError(
+                f"workflow {self.name!r}: max_items must be a whole number from 1 to {ITEMS_LIMIT}"
+            )
+        for task in self.tasks:
+            if task.for_each is not None and task.for_each not in names:
+                raise DefinitionError(
+                    f"workflow {self.name!r}: task {task.name!r}: for_each names unknown task "
+                    f"{task.for_each!r} (it must be a task upstream of it)"
+                )
+
+    def _check_cycle(self) -> None:
+        """No dependency cycle; one that ``for_each`` closes (naming a task downstream of the
+        map) is reported as such."""
+        cycle = find_cycle({t.name: t.depends_on for t in self.tasks})
+        if not cycle:
+            return
+        mapped = [t for t in self.tasks if t.for_each in cycle and t.name in cycle]
+        if mapped:
+            raise DefinitionError(
+                f"workflow {self.name!r}: task {mapped[0].name!r}: for_each names "
+                f"{mapped[0].for_each!r}, which is not upstream of it (cycle "
+                f"{' -> '.join(cycle)})"
+            )
+        raise DefinitionError(f"workflow {self.name!r}: dependency cycle {' -> '.join(cycle)}")
 
     def _check_schedules(self) -> None:
         """Distinct schedule names, and each schedule's input renders every key template (a
@@ -161,6 +229,8 @@ class WorkflowDef:
                 )
             named.add(name)
             for task in self.tasks:
+                if task.for_each is not None:
+                    continue  # a map's templates are rendered per item, at expansion
                 for label, template in (
                     ("idempotency_key", task.idempotency_key),
                     ("ordering_key", task.ordering_key),
@@ -200,8 +270,9 @@ class WorkflowDef:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready canonical form (the inverse of the YAML/mapping parser).
 
-        Keys added after the first release (``deadline``, a task's ``sleep``) appear only when
-        set, so the digests of definitions that do not use them never change.
+        Keys added after the first release (``deadline``, ``max_items``, a task's ``sleep``,
+        ``for_each``, ``max_parallel``) appear only when set, so the digests of definitions
+        that do not use them never change.
         """
         data: dict[str, Any] = {
             "name": self.name,
@@ -210,6 +281,8 @@ class WorkflowDef:
         }
         if self.deadline is not None:
             data["deadline"] = float(self.deadline)
+        if self.max_items is not None:
+            data["max_items"] = self.max_items
         return data
 
     @property
@@ -222,7 +295,7 @@ class WorkflowDef:
 def _task_to_dict(task: TaskDef) -> dict[str, Any]:
     if task.sleep is not None:  # a timer: none of an execution's keys
         return {"name": task.name, "depends_on": list(task.depends_on), "sleep": float(task.sleep)}
-    return {
+    data: dict[str, Any] = {
         "name": task.name,
         "handler": task.handler,
         "depends_on": list(task.depends_on),
@@ -237,6 +310,11 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
         "ordering_key": task.ordering_key,
         "on_dead": str(task.on_dead),
     }
+    if task.for_each is not None:
+        data["for_each"] = task.for_each
+        if task.max_parallel is not None:
+            data["max_parallel"] = task.max_parallel
+    return data
 
 
 def _check_name(value: str, label: str) -> None:

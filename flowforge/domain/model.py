@@ -43,6 +43,10 @@ class TaskRun:
     depends_on: tuple[str, ...] = ()
     sleep_s: float | None = None  # a durable timer: how long it sleeps (seconds)
     wake_at: datetime | None = None  # a sleeping (or woken) timer: when it succeeds
+    for_each: str | None = None  # a map task: the upstream task it maps over
+    item_counts: Mapping[str, int] | None = None  # a map task: its items by state (run reads)
+    map_id: UUID | None = None  # a map's item: its map task run (task reads)
+    item_index: int | None = None  # a map's item: its position from 0 (task reads)
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class Claim:
     idempotency_key: str | None = None
     dispatch_lag_s: float = 0.0  # READY → claimed, by the database clock
     workflow: str = ""  # the run's workflow name (for log lines)
+    item: Any = None  # a map item's element of the upstream list (for_each), else None
+    index: int | None = None  # a map item's position from 0, else None
 
 
 class ClaimOutcome(StrEnum):
@@ -177,6 +183,7 @@ class PassReport:
     timers: int = 0  # durable timers started or woken
     expired: int = 0  # runs ended by their deadline
     fired: int = 0  # schedules whose due fire times were decided
+    maps: int = 0  # map tasks expanded, buried or settled, and item slots opened
 
     @property
     def total(self) -> int:
@@ -189,6 +196,7 @@ class PassReport:
             + self.timers
             + self.expired
             + self.fired
+            + self.maps
         )
 
 
@@ -462,3 +470,33 @@ class ManualFire:
     schedule: str
     run_id: UUID
     fire_time: datetime
+
+
+@dataclass(frozen=True)
+class MapItem:
+    """One item of a map task (``for_each``): its element of the list and how it went."""
+
+    id: UUID
+    index: int
+    state: TaskState
+    attempt: int
+    failure_reason: FailureReason | None
+    last_error: str | None
+    item: Any
+    result: Any
+    idempotency_key: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class MapPage:
+    """A map task, its items counted by state, and one page of its items in item order.
+
+    ``next_after``: the ``after`` that reads the next page; None on the last page.
+    """
+
+    task: TaskRun
+    counts: Mapping[str, int]
+    items: tuple[MapItem, ...]
+    next_after: int | None

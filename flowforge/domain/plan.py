@@ -27,7 +27,9 @@ class PlannedTask:
 
     ``start_gate``: a root task of a delayed run, whose ``pending`` counts one more "dependency"
     (the run's start time) that a scheduler's ``start_due_runs`` removes. ``sleep_s``: a
-    durable timer (no handler, never READY, never dispatched).
+    durable timer (no handler, never READY, never dispatched). ``for_each``: a map task (the
+    upstream task it maps over; never READY itself: a scheduler pass expands it into items,
+    ``max_parallel`` of them running at once), whose key templates are rendered per item.
     """
 
     run_id: UUID
@@ -45,6 +47,8 @@ class PlannedTask:
     on_dead: str
     start_gate: bool = False
     sleep_s: float | None = None
+    for_each: str | None = None
+    max_parallel: int | None = None
 
 
 @dataclass
@@ -150,12 +154,16 @@ def plan_runs(
                 max_delay_s=task.retry.max_delay,
                 jitter=str(task.retry.jitter),
                 timeout_s=task.timeout,
-                idempotency_key=_render(
-                    task.idempotency_key, run_input, f"{label} idempotency_key"
-                ),
-                ordering_key=_render(task.ordering_key, run_input, f"{label} ordering_key"),
+                idempotency_key=None
+                if task.for_each is not None  # rendered per item, at expansion
+                else _render(task.idempotency_key, run_input, f"{label} idempotency_key"),
+                ordering_key=None
+                if task.for_each is not None
+                else _render(task.ordering_key, run_input, f"{label} ordering_key"),
                 on_dead=str(task.on_dead),
                 sleep_s=task.sleep,
+                for_each=task.for_each,
+                max_parallel=task.max_parallel,
             )
             if gated and not task.depends_on:
                 planned.pending += 1

@@ -18,6 +18,12 @@ class FailureReason(StrEnum):
     UNSERIALIZABLE_RESULT = "unserializable_result"
     MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
     RESULT_TOO_LARGE = "result_too_large"
+    # a map (for_each) task, SPEC 7.3: its upstream result is no JSON list, has more items than
+    # workflow.max_items, an item's key template cannot be rendered, or an item died
+    NOT_A_LIST = "not_a_list"
+    TOO_MANY_ITEMS = "too_many_items"
+    ITEM_KEY_ERROR = "item_key_error"
+    ITEM_FAILED = "item_failed"
 
 
 class RunFailureReason(StrEnum):

@@ -100,6 +100,8 @@ class Batch:
                     claim.task_run_id,
                     claim.run_id,
                     claim.name,
+                    item=claim.item,
+                    index=claim.index,
                 )
                 tasks.append(_Task(claim, Job(handler, ctx)))
         crew.leases.hold([(t.claim, t.job.ctx) for t in tasks])

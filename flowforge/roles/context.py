@@ -15,6 +15,9 @@ class TaskContext:
 
     ``cancelled`` is set when the run is cancelled (or fail-fast stops it, or the lease was
     lost): a handler that checks it and returns ends CANCELLED, not SUCCEEDED.
+
+    ``item`` and ``index``: for an item of a map task (``for_each``), its element of the
+    upstream list and its position from 0; None for every other task.
     """
 
     input: Mapping[str, Any]
@@ -24,3 +27,5 @@ class TaskContext:
     run_id: UUID
     name: str
     cancelled: threading.Event = field(default_factory=threading.Event)
+    item: Any = None
+    index: int | None = None

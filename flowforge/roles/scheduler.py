@@ -29,6 +29,7 @@ from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
+from flowforge.store.maps import Maps
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
 from flowforge.store.passes import Passes
 from flowforge.store.processes import Processes
@@ -44,8 +45,9 @@ SECONDS_PER_DAY = 86_400.0
 MIN_WAIT_S = 0.01
 
 
-class SchedulerStatements(Passes, Processes, Schedules):
-    """The scheduler's part of the store: its passes, the process registry, the schedules."""
+class SchedulerStatements(Passes, Processes, Schedules, Maps):
+    """The scheduler's part of the store: its passes, the process registry, the schedules, the
+    map tasks."""
 
 
 class Scheduler:
@@ -128,6 +130,13 @@ class Scheduler:
             expired = self._repo.expire_deadlines(batch)
             started = self._repo.start_due_runs(batch)
             timers = self._repo.wake_timers(batch) + self._repo.start_timers(batch)
+            # expand before settling: an empty list completes in the pass that expands it;
+            # slots open before promote, which dispatches the items given one
+            maps = (
+                self._repo.expand_maps(batch)
+                + self._repo.settle_maps(batch)
+                + self._repo.open_item_slots(batch)
+            )
             promoted = self._repo.promote_ready(batch)
             return PassReport(
                 propagated=propagated,
@@ -138,6 +147,7 @@ class Scheduler:
                 routed=self._repo.route_failed(batch, threshold, self._observe),
                 reaped=self._repo.reap_expired(batch, threshold, self._observe),
                 fired=self._fire(batch),
+                maps=maps,
             )
 
     def _fire(self, batch: int) -> int:

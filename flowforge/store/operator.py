@@ -181,6 +181,9 @@ def _requeue(tx: Tx, tid: UUID, requested_by: str, reason: str | None) -> None:
     row = tx.one("requeue_dead", {"id": tid})
     if row is None:  # it changed since we looked: report it like any other non-dead task
         raise NotDeadError(f"task run {tid} is no longer DEAD: nothing to requeue")
+    # a map comes back with its dead items, an item with its dead map (no-ops for other tasks)
+    tx.all("requeue_map_items", {"id": tid})
+    tx.all("reopen_map", {"id": tid})
     tx.all("revive_cancelled", {"run_id": row["run_id"], "id": tid})
     tx.all(
         "insert_audit",

@@ -49,21 +49,24 @@ SELECT id, idempotency_key, request_digest
 WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
-                           on_dead, start_gate, sleep_s, state, ready_at)
+                           on_dead, start_gate, sleep_s, state, ready_at, for_each, max_parallel)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s,
            CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
                 THEN 'READY' ELSE 'PENDING' END,
            CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
-                THEN now() END
+                THEN now() END,
+           t.for_each, t.max_parallel
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
                   %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[],
-                  %(start_gates)s::bool[], %(sleeps)s::float8[])
+                  %(start_gates)s::bool[], %(sleeps)s::float8[], %(for_each)s::text[],
+                  %(max_parallel)s::int[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
-                jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s)
+                jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
+                for_each, max_parallel)
     RETURNING id, state, fencing_token
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
@@ -89,11 +92,12 @@ SELECT pg_notify('flowforge_outbox', '');
 -- PENDING tasks whose dependencies succeeded and whose ordering stream is free, and RETRYING
 -- tasks whose backoff is over, become READY with an outbox row in the same statement. The
 -- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
--- (A durable timer is never READY: start_timers takes it.)
+-- (A durable timer is never READY: start_timers takes it; nor a map: expand_map takes it.)
 WITH eligible AS (
     SELECT t.id
       FROM task_runs t
      WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.sleep_s IS NULL
+       AND t.for_each IS NULL
        AND (t.ordering_key IS NULL OR NOT EXISTS (
                SELECT 1 FROM task_runs e
                 WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
@@ -395,10 +399,10 @@ WITH due AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
            state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL
+                             AND t.sleep_s IS NULL AND t.for_each IS NULL
                         THEN 'READY' ELSE t.state END,
            ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL
+                                AND t.sleep_s IS NULL AND t.for_each IS NULL
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
       FROM (SELECT e.downstream_id AS id, count(*) AS n
@@ -468,7 +472,8 @@ WITH wanted AS (
      WHERE t.id = w.id AND (t.state = 'READY') IS TRUE AND t.fencing_token = w.token
        AND (NOT %(keyless_only)s::bool OR t.idempotency_key IS NULL)
     RETURNING t.id, t.run_id, t.name, t.handler, t.attempt, t.fencing_token, t.timeout_s,
-              t.idempotency_key, extract(epoch FROM now() - t.ready_at)::float8 AS dispatch_lag_s
+              t.idempotency_key, extract(epoch FROM now() - t.ready_at)::float8 AS dispatch_lag_s,
+              t.map_id, t.item_index, t.item
 ), attempt_rows AS (
     INSERT INTO task_attempts (task_run_id, attempt, fencing_token, worker)
     SELECT id, attempt, fencing_token, %(worker)s FROM claimed
@@ -495,10 +500,14 @@ WITH wanted AS (
             WHERE q.published_at IS NULL
               FOR UPDATE OF q SKIP LOCKED)
 )
+-- (a map's item sees its map's upstream results but the list it maps over, which it has as its
+-- item: 10,000 items each given the 10,000-element list would move it 10,000 times)
 SELECT c.*, r.input, r.workflow,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
           FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-         WHERE e.downstream_id = c.id) AS upstream
+          LEFT JOIN task_runs m ON m.id = c.map_id
+         WHERE e.downstream_id = coalesce(c.map_id, c.id)
+           AND u.name IS DISTINCT FROM m.for_each) AS upstream
   FROM claimed c
   JOIN workflow_runs r ON r.id = c.run_id;
 
@@ -652,10 +661,10 @@ WITH outcome AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
            state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL
+                             AND t.sleep_s IS NULL AND t.for_each IS NULL
                         THEN 'READY' ELSE t.state END,
            ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL
+                                AND t.sleep_s IS NULL AND t.for_each IS NULL
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
       FROM (SELECT e.downstream_id AS id, count(*) AS n
@@ -719,6 +728,9 @@ WITH RECURSIVE downstream(id) AS (
            updated_at = now(),
            pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                             WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
+                          -- a map's item waits for a max_parallel slot again (no edge of its own)
+                          + (SELECT count(*) FROM task_runs m
+                              WHERE m.id = t.map_id AND m.max_parallel IS NOT NULL)
       FROM run_state s
      WHERE t.run_id = %(run_id)s AND t.state = 'CANCELLED' AND t.cancel_cause = 'upstream'
        AND NOT s.operator_cancel
@@ -754,9 +766,15 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-                  WHERE e.downstream_id = t.id), '{}') AS depends_on
+                  WHERE e.downstream_id = t.id), '{}') AS depends_on,
+       t.for_each,
+       -- a map is one task here with its items counted by state (map_items_page lists them)
+       CASE WHEN t.for_each IS NOT NULL
+            THEN (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
+                    FROM (SELECT i.state, count(*) AS n FROM task_runs i
+                           WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts
   FROM task_runs t
- WHERE t.run_id = %(id)s
+ WHERE t.run_id = %(id)s AND t.map_id IS NULL
  ORDER BY t.seq;
 
 -- name: get_task
@@ -766,7 +784,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-                  WHERE e.downstream_id = t.id), '{}') AS depends_on
+                  WHERE e.downstream_id = t.id), '{}') AS depends_on,
+       t.for_each, t.map_id, t.item_index
   FROM task_runs t
  WHERE t.id = %(id)s;
 
@@ -835,11 +854,14 @@ SELECT t.id
  LIMIT %(limit)s;
 
 -- name: task_context
--- What a task was given: its run's input and the results of its upstream tasks.
+-- What a task was given: its run's input and the results of its upstream tasks (a map's
+-- item: its map's upstream tasks but the one it maps over, as claim gives them).
 SELECT r.workflow, r.state AS run_state, r.input,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
           FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-         WHERE e.downstream_id = t.id) AS upstream
+          LEFT JOIN task_runs m ON m.id = t.map_id
+         WHERE e.downstream_id = coalesce(t.map_id, t.id)
+           AND u.name IS DISTINCT FROM m.for_each) AS upstream
   FROM task_runs t
   JOIN workflow_runs r ON r.id = t.run_id
  WHERE t.id = %(id)s;
@@ -1249,3 +1271,220 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM schedule_fires f USING doomed WHERE f.id = doomed.id;
+
+-- ------------------------------------------------------------------ maps (SPEC 7.3): passes, reads, requeue
+
+-- name: lock_maps_to_expand
+-- Map tasks whose dependencies are met, with what their expansion needs: the upstream's result
+-- (source), the run input, the map's stored definition (its key templates) and the workflow's
+-- max_items. Locked until the expansion (or burial) commits: SKIP LOCKED and expand_map's
+-- state test divide maps among schedulers, so each map is expanded by exactly one of them.
+SELECT t.id, t.run_id, t.name, t.for_each, r.input, u.result AS source,
+       d.definition -> 'max_items' AS max_items,
+       (SELECT x FROM jsonb_array_elements(d.definition -> 'tasks') AS x
+         WHERE x ->> 'name' = t.name) AS definition
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+  JOIN workflow_definitions d ON d.name = r.workflow AND d.digest = r.workflow_digest
+  LEFT JOIN task_runs u ON u.run_id = t.run_id AND u.name = t.for_each
+ WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.for_each IS NOT NULL
+ ORDER BY t.seq
+ LIMIT %(limit)s
+   -- NO KEY: the items' foreign key to the map (KEY SHARE) must not make the map look busy
+   FOR NO KEY UPDATE OF t SKIP LOCKED;
+
+-- name: expand_map
+-- PENDING → RUNNING for the map, and one PENDING item row per element of its upstream's list
+-- result, in the same statement: a crash before the commit leaves neither, a repeat finds the
+-- map RUNNING (and the unique (map_id, item_index) would refuse a second item anyway). Items
+-- past max_parallel wait behind a closed slot (pending_deps 1) that open_item_slots opens;
+-- promote_ready dispatches the others in item order (seq). An empty list leaves the map
+-- RUNNING with no items: settle_maps completes it in the same pass.
+WITH map AS (
+    UPDATE task_runs t
+       SET state = 'RUNNING', started_at = coalesce(t.started_at, now()), updated_at = now()
+     WHERE t.id = %(id)s AND t.state = 'PENDING' AND t.pending_deps = 0
+       AND t.for_each IS NOT NULL
+    RETURNING t.*
+), source AS (
+    SELECT e.item, (e.n - 1)::int AS idx
+      FROM map m
+      JOIN task_runs u ON u.run_id = m.run_id AND u.name = m.for_each
+     CROSS JOIN LATERAL jsonb_array_elements(u.result) WITH ORDINALITY AS e(item, n)
+), keys AS (
+    SELECT (k.n - 1)::int AS idx, k.idem, k.okey
+      FROM unnest(%(idem_keys)s::text[], %(ordering_keys)s::text[]) WITH ORDINALITY
+           AS k(idem, okey, n)
+), items AS (
+    INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
+                           max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
+                           on_dead, map_id, item_index, item)
+    SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
+           CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
+           m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
+           m.id, s.idx, s.item
+      FROM map m
+     CROSS JOIN source s
+      LEFT JOIN keys k ON k.idx = s.idx
+     ORDER BY s.idx
+    ON CONFLICT (map_id, item_index) WHERE map_id IS NOT NULL DO NOTHING
+    RETURNING id
+), runs_started AS (
+    UPDATE workflow_runs r
+       SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
+     WHERE r.id IN (SELECT run_id FROM map) AND r.state = 'PENDING'
+)
+SELECT (SELECT count(*) FROM map) AS expanded, (SELECT count(*) FROM items) AS items;
+
+-- name: bury_map
+-- A map whose upstream result cannot be expanded (not a list, too many items, a key template
+-- an item cannot fill) is DEAD at once; propagate then cancels its dependents (and, fail-fast,
+-- the run).
+UPDATE task_runs
+   SET state = 'DEAD', failure_reason = %(reason)s, last_error = %(error)s,
+       finished_at = now(), propagated = false, updated_at = now()
+ WHERE id = %(id)s AND state = 'PENDING' AND pending_deps = 0 AND for_each IS NOT NULL
+RETURNING id;
+
+-- name: open_item_slots
+-- RUNNING maps with a max_parallel and items waiting for a slot: as many of the lowest-index
+-- waiting items as the map has free slots (max_parallel minus its items in play) get their slot
+-- (pending_deps 0) for promote_ready. The map row is locked, so two schedulers never both hand
+-- out the same free slot.
+WITH maps AS (
+    SELECT m.id, m.max_parallel
+      FROM task_runs m
+     WHERE m.state = 'RUNNING' AND m.for_each IS NOT NULL AND m.max_parallel IS NOT NULL
+       AND EXISTS (SELECT 1 FROM task_runs g
+                    WHERE g.map_id = m.id AND g.pending_deps > 0 AND g.state = 'PENDING')
+     ORDER BY m.seq
+     LIMIT %(limit)s
+       FOR UPDATE OF m SKIP LOCKED
+), free AS (
+    SELECT m.id,
+           greatest(m.max_parallel - (SELECT count(*) FROM task_runs a
+                                       WHERE a.map_id = m.id AND a.pending_deps = 0
+                                         AND a.state NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')),
+                    0) AS n
+      FROM maps m
+), opened AS (
+    UPDATE task_runs t
+       SET pending_deps = 0, updated_at = now()
+      FROM (SELECT g.id
+              FROM free f
+             CROSS JOIN LATERAL (SELECT g.id FROM task_runs g
+                                  WHERE g.map_id = f.id AND g.pending_deps > 0
+                                    AND g.state = 'PENDING'
+                                  ORDER BY g.item_index
+                                  LIMIT f.n) g) o
+     WHERE t.id = o.id AND t.state = 'PENDING' AND t.pending_deps > 0
+    RETURNING t.id
+)
+SELECT count(*) AS n FROM opened;
+
+-- name: settle_maps
+-- RUNNING maps none of whose items is unfinished take their state from them: every item
+-- SUCCEEDED → SUCCEEDED with the items' results as a list in item order, releasing dependents
+-- as a finish does; an item DEAD → DEAD (item_failed); else an item CANCELLED → CANCELLED
+-- (with its cause). propagate then applies the consequences and derives the run.
+WITH due AS (
+    SELECT m.id
+      FROM task_runs m
+     WHERE m.state = 'RUNNING' AND m.for_each IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM task_runs a
+                        WHERE a.map_id = m.id AND a.pending_deps = 0
+                          AND a.state NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED'))
+       AND NOT EXISTS (SELECT 1 FROM task_runs g
+                        WHERE g.map_id = m.id AND g.pending_deps > 0 AND g.state = 'PENDING')
+     ORDER BY m.seq
+     LIMIT %(limit)s
+       FOR UPDATE OF m SKIP LOCKED
+), facts AS (
+    SELECT d.id,
+           EXISTS (SELECT 1 FROM task_runs i WHERE i.map_id = d.id AND i.state = 'DEAD') AS dead,
+           (SELECT min(i.cancel_cause) FROM task_runs i
+             WHERE i.map_id = d.id AND i.state = 'CANCELLED') AS cause,
+           (SELECT count(*) FROM task_runs i WHERE i.map_id = d.id AND i.state = 'DEAD') AS n_dead
+      FROM due d
+), settled AS (
+    UPDATE task_runs t
+       SET state = CASE WHEN f.dead THEN 'DEAD' WHEN f.cause IS NOT NULL THEN 'CANCELLED'
+                        ELSE 'SUCCEEDED' END,
+           result = CASE WHEN NOT f.dead AND f.cause IS NULL
+                         THEN (SELECT coalesce(jsonb_agg(i.result ORDER BY i.item_index),
+                                               '[]'::jsonb)
+                                 FROM task_runs i WHERE i.map_id = t.id) END,
+           failure_reason = CASE WHEN f.dead THEN 'item_failed'
+                                 WHEN f.cause IS NOT NULL THEN 'cancelled' END,
+           last_error = CASE WHEN f.dead THEN f.n_dead || ' item(s) DEAD' ELSE t.last_error END,
+           cancel_cause = CASE WHEN NOT f.dead THEN f.cause END,
+           finished_at = now(), propagated = false, updated_at = now()
+      FROM facts f
+     WHERE t.id = f.id AND t.state = 'RUNNING'
+    RETURNING t.id, t.state
+), released AS (
+    UPDATE task_runs t
+       SET pending_deps = t.pending_deps - x.n,
+           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                             AND t.sleep_s IS NULL AND t.for_each IS NULL
+                        THEN 'READY' ELSE t.state END,
+           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                                AND t.sleep_s IS NULL AND t.for_each IS NULL
+                           THEN now() ELSE t.ready_at END,
+           updated_at = now()
+      FROM (SELECT e.downstream_id AS id, count(*) AS n
+              FROM task_edges e
+              JOIN settled s ON s.id = e.upstream_id
+             WHERE s.state = 'SUCCEEDED'
+             GROUP BY e.downstream_id) AS x
+     WHERE t.id = x.id AND t.state = 'PENDING'
+    RETURNING t.id, t.state, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM settled) AS settled, (SELECT count(*) FROM queued) AS queued;
+
+-- name: map_item_counts
+-- The items of the given maps, counted by state (status, API, dashboard: a map is one node).
+SELECT map_id, state, count(*) AS n
+  FROM task_runs
+ WHERE map_id = ANY(%(ids)s::uuid[])
+ GROUP BY map_id, state;
+
+-- name: map_items_page
+-- A page of a map's items in item order, after item index %(after)s (-1: from the start).
+SELECT id, item_index, state, attempt, failure_reason, last_error, result, item,
+       idempotency_key, started_at, finished_at
+  FROM task_runs
+ WHERE map_id = %(id)s AND item_index > %(after)s
+ ORDER BY item_index
+ LIMIT %(limit)s;
+
+-- name: requeue_map_items
+-- The requeue of a DEAD map requeues its DEAD items with it (the map's audit row covers them):
+-- DEAD → PENDING with a fresh retry budget, waiting for a max_parallel slot if it has one.
+UPDATE task_runs t
+   SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
+       failure_reason = NULL, retry_at = NULL, finished_at = NULL, crash_streak = 0,
+       cancel_requested = false, propagated = true, updated_at = now(),
+       pending_deps = CASE WHEN m.max_parallel IS NULL THEN 0 ELSE 1 END
+  FROM task_runs m
+ WHERE m.id = %(id)s AND m.for_each IS NOT NULL AND t.map_id = m.id AND t.state = 'DEAD'
+RETURNING t.id;
+
+-- name: reopen_map
+-- The requeue of a DEAD item reopens its DEAD map: DEAD → PENDING, so the expansion pass takes
+-- it again (its items exist: the unique (map_id, item_index) leaves them as they are) and
+-- settle_maps judges it anew once its items are finished.
+UPDATE task_runs m
+   SET state = 'PENDING', fencing_token = m.fencing_token + 1, failure_reason = NULL,
+       last_error = NULL, result = NULL, finished_at = NULL, cancel_requested = false,
+       propagated = true, updated_at = now(),
+       pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                        WHERE e.downstream_id = m.id AND u.state <> 'SUCCEEDED')
+  FROM task_runs i
+ WHERE i.id = %(id)s AND m.id = i.map_id AND m.state = 'DEAD'
+RETURNING m.id;

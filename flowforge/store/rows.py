@@ -27,6 +27,7 @@ from flowforge.domain.model import (
     FinishedMinute,
     FireRecord,
     LiveProcesses,
+    MapItem,
     OutboxBacklog,
     Overview,
     PoisonCandidate,
@@ -94,6 +95,27 @@ def task_run(row: Row) -> TaskRun:
         depends_on=tuple(row["depends_on"] or ()),
         sleep_s=row["sleep_s"],
         wake_at=row["wake_at"],
+        for_each=row.get("for_each"),
+        item_counts=row.get("item_counts"),
+        map_id=row.get("map_id"),
+        item_index=row.get("item_index"),
+    )
+
+
+def map_item(row: Row) -> MapItem:
+    """A ``map_items_page`` row."""
+    return MapItem(
+        id=row["id"],
+        index=row["item_index"],
+        state=TaskState(row["state"]),
+        attempt=row["attempt"],
+        failure_reason=_reason(row["failure_reason"]),
+        last_error=row["last_error"],
+        item=row["item"],
+        result=row["result"],
+        idempotency_key=row["idempotency_key"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
     )
 
 
@@ -165,6 +187,8 @@ def claim(row: Row) -> Claim:
         idempotency_key=row["idempotency_key"],
         dispatch_lag_s=row["dispatch_lag_s"] or 0.0,
         workflow=row["workflow"],
+        item=row.get("item"),
+        index=row.get("item_index"),
     )
 
 
@@ -358,6 +382,8 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "on_dead": [t.on_dead for t in tasks],
         "start_gates": [t.start_gate for t in tasks],
         "sleeps": [t.sleep_s for t in tasks],
+        "for_each": [t.for_each for t in tasks],
+        "max_parallel": [t.max_parallel for t in tasks],
     }
 
 

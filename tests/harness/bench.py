@@ -34,7 +34,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.triggers import Triggers
-from tests.harness import bench_api, bench_schedules, services
+from tests.harness import bench_api, bench_maps, bench_schedules, services
 from tests.harness.resources import (
     child_pids,
     create_database,
@@ -71,6 +71,7 @@ class Settings:
     schedules: int = 10_000
     schedule_batch: int = 500  # the scheduler's default batch_size
     timeout_s: float = 600.0
+    map_width: int = 10_000  # a for_each map's items, against the static fan-out as wide
 
 
 @dataclass
@@ -380,7 +381,8 @@ def measure(
             with psycopg.connect(url, autocommit=True) as conn:
                 for rep in range(settings.repeat):
                     log(f"repetition {rep + 1}/{settings.repeat}")
-                    conn.execute(f"TRUNCATE {TABLES.replace('processes, ', '')} CASCADE")
+                    # the scheduler may still be settling the last workload: retried on deadlock
+                    bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
                     t = throughput(repo, conn, settings)
                     memory["load"] = max(
                         memory.get("load", {}), tree.memory_kb(), key=lambda m: m.get("rss_kb", 0)
@@ -400,6 +402,10 @@ def measure(
                     for width in settings.scale:
                         s = fanout(repo, conn, width, settings.timeout_s)
                         record(f"per-task cost @{width}", "ms/task", s["ms_per_task"])
+                    m = bench_maps.map_run(repo, conn, settings.map_width, settings.timeout_s)
+                    record("map", "tasks/s", m["tasks_per_s"], width=settings.map_width)
+                    s = fanout(repo, conn, settings.map_width, settings.timeout_s)
+                    record("map's static fan-out", "tasks/s", s["tasks_per_s"])
                     api_workloads(tree.api_port, settings, record)
         finally:
             tree.stop()
@@ -513,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-runs", type=int, default=500)
     parser.add_argument("--schedules", type=int, default=10_000, help="schedules due at once")
     parser.add_argument("--scale", default="1000,10000", help="fan-out widths, comma-separated")
+    parser.add_argument("--map-width", type=int, default=10_000, help="items of the map workload")
     parser.add_argument("--quick", action="store_true", help="a few hundred tasks, one repetition")
     parser.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write JSON")
     parser.add_argument("--database-url", help="a PostgreSQL server URL (a database is created)")
@@ -527,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_runs=args.latency_runs,
         scale=tuple(int(w) for w in args.scale.split(",")),
         schedules=args.schedules,
+        map_width=args.map_width,
     )
     if args.quick:
         settings = Settings(
@@ -540,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             api_requests=200,
             schedules=300,
             timeout_s=120,
+            map_width=200,
         )
     with service_urls(args) as (server_url, broker_url):
         report = {

@@ -33,8 +33,19 @@ function setState(element, state) {
   element.className = `state s-${state}`;
 }
 
-/** A node's tooltip: name, handler (or timer and wake time) and state. */
+/** A map's items by state, most first: "250 items: 200 SUCCEEDED, 50 RUNNING". */
+function itemSummary(counts) {
+  const entries = Object.entries(counts).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+  const total = entries.reduce((sum, [, n]) => sum + n, 0);
+  const parts = entries.map(([state, n]) => `${n} ${state}`).join(", ");
+  return `${total} ${total === 1 ? "item" : "items"}${parts ? `: ${parts}` : ""}`;
+}
+
+/** A node's tooltip: name, handler (or timer and wake time, or a map's items) and state. */
 function nodeTitle(node) {
+  if (node.item_counts) {
+    return `${node.name} (${node.handler}, for each of ${node.for_each}: ${itemSummary(node.item_counts)}): ${node.state}`;
+  }
   if (node.sleep_s === null || node.sleep_s === undefined) {
     return `${node.name} (${node.handler}): ${node.state}`;
   }

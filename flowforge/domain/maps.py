@@ -1,0 +1,100 @@
+"""Map tasks (``for_each``, SPEC 7.3): what an expansion makes of an upstream result. Pure.
+
+A map task runs once per item of its upstream task's JSON-list result. When that upstream has
+succeeded, a scheduler pass judges the result here — a list of at most ``max_items`` items,
+whose key templates render for every item — and then inserts every item task run in one
+statement (``expand_map`` in queries.sql), or buries the map with one of the reasons below.
+
+Key templates of a map task are rendered per item over the run input plus two names: ``item``
+(the item itself, so ``{item[field]}`` reads a field of a mapping item and ``{item[0]}`` an
+element of a list item) and ``index`` (its position from 0). They shadow run-input keys of the
+same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flowforge.domain.dag import DEFAULT_MAX_ITEMS, render_key
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.values import check_text
+from flowforge.errors import InputError, UnstorableValueError
+
+
+@dataclass(frozen=True)
+class ItemKeys:
+    """Each item's rendered keys, in item order; None for a key the task has no template for."""
+
+    idempotency_keys: list[str | None]
+    ordering_keys: list[str | None]
+
+
+@dataclass(frozen=True)
+class MapFailure:
+    """Why a map cannot expand: the map task ends DEAD with ``reason`` and ``error``."""
+
+    reason: FailureReason
+    error: str
+
+
+def item_name(task: str, index: int) -> str:
+    """The task-run name of item ``index`` of map ``task`` (also what expand_map writes)."""
+    return f"{task}[{index}]"
+
+
+def plan_items(
+    source: Any,
+    run_input: Mapping[str, Any],
+    templates: Mapping[str, Any],
+    max_items: int | None,
+    *,
+    source_name: str = "the upstream task",
+) -> ItemKeys | MapFailure:
+    """Judge ``source`` (the upstream result) and render the items' keys.
+
+    ``templates``: the map task's stored definition (its ``idempotency_key`` and
+    ``ordering_key`` entries are used); ``max_items``: the workflow's bound (None: 10,000).
+    """
+    bound = DEFAULT_MAX_ITEMS if max_items is None else int(max_items)
+    if not isinstance(source, list):
+        kind = "null" if source is None else type(source).__name__
+        return MapFailure(
+            FailureReason.NOT_A_LIST,
+            f"for_each: the result of {source_name} must be a JSON list, not {kind}",
+        )
+    if len(source) > bound:
+        return MapFailure(
+            FailureReason.TOO_MANY_ITEMS,
+            f"for_each: the result of {source_name} has {len(source)} items, more than "
+            f"max_items ({bound})",
+        )
+    try:
+        return ItemKeys(
+            idempotency_keys=_render_all(templates.get("idempotency_key"), run_input, source),
+            ordering_keys=_render_all(templates.get("ordering_key"), run_input, source),
+        )
+    except (InputError, UnstorableValueError) as exc:
+        return MapFailure(FailureReason.ITEM_KEY_ERROR, str(exc))
+
+
+def _render_all(
+    template: str | None, run_input: Mapping[str, Any], items: Sequence[Any]
+) -> list[str | None]:
+    if template is None:
+        return [None] * len(items)
+    keys: list[str | None] = []
+    for index, item in enumerate(items):
+        label = f"item {index}: key template"
+        scope = {**run_input, "item": item, "index": index}
+        keys.append(check_text(render_key(template, scope, label), label))
+    return keys
+
+
+def summary(counts: Mapping[str, int]) -> str:
+    """A map's items in one line: ``"5 items: 3 SUCCEEDED, 2 RUNNING"`` (states by count)."""
+    total = sum(counts.values())
+    parts = [f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    noun = "item" if total == 1 else "items"
+    return f"{total} {noun}" + (": " + ", ".join(parts) if parts else "")
