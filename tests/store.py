@@ -18,6 +18,7 @@ from flowforge.domain.model import ClaimResult, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.claims import Claims
+from flowforge.store.events import Events
 from flowforge.store.operator import Operator
 from flowforge.store.outbox import Outbox
 from flowforge.store.passes import Passes
@@ -26,7 +27,7 @@ from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
 #: The store's parts, each a class of the product (store/part.py's ``Part``).
-PARTS = (Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules)
+PARTS = (Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules, Events)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Renewal:
     cancel_requested: bool = False
 
 
-class Store(Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules):
+class Store(Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules, Events):
     """Triggers, scheduler passes, claims, the outbox, the registry, operator actions and
     reads (``Operator`` answers with the read models) over one ``Database``.
 

@@ -43,6 +43,8 @@ class TaskRun:
     depends_on: tuple[str, ...] = ()
     sleep_s: float | None = None  # a durable timer: how long it sleeps (seconds)
     wake_at: datetime | None = None  # a sleeping (or woken) timer: when it succeeds
+    event_name: str | None = None  # a wait_for_event task: the event it waits for
+    event_key: str | None = None  # ... and its key, rendered from the run input
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ class PassReport:
     timers: int = 0  # durable timers started or woken
     expired: int = 0  # runs ended by their deadline
     fired: int = 0  # schedules whose due fire times were decided
+    events: int = 0  # event waits started (or delivered at once) or timed out
 
     @property
     def total(self) -> int:
@@ -189,6 +192,7 @@ class PassReport:
             + self.timers
             + self.expired
             + self.fired
+            + self.events
         )
 
 
@@ -462,3 +466,24 @@ class ManualFire:
     schedule: str
     run_id: UUID
     fire_time: datetime
+
+
+@dataclass(frozen=True)
+class WokenTask:
+    """A waiting task an event woke (it SUCCEEDED with the event's data as its result)."""
+
+    run_id: UUID
+    task_run_id: UUID
+    task: str
+
+
+@dataclass(frozen=True)
+class EventSent:
+    """An event as stored (``id``, ``created_at`` by the database clock) and the waiting tasks
+    it woke at once; a wait that starts later (within ``events.retention``) receives it then."""
+
+    id: int
+    name: str
+    key: str
+    created_at: datetime
+    woke: tuple[WokenTask, ...] = ()

@@ -27,7 +27,9 @@ class PlannedTask:
 
     ``start_gate``: a root task of a delayed run, whose ``pending`` counts one more "dependency"
     (the run's start time) that a scheduler's ``start_due_runs`` removes. ``sleep_s``: a
-    durable timer (no handler, never READY, never dispatched).
+    durable timer (no handler, never READY, never dispatched). ``event_name``, ``event_key``
+    (rendered from the run input) and ``event_timeout_s``: a wait for an event (no handler,
+    never READY, never dispatched either).
     """
 
     run_id: UUID
@@ -45,6 +47,9 @@ class PlannedTask:
     on_dead: str
     start_gate: bool = False
     sleep_s: float | None = None
+    event_name: str | None = None
+    event_key: str | None = None
+    event_timeout_s: float | None = None
 
 
 @dataclass
@@ -157,6 +162,11 @@ def plan_runs(
                 on_dead=str(task.on_dead),
                 sleep_s=task.sleep,
             )
+            if task.wait_for_event is not None:
+                wait = task.wait_for_event
+                planned.event_name = wait.name
+                planned.event_key = _render(wait.key, run_input, f"{label} wait_for_event.key")
+                planned.event_timeout_s = float(wait.timeout)
             if gated and not task.depends_on:
                 planned.pending += 1
                 planned.start_gate = True

@@ -18,6 +18,7 @@ class FailureReason(StrEnum):
     UNSERIALIZABLE_RESULT = "unserializable_result"
     MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
     RESULT_TOO_LARGE = "result_too_large"
+    EVENT_TIMEOUT = "event_timeout"  # a wait_for_event task whose timeout passed first
 
 
 class RunFailureReason(StrEnum):

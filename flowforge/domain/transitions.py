@@ -13,8 +13,9 @@ from flowforge.domain.states import TaskState as S
 from flowforge.errors import IllegalTransitionError
 
 TRANSITIONS: Mapping[S, frozenset[S]] = {
-    # advance (dependencies met) / cancel / a durable timer starts sleeping (no worker)
-    S.PENDING: frozenset({S.READY, S.CANCELLED, S.RUNNING}),
+    # advance (dependencies met) / cancel / a durable timer or event wait starts (no worker) /
+    # an event wait starts and finds its event stored already
+    S.PENDING: frozenset({S.READY, S.CANCELLED, S.RUNNING, S.SUCCEEDED}),
     # claim / defer (idempotency key busy) / cancel / re-dispatch a message the broker lost
     S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED, S.READY}),
     # finish (or a timer's wake) / reap (retry or bury) / honoured cancellation (or a sleeping

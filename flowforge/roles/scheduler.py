@@ -29,6 +29,7 @@ from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
+from flowforge.store.events import Events
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
 from flowforge.store.passes import Passes
 from flowforge.store.processes import Processes
@@ -44,8 +45,9 @@ SECONDS_PER_DAY = 86_400.0
 MIN_WAIT_S = 0.01
 
 
-class SchedulerStatements(Passes, Processes, Schedules):
-    """The scheduler's part of the store: its passes, the process registry, the schedules."""
+class SchedulerStatements(Passes, Processes, Schedules, Events):
+    """The scheduler's part of the store: its passes, the process registry, the schedules,
+    the event waits."""
 
 
 class Scheduler:
@@ -127,6 +129,11 @@ class Scheduler:
             expired = self._repo.expire_deadlines(batch)
             started = self._repo.start_due_runs(batch)
             timers = self._repo.wake_timers(batch) + self._repo.start_timers(batch)
+            # timeouts before starts, as deadlines before starts: a wait past its timeout is
+            # not taken for one that an event may still wake
+            events = self._repo.expire_event_waits(batch) + self._repo.start_event_waits(
+                batch, self._config.events.retention
+            )
             promoted = self._repo.promote_ready(batch)
             return PassReport(
                 propagated=propagated,
@@ -137,6 +144,7 @@ class Scheduler:
                 routed=self._repo.route_failed(batch, threshold, self._observe),
                 reaped=self._repo.reap_expired(batch, threshold, self._observe),
                 fired=self._fire(batch),
+                events=events,
             )
 
     def _fire(self, batch: int) -> int:
@@ -168,6 +176,9 @@ class Scheduler:
         self._repo.purge_fires(
             self._config.scheduler.retention_days * SECONDS_PER_DAY,
             self._config.scheduler.batch_size,
+        )
+        purged += self._repo.purge_events(
+            self._config.events.retention, self._config.scheduler.batch_size
         )
         self._repo.redispatch_lost(
             self._config.scheduler.redispatch_after_s, self._config.scheduler.batch_size
