@@ -103,6 +103,7 @@ def test_the_parts_share_no_name() -> None:
         "Operator",
         "Reads",
         "Schedules",
+        "Events",
     }
     owners: dict[str, list[str]] = {}
     for part in parts:
