@@ -22,8 +22,10 @@ class RunGraph:
     """``{"run", "width", "height", "nodes", "edges"}``.
 
     A node is ``{"name", "label", "x", "y", "width", "height", "task_id", "state", "handler",
-    "attempt", "max_attempts", "failure_reason", "sleep_s", "wake_at"}`` (x, y: the top-left
-    corner; ``sleep_s``/``wake_at``: a durable timer's sleep and wake time, else null); an edge is
+    "attempt", "max_attempts", "failure_reason", "sleep_s", "wake_at", "event_name",
+    "event_key"}`` (x, y: the top-left corner; ``sleep_s``/``wake_at``: a durable timer's sleep
+    and wake time, else null; ``event_name``/``event_key``: what a ``wait_for_event`` task waits
+    for, its ``wake_at`` then its timeout, else null); an edge is
     ``{"from", "to", "points": [[x, y], ...], "path"}`` (``path``: the SVG path data).
     """
 
@@ -71,6 +73,8 @@ def _task_facts(task: TaskRun) -> dict[str, Any]:
         "failure_reason": task.failure_reason,
         "sleep_s": task.sleep_s,
         "wake_at": task.wake_at,
+        "event_name": task.event_name,
+        "event_key": task.event_key,
     }
 
 

@@ -151,6 +151,13 @@ def test_the_api_sends_an_event_and_answers_what_it_woke(
     api: Api, setup: Path, repo: Store, sql: Sql
 ) -> None:
     run_id = waiting_run(setup, repo, "5")
+    graph = api.get(f"/api/v1/runs/{run_id}/graph").json()  # what the dashboard draws
+    nodes = {n["name"]: n for n in graph["nodes"]}
+    assert (nodes["approve"]["event_name"], nodes["approve"]["event_key"]) == (
+        "order.approved",
+        "order-5",
+    )
+    assert nodes["approve"]["wake_at"] is not None and nodes["ship"]["event_name"] is None
     reply = api.post("/api/v1/events", {"name": "order.approved", "key": "order-5", "data": 7})
     assert reply.status == 201, reply.body
     body = reply.json()
