@@ -13,6 +13,7 @@ from flowforge.definitions import load_paths
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import (
     Attempt,
+    EventSent,
     FireRecord,
     ManualFire,
     Run,
@@ -22,14 +23,16 @@ from flowforge.domain.model import (
 )
 from flowforge.errors import DefinitionError, UnknownWorkflowError
 from flowforge.store.db import Database
+from flowforge.store.events import Events
 from flowforge.store.operator import Operator
 from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
 
-class ClientStatements(Triggers, Operator, Schedules):
+class ClientStatements(Triggers, Operator, Schedules, Events):
     """The client's part of the store: new runs, the operator's cancel and requeue (which
-    answer with the read models of ``Reads``, :class:`Operator`'s base), and schedules."""
+    answer with the read models of ``Reads``, :class:`Operator`'s base), schedules, and
+    events."""
 
 
 class Client:
@@ -176,3 +179,11 @@ class Client:
     def trigger_schedule(self, name: str) -> ManualFire:
         """A run of schedule ``name`` now, outside its timetable (recorded as a manual fire)."""
         return self._store.trigger_schedule(name, self.workflows)
+
+    def send_event(self, name: str, key: str, data: Any = None) -> EventSent:
+        """Send event ``name`` with ``key``: every task waiting for it (``wait_for_event``
+        with that name and rendered key) succeeds with ``data`` (any JSON value, or None) as
+        its result, each once; the event is kept for ``events.retention`` for waits that
+        start later. Bad input raises :class:`~flowforge.errors.InputError`; nothing is
+        stored then."""
+        return self._store.send_event(name, key, data)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from flowforge import tlsfiles, yamlfile
+from flowforge.durations import parse_duration
 from flowforge.errors import ConfigError
 from flowforge.redact import redact_url as redact_url  # README: flowforge.config.redact_url
 from flowforge.schema import DERIVED, SchemaError, build
@@ -295,6 +296,18 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class EventsConfig:
+    """Events sent to ``wait_for_event`` tasks. ``retention`` (seconds; ``7d`` in the file):
+    how long an event is kept, both for a wait that starts after it and before housekeeping
+    deletes it."""
+
+    retention: float = 7 * 86_400.0
+
+    def __post_init__(self) -> None:
+        _positive(self.retention, "retention")
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str = "INFO"
     format: str = "text"
@@ -319,6 +332,7 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)
     base_dir: str = "."
     #: What loading found worth a warning (a secret file others may read), for whoever logs.
     warnings: tuple[str, ...] = field(default=(), compare=False, metadata=DERIVED)
@@ -347,7 +361,10 @@ def load_config(
     where = str(path) if path else "config"
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping at the top level")
-    data = _normalise(dict(data))
+    try:
+        data = _normalise(dict(data))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     if "base_dir" in data:
         raise ConfigError(f"{where}: base_dir: unknown key")
     try:
@@ -393,10 +410,17 @@ def _read_yaml(path: Path) -> Any:
 
 
 def _normalise(data: dict[str, Any]) -> dict[str, Any]:
-    """Accept the documented shorthands: a single broker URL string for ``broker.url``."""
+    """Accept the documented shorthands: a single broker URL string for ``broker.url``, a
+    duration as text for ``events.retention`` (``7d``)."""
     broker = data.get("broker")
     if isinstance(broker, Mapping) and isinstance(broker.get("url"), str):
         data["broker"] = {**broker, "url": [broker["url"]]}
+    events = data.get("events")
+    if isinstance(events, Mapping) and isinstance(events.get("retention"), str):
+        try:
+            data["events"] = {**events, "retention": parse_duration(events["retention"])}
+        except ValueError as exc:
+            raise ConfigError(f"events.retention: {exc}") from None
     return data
 
 

@@ -35,13 +35,22 @@ def _build(data: Any) -> WorkflowDef:
         data = _seconds(data, "deadline", "", errors)
         if isinstance(data.get("tasks"), list):
             tasks = [
-                _seconds(_normalise_task(t), "sleep", f"tasks[{i}]", errors)
+                _wait_seconds(
+                    _seconds(_normalise_task(t), "sleep", f"tasks[{i}]", errors), i, errors
+                )
                 for i, t in enumerate(data["tasks"])
             ]
             errors += [
-                (f"tasks[{i}].handler", "required key is missing (or give sleep: for a timer)")
+                (
+                    f"tasks[{i}].handler",
+                    "required key is missing (or give sleep: for a timer, wait_for_event: to "
+                    "wait for an event)",
+                )
                 for i, t in enumerate(tasks)
-                if isinstance(t, Mapping) and "handler" not in t and "sleep" not in t
+                if isinstance(t, Mapping)
+                and "handler" not in t
+                and "sleep" not in t
+                and "wait_for_event" not in t
             ]
             data = {**data, "tasks": tasks}
     if errors:
@@ -54,6 +63,14 @@ def _normalise_task(task: Any) -> Any:
     if isinstance(task, Mapping) and isinstance(task.get("depends_on"), str):
         return {**task, "depends_on": [task["depends_on"]]}
     return task
+
+
+def _wait_seconds(task: Any, index: int, errors: list[tuple[str, str]]) -> Any:
+    """``task`` with its ``wait_for_event.timeout`` written as text (``1d``) in seconds."""
+    if not isinstance(task, Mapping) or not isinstance(task.get("wait_for_event"), Mapping):
+        return task
+    wait = _seconds(task["wait_for_event"], "timeout", f"tasks[{index}].wait_for_event", errors)
+    return {**task, "wait_for_event": wait}
 
 
 def _seconds(data: Any, key: str, path: str, errors: list[tuple[str, str]]) -> Any:

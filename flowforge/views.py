@@ -11,6 +11,7 @@ from uuid import UUID
 
 from flowforge.domain.model import (
     Attempt,
+    EventSent,
     FireRecord,
     ManualFire,
     Overview,
@@ -154,6 +155,19 @@ def schedule_dict(info: ScheduleInfo) -> dict[str, Any]:
         "last_decision": None if info.last_decision is None else fire_dict(info.last_decision),
         "paused_at": info.paused_at,
         "retired_at": info.retired_at,
+    }
+
+
+def event_dict(sent: EventSent) -> dict[str, Any]:
+    """A sent event and what it woke (the API's and ``flowforge event send --json``'s)."""
+    return {
+        "id": sent.id,
+        "name": sent.name,
+        "key": sent.key,
+        "created_at": sent.created_at,
+        "woke": [
+            {"run_id": w.run_id, "task_run_id": w.task_run_id, "task": w.task} for w in sent.woke
+        ],
     }
 
 

@@ -76,6 +76,8 @@ from flowforge.domain.states import TaskState  # noqa: E402
 from tests.store import Store  # noqa: E402
 
 SCHEDULER_LIMIT = 100
+#: events.retention in the passes tests run (seconds): the default, 7 days.
+EVENT_RETENTION_S = 7 * 86_400.0
 
 
 def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
@@ -91,6 +93,8 @@ def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
         + repo.expand_maps(limit)
         + repo.settle_maps(limit)
         + repo.open_item_slots(limit)
+        + repo.expire_event_waits(limit)
+        + repo.start_event_waits(limit, EVENT_RETENTION_S)
         + repo.promote_ready(limit)
     )
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import falcon
 
-from flowforge.api import dead, errors, health, overview, runs, schedules, tasks
+from flowforge.api import dead, errors, events, health, overview, runs, schedules, tasks
 from flowforge.api.graph import RunGraph
 from flowforge.api.metrics import Metrics
 from flowforge.api.security import AccessLog, CsrfGuard, HostCheck, SecurityHeaders, TokenAuth
@@ -79,6 +79,7 @@ def create_app(
     app.add_route("/api/v1/overview", overview.Overview(store))
     app.add_route("/api/v1/processes", overview.Processes(store))
     schedules.add_routes(app, client, store)
+    app.add_route("/api/v1/events", events.SendEvent(client, max_body))
     app.add_route("/health/live", health.Live())
     ready = health.Ready(health.Checks(store, client.config.broker), tree, api.ready_cache_s)
     app.add_route("/health/ready", ready)

@@ -22,10 +22,12 @@ class RunGraph:
     """``{"run", "width", "height", "nodes", "edges"}``.
 
     A node is ``{"name", "label", "x", "y", "width", "height", "task_id", "state", "handler",
-    "attempt", "max_attempts", "failure_reason", "sleep_s", "wake_at"}`` (x, y: the top-left
-    corner; ``sleep_s``/``wake_at``: a durable timer's sleep and wake time, else null;
-    ``for_each``/``item_counts``: a map task's upstream and its items counted by state — one
-    node however many items: ``GET /api/v1/task-runs/{id}/items`` pages them); an edge is
+    "attempt", "max_attempts", "failure_reason", "sleep_s", "wake_at", "event_name",
+    "event_key"}`` (x, y: the top-left corner; ``sleep_s``/``wake_at``: a durable timer's sleep
+    and wake time, else null; ``event_name``/``event_key``: what a ``wait_for_event`` task waits
+    for, its ``wake_at`` then its timeout, else null; ``for_each``/``item_counts``: a map task's
+    upstream and its items counted by state — one node however many items:
+    ``GET /api/v1/task-runs/{id}/items`` pages them); an edge is
     ``{"from", "to", "points": [[x, y], ...], "path"}`` (``path``: the SVG path data).
     """
 
@@ -75,6 +77,8 @@ def _task_facts(task: TaskRun) -> dict[str, Any]:
         "wake_at": task.wake_at,
         "for_each": task.for_each,
         "item_counts": task.item_counts,
+        "event_name": task.event_name,
+        "event_key": task.event_key,
     }
 
 

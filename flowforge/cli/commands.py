@@ -192,8 +192,13 @@ def status(args: argparse.Namespace) -> int:
 
 
 def _task_reason(task: TaskRun) -> str | None:
-    """The REASON column: the failure reason, or when a sleeping durable timer wakes; for a
-    map task, also its items counted by state."""
+    """The REASON column: the failure reason, when a sleeping durable timer wakes, or what a
+    waiting task waits for and until when; for a map task, also its items counted by state."""
+    if task.state == TaskState.RUNNING and task.event_name is not None:
+        until = (
+            "" if task.wake_at is None else f" until {task.wake_at.isoformat(timespec='seconds')}"
+        )
+        return f"waits for event {task.event_name} key {task.event_key!r}{until}"
     if task.state == TaskState.RUNNING and task.wake_at is not None:
         return f"sleeps until {task.wake_at.isoformat(timespec='seconds')}"
     reason = None if task.failure_reason is None else str(task.failure_reason)

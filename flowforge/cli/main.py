@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flowforge.cli import commands, exitcodes, output, purge, schedules
+from flowforge.cli import commands, events, exitcodes, output, purge, schedules
 from flowforge.errormap import exit_code_for
 from flowforge.errors import FlowForgeError
 
@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*")
     purge.add_command(sub, common)
     schedules.add_command(sub, common)
+    events.add_command(sub, common)
     return parser
 
 

@@ -40,6 +40,29 @@ class OnDead(StrEnum):
 
 
 @dataclass(frozen=True)
+class EventWait:
+    """What a ``wait_for_event`` task waits for: an event called ``name`` whose key is
+    ``key`` (a template over the run input, like an idempotency key), for at most
+    ``timeout`` seconds after its dependencies are met (then it is DEAD ``event_timeout``)."""
+
+    name: str
+    key: str
+    timeout: float
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "wait_for_event.name")
+        check_template(self.key, "wait_for_event.key")
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not 0 < self.timeout <= MAX_SPAN_S  # NaN fails this too
+        ):
+            raise DefinitionError(
+                f"wait_for_event.timeout must be more than 0 and at most {MAX_SPAN_S:.0f} seconds"
+            )
+
+
+@dataclass(frozen=True)
 class TaskDef:
     """One task of a workflow: which handler runs it and under which rules.
 
@@ -50,6 +73,8 @@ class TaskDef:
     ``depends_on`` omits it) is a map: it runs once per item of that task's JSON-list result,
     at most ``max_parallel`` items at once (None: no limit), each item with the task's retries,
     timeout and key templates, which may use ``{item}``, ``{index}`` and ``{item[field]}``.
+    A task with ``wait_for_event`` has no handler either: it waits, holding no worker, for a
+    matching event (whose data becomes its result) or its timeout.
     """
 
     name: str
@@ -63,15 +88,19 @@ class TaskDef:
     sleep: float | None = None  # seconds: a durable timer (no handler)
     for_each: str | None = None  # a map over this upstream task's list result
     max_parallel: int | None = None  # a map's items running at once; None: no limit
+    wait_for_event: EventWait | None = None  # waits for an event (no handler)
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         self._check_map()
         if self.sleep is not None:
             self._check_timer()
+        elif self.wait_for_event is not None:
+            self._check_wait()
         elif self.handler == "":
             raise DefinitionError(
-                f"task {self.name!r}: needs a handler (or sleep: for a durable timer)"
+                f"task {self.name!r}: needs a handler (or sleep: for a durable timer, "
+                "wait_for_event: to wait for an event)"
             )
         else:
             _check_name(self.handler, f"task {self.name!r}: handler")
@@ -122,6 +151,26 @@ class TaskDef:
             )
         if self.handler:
             raise DefinitionError(f"{label}: has both a handler and sleep: it is one or the other")
+        if self.wait_for_event is not None:
+            raise DefinitionError(
+                f"{label}: has both sleep and wait_for_event: it is one or the other"
+            )
+        self._check_no_execution("a sleep task")
+
+    def _check_wait(self) -> None:
+        """A wait for an event has its event and nothing that only an execution would use."""
+        label = f"task {self.name!r}"
+        if not isinstance(self.wait_for_event, EventWait):
+            raise DefinitionError(f"{label}: wait_for_event must be an EventWait")
+        if self.handler:
+            raise DefinitionError(
+                f"{label}: has both a handler and wait_for_event: it is one or the other"
+            )
+        self._check_no_execution("a wait_for_event task")
+
+    def _check_no_execution(self, kind: str) -> None:
+        """Refuse what only an execution would use on a task that never executes."""
+        label = f"task {self.name!r}"
         extras = {
             "timeout": self.timeout is not None,
             "idempotency_key": self.idempotency_key is not None,
@@ -131,7 +180,7 @@ class TaskDef:
         }
         for key, given in extras.items():
             if given:
-                raise DefinitionError(f"{label}: a sleep task takes no {key} (it never executes)")
+                raise DefinitionError(f"{label}: {kind} takes no {key} (it never executes)")
 
 
 @dataclass(frozen=True)
@@ -234,6 +283,10 @@ class WorkflowDef:
                 for label, template in (
                     ("idempotency_key", task.idempotency_key),
                     ("ordering_key", task.ordering_key),
+                    (
+                        "wait_for_event.key",
+                        task.wait_for_event.key if task.wait_for_event else None,
+                    ),
                 ):
                     if template is None:
                         continue
@@ -271,8 +324,8 @@ class WorkflowDef:
         """A JSON-ready canonical form (the inverse of the YAML/mapping parser).
 
         Keys added after the first release (``deadline``, ``max_items``, a task's ``sleep``,
-        ``for_each``, ``max_parallel``) appear only when set, so the digests of definitions
-        that do not use them never change.
+        ``for_each``, ``max_parallel``, ``wait_for_event``) appear only when set, so the digests
+        of definitions that do not use them never change.
         """
         data: dict[str, Any] = {
             "name": self.name,
@@ -295,6 +348,13 @@ class WorkflowDef:
 def _task_to_dict(task: TaskDef) -> dict[str, Any]:
     if task.sleep is not None:  # a timer: none of an execution's keys
         return {"name": task.name, "depends_on": list(task.depends_on), "sleep": float(task.sleep)}
+    if task.wait_for_event is not None:  # a wait: none of an execution's keys either
+        wait = task.wait_for_event
+        return {
+            "name": task.name,
+            "depends_on": list(task.depends_on),
+            "wait_for_event": {"name": wait.name, "key": wait.key, "timeout": float(wait.timeout)},
+        }
     data: dict[str, Any] = {
         "name": task.name,
         "handler": task.handler,

@@ -47,6 +47,8 @@ class TaskRun:
     item_counts: Mapping[str, int] | None = None  # a map task: its items by state (run reads)
     map_id: UUID | None = None  # a map's item: its map task run (task reads)
     item_index: int | None = None  # a map's item: its position from 0 (task reads)
+    event_name: str | None = None  # a wait_for_event task: the event it waits for
+    event_key: str | None = None  # ... and its key, rendered from the run input
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ class PassReport:
     expired: int = 0  # runs ended by their deadline
     fired: int = 0  # schedules whose due fire times were decided
     maps: int = 0  # map tasks expanded, buried or settled, and item slots opened
+    events: int = 0  # event waits started (or delivered at once) or timed out
 
     @property
     def total(self) -> int:
@@ -197,6 +200,7 @@ class PassReport:
             + self.expired
             + self.fired
             + self.maps
+            + self.events
         )
 
 
@@ -500,3 +504,24 @@ class MapPage:
     counts: Mapping[str, int]
     items: tuple[MapItem, ...]
     next_after: int | None
+
+
+@dataclass(frozen=True)
+class WokenTask:
+    """A waiting task an event woke (it SUCCEEDED with the event's data as its result)."""
+
+    run_id: UUID
+    task_run_id: UUID
+    task: str
+
+
+@dataclass(frozen=True)
+class EventSent:
+    """An event as stored (``id``, ``created_at`` by the database clock) and the waiting tasks
+    it woke at once; a wait that starts later (within ``events.retention``) receives it then."""
+
+    id: int
+    name: str
+    key: str
+    created_at: datetime
+    woke: tuple[WokenTask, ...] = ()

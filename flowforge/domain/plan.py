@@ -30,6 +30,8 @@ class PlannedTask:
     durable timer (no handler, never READY, never dispatched). ``for_each``: a map task (the
     upstream task it maps over; never READY itself: a scheduler pass expands it into items,
     ``max_parallel`` of them running at once), whose key templates are rendered per item.
+    ``event_name``, ``event_key`` (rendered from the run input) and ``event_timeout_s``: a wait
+    for an event (no handler, never READY, never dispatched either).
     """
 
     run_id: UUID
@@ -49,6 +51,9 @@ class PlannedTask:
     sleep_s: float | None = None
     for_each: str | None = None
     max_parallel: int | None = None
+    event_name: str | None = None
+    event_key: str | None = None
+    event_timeout_s: float | None = None
 
 
 @dataclass
@@ -165,6 +170,11 @@ def plan_runs(
                 for_each=task.for_each,
                 max_parallel=task.max_parallel,
             )
+            if task.wait_for_event is not None:
+                wait = task.wait_for_event
+                planned.event_name = wait.name
+                planned.event_key = _render(wait.key, run_input, f"{label} wait_for_event.key")
+                planned.event_timeout_s = float(wait.timeout)
             if gated and not task.depends_on:
                 planned.pending += 1
                 planned.start_gate = True

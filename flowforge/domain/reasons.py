@@ -24,6 +24,7 @@ class FailureReason(StrEnum):
     TOO_MANY_ITEMS = "too_many_items"
     ITEM_KEY_ERROR = "item_key_error"
     ITEM_FAILED = "item_failed"
+    EVENT_TIMEOUT = "event_timeout"  # a wait_for_event task whose timeout passed first
 
 
 class RunFailureReason(StrEnum):

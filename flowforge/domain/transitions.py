@@ -13,9 +13,10 @@ from flowforge.domain.states import TaskState as S
 from flowforge.errors import IllegalTransitionError
 
 TRANSITIONS: Mapping[S, frozenset[S]] = {
-    # advance (dependencies met) / cancel / a durable timer starts sleeping or a map expands
-    # (no worker) / a map whose upstream result cannot be expanded is buried
-    S.PENDING: frozenset({S.READY, S.CANCELLED, S.RUNNING, S.DEAD}),
+    # advance (dependencies met) / cancel / a durable timer starts sleeping, an event wait
+    # starts or a map expands (no worker) / a map whose upstream result cannot be expanded is
+    # buried / an event wait starts and finds its event stored already
+    S.PENDING: frozenset({S.READY, S.CANCELLED, S.RUNNING, S.DEAD, S.SUCCEEDED}),
     # claim / defer (idempotency key busy) / cancel / re-dispatch a message the broker lost
     S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED, S.READY}),
     # finish (or a timer's wake) / reap (retry or bury) / honoured cancellation (or a sleeping

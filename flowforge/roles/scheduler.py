@@ -29,6 +29,7 @@ from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
+from flowforge.store.events import Events
 from flowforge.store.maps import Maps
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
 from flowforge.store.passes import Passes
@@ -45,9 +46,9 @@ SECONDS_PER_DAY = 86_400.0
 MIN_WAIT_S = 0.01
 
 
-class SchedulerStatements(Passes, Processes, Schedules, Maps):
+class SchedulerStatements(Passes, Processes, Schedules, Maps, Events):
     """The scheduler's part of the store: its passes, the process registry, the schedules, the
-    map tasks."""
+    map tasks, the event waits."""
 
 
 class Scheduler:
@@ -137,6 +138,11 @@ class Scheduler:
                 + self._repo.settle_maps(batch)
                 + self._repo.open_item_slots(batch)
             )
+            # timeouts before starts, as deadlines before starts: a wait past its timeout is
+            # not taken for one that an event may still wake
+            events = self._repo.expire_event_waits(batch) + self._repo.start_event_waits(
+                batch, self._config.events.retention
+            )
             promoted = self._repo.promote_ready(batch)
             return PassReport(
                 propagated=propagated,
@@ -148,6 +154,7 @@ class Scheduler:
                 reaped=self._repo.reap_expired(batch, threshold, self._observe),
                 fired=self._fire(batch),
                 maps=maps,
+                events=events,
             )
 
     def _fire(self, batch: int) -> int:
@@ -179,6 +186,9 @@ class Scheduler:
         self._repo.purge_fires(
             self._config.scheduler.retention_days * SECONDS_PER_DAY,
             self._config.scheduler.batch_size,
+        )
+        purged += self._repo.purge_events(
+            self._config.events.retention, self._config.scheduler.batch_size
         )
         self._repo.redispatch_lost(
             self._config.scheduler.redispatch_after_s, self._config.scheduler.batch_size

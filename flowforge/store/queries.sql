@@ -43,30 +43,34 @@ SELECT id, idempotency_key, request_digest
  WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: insert_tasks
--- A task with nothing to wait for (no dependency, no ordering key, not a timer, no closed
+-- A task with nothing to wait for (no dependency, no ordering key, not a timer nor an event
+-- wait, no closed
 -- start gate: that counts in pending_deps) is created READY with its outbox row in the same
 -- statement: the first step of a run needs no scheduler pass.
 WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
-                           on_dead, start_gate, sleep_s, state, ready_at, for_each, max_parallel)
+                           on_dead, start_gate, sleep_s, state, ready_at, for_each, max_parallel,
+                           event_name, event_key, event_timeout_s)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s,
            CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
+                     AND t.event_name IS NULL
                 THEN 'READY' ELSE 'PENDING' END,
            CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
                 THEN now() END,
-           t.for_each, t.max_parallel
+           t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
                   %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[],
                   %(start_gates)s::bool[], %(sleeps)s::float8[], %(for_each)s::text[],
-                  %(max_parallel)s::int[])
+                  %(max_parallel)s::int[], %(event_names)s::text[], %(event_keys)s::text[],
+                  %(event_timeouts)s::float8[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
-                for_each, max_parallel)
+                for_each, max_parallel, event_name, event_key, event_timeout_s)
     RETURNING id, state, fencing_token
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
@@ -92,12 +96,13 @@ SELECT pg_notify('flowforge_outbox', '');
 -- PENDING tasks whose dependencies succeeded and whose ordering stream is free, and RETRYING
 -- tasks whose backoff is over, become READY with an outbox row in the same statement. The
 -- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
--- (A durable timer is never READY: start_timers takes it; nor a map: expand_map takes it.)
+-- (A durable timer is never READY: start_timers takes it; nor a map: expand_map takes it;
+-- nor an event wait: start_event_waits takes it.)
 WITH eligible AS (
     SELECT t.id
       FROM task_runs t
      WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.sleep_s IS NULL
-       AND t.for_each IS NULL
+       AND t.for_each IS NULL AND t.event_name IS NULL
        AND (t.ordering_key IS NULL OR NOT EXISTS (
                SELECT 1 FROM task_runs e
                 WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
@@ -381,11 +386,11 @@ SELECT count(*) AS n FROM sleeping;
 -- name: wake_timers
 -- Sleeping timers whose wake time has come SUCCEED, and release their dependents as a finish
 -- does (PENDING → READY with an outbox row when nothing else holds them); propagate then
--- derives the runs.
+-- derives the runs. (An event wait's wake_at is its timeout: expire_event_waits takes it.)
 WITH due AS (
     SELECT t.id
       FROM task_runs t
-     WHERE t.state = 'RUNNING' AND t.wake_at <= now()
+     WHERE t.state = 'RUNNING' AND t.wake_at <= now() AND t.sleep_s IS NOT NULL
      ORDER BY t.wake_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -393,16 +398,16 @@ WITH due AS (
     UPDATE task_runs t
        SET state = 'SUCCEEDED', finished_at = now(), propagated = false, updated_at = now()
       FROM due
-     WHERE t.id = due.id AND t.state = 'RUNNING' AND t.wake_at <= now()
+     WHERE t.id = due.id AND t.state = 'RUNNING' AND t.wake_at <= now() AND t.sleep_s IS NOT NULL
     RETURNING t.id
 ), released AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
            state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.for_each IS NULL
+                             AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
                         THEN 'READY' ELSE t.state END,
            ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.for_each IS NULL
+                                AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
       FROM (SELECT e.downstream_id AS id, count(*) AS n
@@ -661,10 +666,10 @@ WITH outcome AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
            state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.for_each IS NULL
+                             AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
                         THEN 'READY' ELSE t.state END,
            ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.for_each IS NULL
+                                AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
       FROM (SELECT e.downstream_id AS id, count(*) AS n
@@ -763,7 +768,7 @@ SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
-       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
+       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at, t.event_name, t.event_key,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
@@ -781,7 +786,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
-       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
+       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at, t.event_name, t.event_key,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
@@ -818,7 +823,7 @@ SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created
 SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
-       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at,
+       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at, t.event_name, t.event_key,
        '{}'::text[] AS depends_on, r.workflow
   FROM task_runs t
   JOIN workflow_runs r ON r.id = t.run_id
@@ -1426,10 +1431,10 @@ WITH due AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
            state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.for_each IS NULL
+                             AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
                         THEN 'READY' ELSE t.state END,
            ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.for_each IS NULL
+                                AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
       FROM (SELECT e.downstream_id AS id, count(*) AS n
@@ -1488,3 +1493,182 @@ UPDATE task_runs m
   FROM task_runs i
  WHERE i.id = %(id)s AND m.id = i.map_id AND m.state = 'DEAD'
 RETURNING m.id;
+
+-- ------------------------------------------------------------------ events
+
+-- name: lock_event_key
+-- Serialises a send with the waits of its name and key that start meanwhile (see
+-- start_event_waits): whichever commits first, the other's next statement sees it. The
+-- one-bigint form is a lock space of its own (ordering keys use two int4s).
+SELECT pg_advisory_xact_lock(hashtextextended(%(name)s || chr(31) || %(key)s, 0));
+
+-- name: deliver_event
+-- Stores an event and wakes every task waiting for its name and key (before its timeout, on
+-- the database clock): RUNNING → SUCCEEDED with the event's data as result, one delivery row
+-- each (its primary key: a task is woken once), dependents released as a finish does. Rows
+-- are locked in id order, so concurrent senders cannot deadlock; a row another transaction
+-- changed meanwhile is re-checked, so a wait woken (or timed out, or cancelled) by someone
+-- else is left alone. One row per woken task, or one with task_run_id NULL.
+WITH stored AS (
+    INSERT INTO events (name, key, data)
+    VALUES (%(name)s, %(key)s, %(data)s)
+    RETURNING id, data, created_at
+), waiting AS (
+    SELECT t.id
+      FROM task_runs t
+     WHERE t.state = 'RUNNING' AND t.event_name = %(name)s AND t.event_key = %(key)s
+       AND t.wake_at > now()
+     ORDER BY t.id
+       FOR UPDATE OF t
+), woke AS (
+    UPDATE task_runs t
+       SET state = 'SUCCEEDED', result = s.data, finished_at = now(), propagated = false,
+           updated_at = now()
+      FROM waiting w, stored s
+     WHERE t.id = w.id AND t.state = 'RUNNING'
+    RETURNING t.id, t.run_id, t.name
+), delivered AS (
+    INSERT INTO event_deliveries (task_run_id, event_id)
+    SELECT w.id, s.id FROM woke w, stored s
+), released AS (
+    UPDATE task_runs t
+       SET pending_deps = t.pending_deps - x.n,
+           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                             AND t.sleep_s IS NULL AND t.event_name IS NULL AND t.for_each IS NULL
+                        THEN 'READY' ELSE t.state END,
+           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                                AND t.sleep_s IS NULL AND t.event_name IS NULL AND t.for_each IS NULL
+                           THEN now() ELSE t.ready_at END,
+           updated_at = now()
+      FROM (SELECT e.downstream_id AS id, count(*) AS n
+              FROM task_edges e
+              JOIN woke w ON w.id = e.upstream_id
+             GROUP BY e.downstream_id) AS x
+     WHERE t.id = x.id AND t.state = 'PENDING'
+    RETURNING t.id, t.state, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
+SELECT s.id AS event_id, s.created_at, w.id AS task_run_id, w.run_id, w.name AS task,
+       CASE WHEN w.id IS NOT NULL THEN pg_notify('flowforge_scheduler', '')::text END AS notified,
+       (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
+  FROM stored s
+  LEFT JOIN woke w ON true
+ ORDER BY w.run_id, w.name;
+
+-- name: lock_event_starts
+-- Event waits whose dependencies are met, and the lock key of each one's name and key (what
+-- lock_event_key takes), for start_event_waits in the same transaction.
+SELECT t.id, hashtextextended(t.event_name || chr(31) || t.event_key, 0) AS lock_key
+  FROM task_runs t
+ WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.event_name IS NOT NULL
+ ORDER BY t.seq
+ LIMIT %(limit)s
+   FOR UPDATE OF t SKIP LOCKED;
+
+-- name: lock_event_keys
+-- The advisory locks of lock_event_key, in ascending order (no two starters deadlock).
+SELECT pg_advisory_xact_lock(k)
+  FROM (SELECT DISTINCT k FROM unnest(%(keys)s::int8[]) AS k ORDER BY k) AS sorted;
+
+-- name: start_event_waits
+-- The locked waits start: a wait whose event is stored already (the oldest of its name and
+-- key within the retention, on the database clock) SUCCEEDS at once with that event's data,
+-- one delivery row, dependents released; the others wait, RUNNING with their timeout as
+-- wake_at, no lease (never reaped), no outbox row (no worker). Their runs are marked started
+-- as a claim marks them.
+WITH due AS (
+    SELECT t.id, t.event_name, t.event_key
+      FROM task_runs t
+     WHERE t.id = ANY(%(ids)s::uuid[]) AND t.state = 'PENDING' AND t.pending_deps = 0
+       AND t.event_name IS NOT NULL
+), found AS (
+    SELECT d.id, e.id AS event_id, e.data
+      FROM due d
+     CROSS JOIN LATERAL (
+           SELECT ev.id, ev.data
+             FROM events ev
+            WHERE ev.name = d.event_name AND ev.key = d.event_key
+              AND ev.created_at >= now() - make_interval(secs => %(retention_s)s::float8)
+            ORDER BY ev.created_at, ev.id
+            LIMIT 1) AS e
+), started AS (
+    UPDATE task_runs t
+       SET state = CASE WHEN f.id IS NULL THEN 'RUNNING' ELSE 'SUCCEEDED' END,
+           wake_at = CASE WHEN f.id IS NULL
+                          THEN now() + make_interval(secs => t.event_timeout_s) END,
+           result = CASE WHEN f.id IS NULL THEN t.result ELSE f.data END,
+           finished_at = CASE WHEN f.id IS NULL THEN NULL ELSE now() END,
+           propagated = (f.id IS NULL),
+           started_at = coalesce(t.started_at, now()), updated_at = now()
+      FROM due d
+      LEFT JOIN found f ON f.id = d.id
+     WHERE t.id = d.id AND t.state = 'PENDING'
+    RETURNING t.id, t.run_id, t.state, f.event_id
+), delivered AS (
+    INSERT INTO event_deliveries (task_run_id, event_id)
+    SELECT id, event_id FROM started WHERE event_id IS NOT NULL
+), released AS (
+    UPDATE task_runs t
+       SET pending_deps = t.pending_deps - x.n,
+           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                             AND t.sleep_s IS NULL AND t.event_name IS NULL AND t.for_each IS NULL
+                        THEN 'READY' ELSE t.state END,
+           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                                AND t.sleep_s IS NULL AND t.event_name IS NULL AND t.for_each IS NULL
+                           THEN now() ELSE t.ready_at END,
+           updated_at = now()
+      FROM (SELECT e.downstream_id AS id, count(*) AS n
+              FROM task_edges e
+              JOIN started s ON s.id = e.upstream_id
+             WHERE s.state = 'SUCCEEDED'
+             GROUP BY e.downstream_id) AS x
+     WHERE t.id = x.id AND t.state = 'PENDING'
+    RETURNING t.id, t.state, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+), runs_started AS (
+    UPDATE workflow_runs r
+       SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
+     WHERE r.id IN (SELECT run_id FROM started) AND r.state = 'PENDING'
+)
+SELECT (SELECT count(*) FROM started WHERE state = 'RUNNING') AS waiting,
+       (SELECT count(*) FROM started WHERE state = 'SUCCEEDED') AS delivered,
+       (SELECT count(*) FROM queued) AS queued;
+
+-- name: expire_event_waits
+-- Waits whose timeout has come (on the database clock) with no event: RUNNING → DEAD
+-- event_timeout, token bumped; propagate then cancels their dependents as for any death.
+WITH due AS (
+    SELECT t.id
+      FROM task_runs t
+     WHERE t.state = 'RUNNING' AND t.wake_at <= now() AND t.event_name IS NOT NULL
+     ORDER BY t.wake_at
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE task_runs t
+   SET state = 'DEAD', failure_reason = 'event_timeout',
+       last_error = 'no event ' || t.event_name || ' arrived for its key before the timeout',
+       fencing_token = t.fencing_token + 1, finished_at = now(), propagated = false,
+       updated_at = now()
+  FROM due
+ WHERE t.id = due.id AND t.state = 'RUNNING' AND t.wake_at <= now()
+RETURNING t.id, t.run_id, t.name, t.event_name, t.event_key;
+
+-- name: purge_events
+-- Events older than events.retention, in a bounded batch (their delivery rows go with them).
+WITH doomed AS (
+    SELECT id FROM events
+     WHERE created_at < now() - make_interval(secs => %(age_s)s::float8)
+     ORDER BY created_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM events e USING doomed WHERE e.id = doomed.id;

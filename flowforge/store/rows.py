@@ -22,6 +22,7 @@ from flowforge.domain.model import (
     DeadPurge,
     DeadTask,
     Dispatch,
+    EventSent,
     Finish,
     Finished,
     FinishedMinute,
@@ -38,6 +39,7 @@ from flowforge.domain.model import (
     ScheduleInfo,
     Stats,
     TaskRun,
+    WokenTask,
 )
 from flowforge.domain.plan import PlannedTask
 from flowforge.domain.policy import FailureFacts, Jitter, RetryPolicy
@@ -95,6 +97,8 @@ def task_run(row: Row) -> TaskRun:
         depends_on=tuple(row["depends_on"] or ()),
         sleep_s=row["sleep_s"],
         wake_at=row["wake_at"],
+        event_name=row.get("event_name"),
+        event_key=row.get("event_key"),
         for_each=row.get("for_each"),
         item_counts=row.get("item_counts"),
         map_id=row.get("map_id"),
@@ -384,6 +388,9 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "sleeps": [t.sleep_s for t in tasks],
         "for_each": [t.for_each for t in tasks],
         "max_parallel": [t.max_parallel for t in tasks],
+        "event_names": [t.event_name for t in tasks],
+        "event_keys": [t.event_key for t in tasks],
+        "event_timeouts": [t.event_timeout_s for t in tasks],
     }
 
 
@@ -509,3 +516,20 @@ def schedule_columns(
         "specs": [Jsonb(spec) for _, _, spec, _ in found],
         "next": [next_at for _, _, _, next_at in found],
     }
+
+
+def event_sent(name: str, key: str, found: Sequence[Row]) -> EventSent:
+    """``deliver_event``'s rows (one per woken task, or one with no task) as an
+    :class:`EventSent`."""
+    first = found[0]
+    return EventSent(
+        id=first["event_id"],
+        name=name,
+        key=key,
+        created_at=first["created_at"],
+        woke=tuple(
+            WokenTask(run_id=r["run_id"], task_run_id=r["task_run_id"], task=r["task"])
+            for r in found
+            if r["task_run_id"] is not None
+        ),
+    )

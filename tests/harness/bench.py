@@ -32,9 +32,10 @@ import yaml
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store.db import Database
+from flowforge.store.events import Events
 from flowforge.store.migrate import migrate
 from flowforge.store.triggers import Triggers
-from tests.harness import bench_api, bench_maps, bench_schedules, services
+from tests.harness import bench_api, bench_events, bench_maps, bench_schedules, services
 from tests.harness.resources import (
     child_pids,
     create_database,
@@ -46,6 +47,7 @@ from tests.harness.resources import (
 HANDLER_MODULE = "tests.harness.bench_handlers"
 API_WORKFLOW = "bench-api"
 TABLES = (
+    "event_deliveries, events, "
     "schedule_fires, schedules, counters, processes, requeue_audit, idempotency_keys, outbox, "
     "task_attempts, task_edges, task_runs, workflow_runs, workflow_definitions"
 )
@@ -70,6 +72,7 @@ class Settings:
     api_clients: int = 4
     schedules: int = 10_000
     schedule_batch: int = 500  # the scheduler's default batch_size
+    event_runs: int = 200
     timeout_s: float = 600.0
     map_width: int = 10_000  # a for_each map's items, against the static fan-out as wide
 
@@ -367,6 +370,7 @@ def measure(
         db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
         db.open()
         repo = Triggers(db)
+        events = Events(db)
         try:
             floor = floors(url)
             for _ in range(settings.repeat):  # the bench plays the scheduler: no tree needed
@@ -406,6 +410,9 @@ def measure(
                     record("map", "tasks/s", m["tasks_per_s"], width=settings.map_width)
                     s = fanout(repo, conn, settings.map_width, settings.timeout_s)
                     record("map's static fan-out", "tasks/s", s["tasks_per_s"])
+                    bench_events.measure(
+                        repo, events, conn, settings.event_runs, settings.timeout_s, record
+                    )
                     api_workloads(tree.api_port, settings, record)
         finally:
             tree.stop()
@@ -518,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chain", type=int, default=200)
     parser.add_argument("--latency-runs", type=int, default=500)
     parser.add_argument("--schedules", type=int, default=10_000, help="schedules due at once")
+    parser.add_argument("--event-runs", type=int, default=200, help="events sent one at a time")
     parser.add_argument("--scale", default="1000,10000", help="fan-out widths, comma-separated")
     parser.add_argument("--map-width", type=int, default=10_000, help="items of the map workload")
     parser.add_argument("--quick", action="store_true", help="a few hundred tasks, one repetition")
@@ -535,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         scale=tuple(int(w) for w in args.scale.split(",")),
         schedules=args.schedules,
         map_width=args.map_width,
+        event_runs=args.event_runs,
     )
     if args.quick:
         settings = Settings(
@@ -547,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             scale=(50, 200),
             api_requests=200,
             schedules=300,
+            event_runs=20,
             timeout_s=120,
             map_width=200,
         )

@@ -30,6 +30,9 @@ FIGURES = {
     "schedule runs",
     "schedule idle pass db",
     "schedule idle pass",
+    "event round trip p50",
+    "event round trip p99",
+    "event send p50",
 }
 
 

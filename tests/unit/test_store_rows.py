@@ -104,6 +104,7 @@ def test_the_parts_share_no_name() -> None:
         "Reads",
         "Schedules",
         "Maps",
+        "Events",
     }
     owners: dict[str, list[str]] = {}
     for part in parts:

@@ -41,8 +41,12 @@ function itemSummary(counts) {
   return `${total} ${total === 1 ? "item" : "items"}${parts ? `: ${parts}` : ""}`;
 }
 
-/** A node's tooltip: name, handler (or timer and wake time, or a map's items) and state. */
+/** A node's tooltip: name, handler (or timer and wake time, awaited event, or a map's items) and state. */
 function nodeTitle(node) {
+  if (node.event_name) {
+    const until = node.wake_at ? `, until ${when(node.wake_at)}` : "";
+    return `${node.name} (waits for event ${node.event_name} key ${node.event_key}): ${node.state}${until}`;
+  }
   if (node.item_counts) {
     return `${node.name} (${node.handler}, for each of ${node.for_each}: ${itemSummary(node.item_counts)}): ${node.state}`;
   }
@@ -174,7 +178,11 @@ function drawTask(detail) {
   $("#task-name").textContent = task.name;
   setState($("[data-testid=task-state]"), task.state);
   const timer = task.sleep_s !== null && task.sleep_s !== undefined;
-  $("#task-handler").textContent = timer ? `(durable timer: sleeps ${span(task.sleep_s)})` : task.handler;
+  $("#task-handler").textContent = task.event_name
+    ? `(waits for event ${task.event_name}, key ${task.event_key})`
+    : timer
+      ? `(durable timer: sleeps ${span(task.sleep_s)})`
+      : task.handler;
   // wake_at is set once the timer sleeps (its dependencies met): when it succeeds
   fact("#task-wake-fact", timer, () =>
     $("#task-wake").replaceChildren(

@@ -1,0 +1,120 @@
+"""Events through real role processes (issue 19): two trees, and SIGKILLs of the processes
+that deliver — a sender in the middle of its events, a scheduler that starts waits and hands
+them the events stored before them.
+
+Real ``flowforge role`` processes (tests/e2e.py ``Stack``) on the session database and broker;
+counted in the database: one delivery row per task (its primary key), one execution of each
+downstream handler (``test_executions``).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import psycopg
+import pytest
+
+from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
+from flowforge.domain.states import RunState
+from tests.e2e import Stack
+from tests.helpers import wait_for
+from tests.store import Store
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
+
+Sql = psycopg.Connection[tuple[Any, ...]]
+
+RUNS = 40
+EARLY = 20  # events 0..19 are sent before their runs exist
+PAYMENT = WorkflowDef(
+    "payment-e2e",
+    (
+        TaskDef("settled", wait_for_event=EventWait("payment.settled", "{i}", 120.0)),
+        TaskDef("after", "e2e.record", depends_on=("settled",)),
+    ),
+)
+#: A sender process: events first..last-1 of payment.settled, paced so a SIGKILL lands
+#: between two of them (or inside one: its transaction then rolls back whole).
+SENDER = """
+import sys, time
+from flowforge.config import DatabaseConfig
+from flowforge.store.db import Database
+from flowforge.store.events import Events
+database = Database(DatabaseConfig(url=sys.argv[1], pool_min=1, pool_max=1))
+database.open()
+events = Events(database)
+for i in range(int(sys.argv[2]), int(sys.argv[3])):
+    events.send_event("payment.settled", str(i), {"i": i})
+    time.sleep(float(sys.argv[4]))
+"""
+
+
+def scalar(sql: Sql, query: str, *args: Any) -> Any:
+    row = sql.execute(query, args).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def sender(stack: Stack, first: int, last: int, pause_s: float) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-c", SENDER, stack.database_url, str(first), str(last)]
+    return subprocess.Popen([*args, str(pause_s)], env=stack.env())
+
+
+def test_events_are_delivered_once_each_across_two_trees_and_sigkilled_deliverers(
+    stack: Stack, repo: Store, sql: Sql
+) -> None:
+    for i in range(EARLY):  # stored before any wait: delivered when the waits start
+        repo.send_event("payment.settled", str(i), {"i": i})
+    first_tree = stack.start_all(workers=1)
+    stack.start_all(workers=1)  # the second tree
+    runs = [r.run_id for r in repo.trigger_many(PAYMENT, [{"i": i} for i in range(RUNS)])]
+    # the first tree's scheduler dies while the waits start and take the stored events
+    first_tree[0].signal(signal.SIGKILL)
+    first_tree[0].wait()
+    wait_for(
+        lambda: scalar(sql, "SELECT count(*) FROM event_deliveries") >= EARLY,
+        timeout=30,
+        what="the early events to be delivered",
+    )
+    wait_for(
+        lambda: (
+            scalar(
+                sql,
+                "SELECT count(*) FROM task_runs WHERE state = 'RUNNING' AND event_name IS NOT NULL",
+            )
+            == RUNS - EARLY
+        ),
+        timeout=30,
+        what="the other waits to start",
+    )
+    # a sender is SIGKILLed in the middle of the late events ...
+    killed = sender(stack, EARLY, RUNS, 0.05)
+    try:
+        wait_for(
+            lambda: scalar(sql, "SELECT count(*) FROM event_deliveries") >= EARLY + 3,
+            timeout=30,
+            what="some late events",
+        )
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=10)
+    # ... and another sends them all again: the waits it woke already stay woken once
+    again = sender(stack, EARLY, RUNS, 0.0)
+    assert again.wait(timeout=60) == 0
+    wait_for(
+        lambda: all(repo.get_run(r).state is RunState.SUCCEEDED for r in runs),
+        timeout=60,
+        what="every run to succeed",
+    )
+    assert scalar(sql, "SELECT count(*) FROM event_deliveries") == RUNS
+    assert scalar(sql, "SELECT count(DISTINCT task_run_id) FROM event_deliveries") == RUNS
+    executed = sql.execute(
+        "SELECT run_id, count(*) FROM test_executions GROUP BY run_id"
+    ).fetchall()
+    assert sorted(str(r) for r, _ in executed) == sorted(str(r) for r in runs)
+    assert {n for _, n in executed} == {1}  # each downstream handler ran once
+    for index, run_id in enumerate(runs):
+        assert repo.get_run(run_id).task("settled").result == {"i": index}
