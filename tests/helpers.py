@@ -88,6 +88,7 @@ def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
         + repo.start_due_runs(limit)
         + repo.wake_timers(limit)
         + repo.start_timers(limit)
+        + repo.evaluate_conditions(limit)
         + repo.promote_ready(limit)
     )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from flowforge.domain.conditions import RunIf
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
@@ -41,6 +42,8 @@ class TaskDef:
 
     A task with ``sleep`` (seconds) is a durable timer instead: it has no handler, holds no
     worker, and succeeds that long after its dependencies are met (on the database clock).
+    ``run_if`` (``domain/conditions.py``): ``all_done`` runs once every dependency finished
+    whatever its outcome, ``any_failed`` only if one ended DEAD (else it is skipped).
     """
 
     name: str
@@ -52,9 +55,20 @@ class TaskDef:
     ordering_key: str | None = None  # template over the run input
     on_dead: OnDead = OnDead.RELEASE
     sleep: float | None = None  # seconds: a durable timer (no handler)
+    run_if: RunIf = RunIf.ALL_SUCCEEDED
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
+        if not isinstance(self.run_if, RunIf):  # a string from Python code: its enum, or refused
+            if self.run_if not in {r.value for r in RunIf}:
+                valid = ", ".join(r.value for r in RunIf)
+                raise DefinitionError(f"task {self.name!r}: run_if must be one of {valid}")
+            object.__setattr__(self, "run_if", RunIf(self.run_if))
+        if self.run_if is not RunIf.ALL_SUCCEEDED and not self.depends_on:
+            raise DefinitionError(
+                f"task {self.name!r}: run_if: {self.run_if} needs depends_on (its condition "
+                "is on the outcomes of its dependencies)"
+            )
         if self.sleep is not None:
             self._check_timer()
         elif self.handler == "":
@@ -220,6 +234,13 @@ class WorkflowDef:
 
 
 def _task_to_dict(task: TaskDef) -> dict[str, Any]:
+    data = _task_keys(task)
+    if task.run_if is not RunIf.ALL_SUCCEEDED:  # only when set: existing digests stay
+        data["run_if"] = str(task.run_if)
+    return data
+
+
+def _task_keys(task: TaskDef) -> dict[str, Any]:
     if task.sleep is not None:  # a timer: none of an execution's keys
         return {"name": task.name, "depends_on": list(task.depends_on), "sleep": float(task.sleep)}
     return {

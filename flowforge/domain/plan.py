@@ -16,6 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.domain import timing
+from flowforge.domain.conditions import is_conditional
 from flowforge.domain.dag import WorkflowDef, render_key
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
@@ -27,7 +28,9 @@ class PlannedTask:
 
     ``start_gate``: a root task of a delayed run, whose ``pending`` counts one more "dependency"
     (the run's start time) that a scheduler's ``start_due_runs`` removes. ``sleep_s``: a
-    durable timer (no handler, never READY, never dispatched).
+    durable timer (no handler, never READY, never dispatched). ``run_if``: a conditional task
+    (not ``all_succeeded``) counts one more "dependency" in ``pending``, its condition gate,
+    which only the scheduler's ``evaluate_conditions`` opens (or it skips the task).
     """
 
     run_id: UUID
@@ -45,6 +48,7 @@ class PlannedTask:
     on_dead: str
     start_gate: bool = False
     sleep_s: float | None = None
+    run_if: str = "all_succeeded"
 
 
 @dataclass
@@ -156,7 +160,10 @@ def plan_runs(
                 ordering_key=_render(task.ordering_key, run_input, f"{label} ordering_key"),
                 on_dead=str(task.on_dead),
                 sleep_s=task.sleep,
+                run_if=str(task.run_if),
             )
+            if is_conditional(task.run_if):
+                planned.pending += 1  # the condition gate (a conditional task is never a root)
             if gated and not task.depends_on:
                 planned.pending += 1
                 planned.start_gate = True

@@ -127,6 +127,7 @@ class Scheduler:
             expired = self._repo.expire_deadlines(batch)
             started = self._repo.start_due_runs(batch)
             timers = self._repo.wake_timers(batch) + self._repo.start_timers(batch)
+            conditions = self._repo.evaluate_conditions(batch)  # opened gates: promoted now
             promoted = self._repo.promote_ready(batch)
             return PassReport(
                 propagated=propagated,
@@ -137,6 +138,7 @@ class Scheduler:
                 routed=self._repo.route_failed(batch, threshold, self._observe),
                 reaped=self._repo.reap_expired(batch, threshold, self._observe),
                 fired=self._fire(batch),
+                conditions=conditions,
             )
 
     def _fire(self, batch: int) -> int:

@@ -14,6 +14,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from flowforge.domain.conditions import RunIf
 from flowforge.domain.model import (
     Attempt,
     AuditEntry,
@@ -31,6 +32,7 @@ from flowforge.domain.model import (
     Overview,
     PoisonCandidate,
     ProcessInfo,
+    RerunEntry,
     RetryBacklog,
     Routed,
     Run,
@@ -42,7 +44,7 @@ from flowforge.domain.plan import PlannedTask
 from flowforge.domain.policy import FailureFacts, Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason, RunFailureReason
 from flowforge.domain.schedule import Fire
-from flowforge.domain.states import RunState, TaskState
+from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.domain.values import (
     MAX_ERROR_CHARS,
     MAX_TRACEBACK_CHARS,
@@ -94,7 +96,13 @@ def task_run(row: Row) -> TaskRun:
         depends_on=tuple(row["depends_on"] or ()),
         sleep_s=row["sleep_s"],
         wake_at=row["wake_at"],
+        run_if=RunIf(row.get("run_if") or RunIf.ALL_SUCCEEDED),
+        cancel_cause=_cause(row.get("cancel_cause")),
     )
+
+
+def _cause(value: str | None) -> CancelCause | None:
+    return None if value is None else CancelCause(value)
 
 
 def dead_task(row: Row) -> DeadTask:
@@ -146,6 +154,18 @@ def audit_entry(row: Row) -> AuditEntry:
         reason=row["reason"],
         previous_reason=row["previous_reason"],
         attempt=row["attempt"],
+        requested_at=row["requested_at"],
+    )
+
+
+def rerun_entry(row: Row) -> RerunEntry:
+    return RerunEntry(
+        requested_by=row["requested_by"],
+        reason=row["reason"],
+        from_task=row["from_task"],
+        previous_state=RunState(row["previous_state"]),
+        task_run_ids=tuple(row["task_run_ids"]),
+        task_names=tuple(row["task_names"]),
         requested_at=row["requested_at"],
     )
 
@@ -358,6 +378,7 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "on_dead": [t.on_dead for t in tasks],
         "start_gates": [t.start_gate for t in tasks],
         "sleeps": [t.sleep_s for t in tasks],
+        "run_ifs": [t.run_if for t in tasks],
     }
 
 
