@@ -397,3 +397,43 @@ def test_rerun_refusals_change_nothing(repo: Store, sql: Sql) -> None:
         repo.rerun(done, "x")
     assert scalar(sql, "SELECT count(*) FROM rerun_audit") == 0
     assert repo.get_run(done).state is RunState.SUCCEEDED
+
+
+def test_two_racing_reruns_reset_once_and_audit_once(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    run_id = repo.trigger(SAGA).run_id
+    ids = task_ids(repo, run_id)
+    succeed(repo, sql, ids["charge"])
+    bury(repo, sql, ids["ship"])
+    drain(repo)
+    succeed(repo, sql, ids["refund"])
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def operator(who: str) -> None:
+        database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=2))
+        database.open()
+        try:
+            own = Store(database)
+            barrier.wait()
+            try:
+                own.rerun(run_id, who)
+                outcomes.append("rerun")
+            except NotFinishedError:
+                outcomes.append("refused")
+        finally:
+            database.close()
+
+    threads = [threading.Thread(target=operator, args=(f"op-{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes) == ["refused", "rerun"]
+    assert scalar(sql, "SELECT count(*) FROM rerun_audit") == 1
+    ship = repo.get_task(ids["ship"])
+    assert ship.state is TaskState.PENDING and ship.attempt == 1
+    assert scalar(sql, "SELECT count(*) FROM outbox WHERE task_run_id = %s", ids["ship"]) == 1
+    drain(repo)
+    assert scalar(sql, "SELECT count(*) FROM outbox WHERE task_run_id = %s", ids["ship"]) == 2
