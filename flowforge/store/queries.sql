@@ -767,8 +767,9 @@ UPDATE task_runs t
                (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                  WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
            ELSE 1 + (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-                      WHERE e.downstream_id = t.id
-                        AND u.state NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED'))
+                      WHERE e.downstream_id = t.id  -- the gate's invariant: regate_conditions
+                        AND NOT (u.state = 'SUCCEEDED'
+                                 OR (u.state IN ('DEAD', 'CANCELLED') AND u.propagated)))
        END
  WHERE t.id = %(id)s AND t.state = 'DEAD'
 RETURNING t.id, t.run_id, t.attempt;
@@ -813,15 +814,19 @@ INSERT INTO requeue_audit (task_run_id, requested_by, reason, previous_reason, a
 VALUES (%(id)s, %(by)s, %(reason)s, %(previous_reason)s, %(attempt)s);
 
 -- name: regate_conditions
--- A requeue brings tasks back from DEAD / CANCELLED: their conditional (run_if) dependents
--- still waiting counted them as finished (release_conditions) and count them again.
+-- A requeue brings tasks back from DEAD / CANCELLED: the conditional (run_if) dependents still
+-- waiting on them have their gate counted anew, as the invariant every writer keeps: 1 (the
+-- condition) + each dependency not yet counted off — a success is counted off by the statement
+-- that makes it, a death or cancellation by propagate (release_conditions), so one not yet
+-- propagated still counts here and is counted off once, later.
 UPDATE task_runs t
-   SET pending_deps = t.pending_deps + x.n, updated_at = now()
-  FROM (SELECT e.downstream_id AS id, count(*) AS n
-          FROM task_edges e
-         WHERE e.upstream_id = ANY(%(ids)s::uuid[])
-         GROUP BY e.downstream_id) AS x
- WHERE t.id = x.id AND t.state = 'PENDING' AND t.run_if <> 'all_succeeded';
+   SET pending_deps = 1 + (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                            WHERE e.downstream_id = t.id
+                              AND NOT (u.state = 'SUCCEEDED'
+                                       OR (u.state IN ('DEAD', 'CANCELLED') AND u.propagated))),
+       updated_at = now()
+ WHERE t.id IN (SELECT downstream_id FROM task_edges WHERE upstream_id = ANY(%(ids)s::uuid[]))
+   AND t.state = 'PENDING' AND t.run_if <> 'all_succeeded';
 
 -- name: lock_rerun
 -- The run to rerun, locked after its tasks (lock_run_tasks), with what a rerun needs to know.

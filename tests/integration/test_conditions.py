@@ -437,3 +437,34 @@ def test_two_racing_reruns_reset_once_and_audit_once(
     assert scalar(sql, "SELECT count(*) FROM outbox WHERE task_run_id = %s", ids["ship"]) == 1
     drain(repo)
     assert scalar(sql, "SELECT count(*) FROM outbox WHERE task_run_id = %s", ids["ship"]) == 2
+
+
+def test_a_requeue_before_the_death_was_propagated_keeps_the_gate_exact(
+    repo: Store, sql: Sql
+) -> None:
+    wf = WorkflowDef(
+        "regate-early",
+        (
+            TaskDef("a", "tests.noop"),
+            TaskDef("b", "tests.noop"),
+            TaskDef("undo", "tests.noop", depends_on=("a", "b"), run_if=RunIf.ANY_FAILED),
+        ),
+        fail_fast=False,
+    )
+    run_id = repo.trigger(wf).run_id
+    ids = task_ids(repo, run_id)
+    claim = claim_task(repo, sql, ids["a"])
+    assert repo.finish(
+        ids["a"], claim.fencing_token, TaskState.FAILED, reason=FailureReason.PERMANENT_ERROR
+    )
+    assert repo.route_failed(100) == 1  # DEAD, not propagated yet: the gate still counts it
+    assert repo.get_task(ids["a"]).state is TaskState.DEAD
+    repo.requeue_dead(ids["a"], "tester", "early")  # before any propagate pass
+    gate = "SELECT pending_deps FROM task_runs WHERE id = %s"
+    assert scalar(sql, gate, ids["undo"]) == 3
+    drain(repo)
+    succeed(repo, sql, ids["a"])
+    succeed(repo, sql, ids["b"])
+    undo = repo.get_task(ids["undo"])
+    assert undo.state is TaskState.CANCELLED and undo.skipped  # decided, not stuck
+    assert repo.get_run(run_id).state is RunState.SUCCEEDED
