@@ -197,6 +197,8 @@ def _task_reason(task: TaskRun) -> str | None:
     if task.state == TaskState.RUNNING and task.wake_at is not None:
         return f"sleeps until {task.wake_at.isoformat(timespec='seconds')}"
     if task.skipped:  # a run_if skip: say why, not "cancelled"
+        if task.run_if == "all_succeeded":
+            return "skipped: a dependency was skipped"
         return f"skipped: run_if {task.run_if} not met"
     if task.state == TaskState.PENDING and task.run_if != "all_succeeded":
         return f"run_if {task.run_if}"

@@ -152,3 +152,23 @@ def test_client_rerun(repo: Store, sql: Sql, clean_database_url: str) -> None:
         done = client.rerun(run_id, "script", "nightly retry")
     assert sorted(done.task_names) == ["refund", "ship"]
     assert repo.rerun_history(run_id)[0].requested_by == "script"
+
+
+def test_cli_status_shows_a_skip_and_a_waiting_condition(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    run_id = repo.trigger(SAGA).run_id
+    ids = task_ids(repo, run_id)
+    waiting = flowforge("status", str(run_id), url=clean_database_url)
+    assert "run_if any_failed" in waiting.stdout
+    succeed(repo, sql, ids["charge"])
+    succeed(repo, sql, ids["ship"])
+    drain(repo)
+    human = flowforge("status", str(run_id), url=clean_database_url)
+    assert human.returncode == 0, human.stderr
+    assert "skipped: run_if any_failed not met" in human.stdout and "SUCCEEDED" in human.stdout
+    assert "compensated" not in human.stdout
+    data = json.loads(flowforge("status", str(run_id), "--json", url=clean_database_url).stdout)
+    refund = {t["name"]: t for t in data["tasks"]}["refund"]
+    assert (refund["state"], refund["cancel_cause"]) == ("CANCELLED", "condition_not_met")
+    assert data["compensated"] == [] and data["state"] == "SUCCEEDED"
