@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowforge.config import Config, load_config
 from flowforge.definitions import workflow_from_mapping
+from flowforge.domain.conditions import RunIf
 from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
 from flowforge.domain.model import Run, TaskRun
 from flowforge.domain.policy import Jitter, RetryPolicy
@@ -28,6 +29,7 @@ __all__ = [
     "PermanentError",
     "RetryPolicy",
     "Run",
+    "RunIf",
     "RunState",
     "TaskDef",
     "TaskRun",

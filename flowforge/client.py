@@ -16,6 +16,7 @@ from flowforge.domain.model import (
     EventSent,
     FireRecord,
     ManualFire,
+    Rerun,
     Run,
     ScheduleInfo,
     TaskRun,
@@ -153,6 +154,19 @@ class Client:
         self, task_run_id: UUID | str, requested_by: str, reason: str | None = None
     ) -> TaskRun:
         return self._store.requeue_dead(task_run_id, requested_by, reason)
+
+    def rerun(
+        self,
+        run_id: UUID | str,
+        requested_by: str,
+        reason: str | None = None,
+        from_task: str | None = None,
+    ) -> Rerun:
+        """Run a finished run again from its failed (DEAD / CANCELLED) tasks — or from
+        ``from_task`` — and everything downstream of them, keeping the results of the tasks
+        that succeeded upstream; audited (who, when, why, which tasks). Refused for a run that
+        is not finished, an unknown run, a task the run does not have."""
+        return self._store.rerun(run_id, requested_by, reason, from_task)
 
     def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
         return self._store.attempts(task_run_id)

@@ -39,6 +39,7 @@ from flowforge.errors import (
     InvalidIdError,
     MigrationError,
     NotDeadError,
+    NotFinishedError,
     NotFoundError,
     QueueTypeMismatchError,
     RequestError,
@@ -83,6 +84,7 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     UnknownWorkflowError: Meaning(exitcodes.USAGE, HTTPStatus.UNPROCESSABLE_ENTITY),
     NotFoundError: Meaning(exitcodes.NOT_FOUND, HTTPStatus.NOT_FOUND),
     NotDeadError: _REFUSED,
+    NotFinishedError: _REFUSED,
     TriggerConflictError: _REFUSED,
     ScheduleRetiredError: _REFUSED,
     # storage

@@ -71,6 +71,10 @@ class NotDeadError(RequestError):
     """A requeue was asked for a task run that is not DEAD."""
 
 
+class NotFinishedError(RequestError):
+    """A rerun was asked for a run that is not finished (or has nothing to run again)."""
+
+
 class ScheduleRetiredError(RequestError):
     """The schedule is retired (its workflow file no longer defines it): nothing to act on."""
 

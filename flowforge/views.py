@@ -61,6 +61,8 @@ def run_dict(run: Run, with_tasks: bool = True) -> dict[str, Any]:
     data = {k: v for k, v in to_dict(run).items() if k != "tasks"}
     if with_tasks:
         data["tasks"] = [task_dict(t) for t in run.tasks]
+        # what was compensated for a failure: run_if: any_failed steps that succeeded
+        data["compensated"] = list(run.compensated)
     return data
 
 

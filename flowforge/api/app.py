@@ -70,6 +70,7 @@ def create_app(
     app.add_route("/api/v1/runs", runs.Runs(client, store, max_body))
     app.add_route("/api/v1/runs/{run_id}", runs.OneRun(store))
     app.add_route("/api/v1/runs/{run_id}/cancel", runs.CancelRun(store))
+    app.add_route("/api/v1/runs/{run_id}/rerun", runs.RerunRun(store, max_body))
     app.add_route("/api/v1/runs/{run_id}/graph", RunGraph(store, LayoutCache()))
     app.add_route("/api/v1/task-runs/{task_run_id}", tasks.TaskRunDetail(store))
     app.add_route("/api/v1/task-runs/{task_run_id}/items", tasks.MapItems(store))

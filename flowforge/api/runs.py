@@ -1,4 +1,4 @@
-"""``/api/v1/runs``: create, read, list and cancel runs."""
+"""``/api/v1/runs``: create, read, list, cancel and rerun runs."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from flowforge.durations import parse_duration
 from flowforge.errors import InputError
 from flowforge.store.operator import Operator
 from flowforge.store.reads import Reads
-from flowforge.views import run_dict
+from flowforge.views import run_dict, to_dict
 
 MAX_KEY_LENGTH = 255
 DEFAULT_PAGE = 50
@@ -127,3 +127,54 @@ class CancelRun:
 
     def on_post(self, _req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
         params.send(resp, run_dict(self._operator.cancel_run(run_id)))
+
+
+#: What a rerun request may hold.
+RERUN_FIELDS = frozenset({"from", "reason", "requested_by"})
+
+
+class RerunRun:
+    """``POST /api/v1/runs/{run_id}/rerun`` with an optional ``{"from", "reason",
+    "requested_by"}``: a finished run runs again from its failed tasks (or from ``from``),
+    audited; ``GET`` lists the run's reruns (who, when, why, which tasks)."""
+
+    def __init__(self, operator: Operator, max_body: int) -> None:
+        self._operator = operator
+        self._max_body = max_body
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
+        body = read_json(req, self._max_body, required=False) or {}
+        if not isinstance(body, dict) or set(body) - RERUN_FIELDS:
+            raise json_error(
+                falcon.HTTP_400, "the body may only hold 'from', 'reason' and 'requested_by'"
+            )
+        by = body.get("requested_by", "api")
+        if not isinstance(by, str):
+            raise json_error(falcon.HTTP_400, "'requested_by' must be a string")
+        params.storable(by, "requested_by")
+        reason, from_task = _optional_text(body, "reason"), _optional_text(body, "from")
+        done = self._operator.rerun(run_id, by, reason, from_task)
+        params.send(
+            resp,
+            {
+                "run": run_dict(done.run),
+                "previous_state": done.previous_state,
+                "task_run_ids": list(done.task_ids),
+                "task_names": list(done.task_names),
+            },
+        )
+
+    def on_get(self, _req: falcon.Request, resp: falcon.Response, run_id: str) -> None:
+        self._operator.get_run(run_id)  # 404 for an unknown run, 400 for a malformed id
+        history = self._operator.rerun_history(run_id)
+        params.send(resp, {"reruns": [to_dict(entry) for entry in history]})
+
+
+def _optional_text(body: Mapping[str, Any], name: str) -> str | None:
+    """``body[name]``: absent or null is None, a string PostgreSQL can store, else a 400."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise json_error(falcon.HTTP_400, f"'{name}' must be a string")
+    return params.storable(value, name)

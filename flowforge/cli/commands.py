@@ -172,6 +172,8 @@ def status(args: argparse.Namespace) -> int:
     if run.schedule is not None:
         fired = f"{run.fire_time:%Y-%m-%d %H:%M:%S}" if run.fire_time else "-"
         output.line(f"schedule {run.schedule}  fire time {fired}")
+    if run.compensated:
+        output.line(f"compensated: {', '.join(run.compensated)}")
     output.table(
         ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID"),
         [
@@ -201,6 +203,12 @@ def _task_reason(task: TaskRun) -> str | None:
         return f"waits for event {task.event_name} key {task.event_key!r}{until}"
     if task.state == TaskState.RUNNING and task.wake_at is not None:
         return f"sleeps until {task.wake_at.isoformat(timespec='seconds')}"
+    if task.skipped:  # a run_if skip: say why, not "cancelled"
+        if task.run_if == "all_succeeded":
+            return "skipped: a dependency was skipped"
+        return f"skipped: run_if {task.run_if} not met"
+    if task.state == TaskState.PENDING and task.run_if != "all_succeeded":
+        return f"run_if {task.run_if}"
     reason = None if task.failure_reason is None else str(task.failure_reason)
     if task.item_counts is not None and task.state != TaskState.PENDING:
         items = maps.summary(task.item_counts)
@@ -297,6 +305,28 @@ def dead_requeue(args: argparse.Namespace) -> int:
     with _client(args) as client:
         task = client.requeue(args.task_run_id, args.by or getpass.getuser(), args.reason)
     output.line(f"task run {task.id} requeued: {task.state}")
+    return exitcodes.OK
+
+
+def rerun(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        done = client.rerun(
+            args.run_id, args.by or getpass.getuser(), args.reason, getattr(args, "from")
+        )
+    if args.json:
+        output.emit_json(
+            {
+                "run": output.run_dict(done.run),
+                "previous_state": done.previous_state,
+                "task_run_ids": list(done.task_ids),
+                "task_names": list(done.task_names),
+            }
+        )
+        return exitcodes.OK
+    output.line(
+        f"run {done.run.id} ({done.previous_state}) rerun: {len(done.task_names)} task(s) "
+        f"reset: {', '.join(done.task_names)}; now {done.run.state}"
+    )
     return exitcodes.OK
 
 

@@ -105,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     json_flag(p)
 
+    p = command(
+        "rerun",
+        commands.rerun,
+        "run a finished run again from its failed tasks (or --from TASK), audited",
+    )
+    p.add_argument("run_id")
+    p.add_argument(
+        "--from", default=None, metavar="TASK", help="also rerun TASK and what follows it"
+    )
+    p.add_argument("--reason", default=None, help="recorded in the audit row")
+    p.add_argument("--by", default=None, help="who reruns (default: the OS user)")
+    json_flag(p)
+
     p = command("stats", commands.stats, "retries, failure reasons, backlog, poison, dead tasks")
     p.add_argument("--poison-threshold", type=int, default=3, help="attempts (default 3)")
     json_flag(p)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from flowforge.domain.conditions import RunIf
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
@@ -75,6 +76,8 @@ class TaskDef:
     timeout and key templates, which may use ``{item}``, ``{index}`` and ``{item[field]}``.
     A task with ``wait_for_event`` has no handler either: it waits, holding no worker, for a
     matching event (whose data becomes its result) or its timeout.
+    ``run_if`` (``domain/conditions.py``): ``all_done`` runs once every dependency finished
+    whatever its outcome, ``any_failed`` only if one ended DEAD (else it is skipped).
     """
 
     name: str
@@ -89,10 +92,21 @@ class TaskDef:
     for_each: str | None = None  # a map over this upstream task's list result
     max_parallel: int | None = None  # a map's items running at once; None: no limit
     wait_for_event: EventWait | None = None  # waits for an event (no handler)
+    run_if: RunIf = RunIf.ALL_SUCCEEDED
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         self._check_map()
+        if not isinstance(self.run_if, RunIf):  # a string from Python code: its enum, or refused
+            if self.run_if not in {r.value for r in RunIf}:
+                valid = ", ".join(r.value for r in RunIf)
+                raise DefinitionError(f"task {self.name!r}: run_if must be one of {valid}")
+            object.__setattr__(self, "run_if", RunIf(self.run_if))
+        if self.run_if is not RunIf.ALL_SUCCEEDED and not self.depends_on and self.for_each is None:
+            raise DefinitionError(
+                f"task {self.name!r}: run_if: {self.run_if} needs depends_on (its condition "
+                "is on the outcomes of its dependencies)"
+            )
         if self.sleep is not None:
             self._check_timer()
         elif self.wait_for_event is not None:
@@ -346,6 +360,13 @@ class WorkflowDef:
 
 
 def _task_to_dict(task: TaskDef) -> dict[str, Any]:
+    data = _task_keys(task)
+    if task.run_if is not RunIf.ALL_SUCCEEDED:  # only when set: existing digests stay
+        data["run_if"] = str(task.run_if)
+    return data
+
+
+def _task_keys(task: TaskDef) -> dict[str, Any]:
     if task.sleep is not None:  # a timer: none of an execution's keys
         return {"name": task.name, "depends_on": list(task.depends_on), "sleep": float(task.sleep)}
     if task.wait_for_event is not None:  # a wait: none of an execution's keys either

@@ -10,8 +10,9 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+from flowforge.domain.conditions import RunIf
 from flowforge.domain.reasons import FailureReason, RunFailureReason
-from flowforge.domain.states import RunState, TaskState
+from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.errors import InvalidIdError
 
 
@@ -49,6 +50,13 @@ class TaskRun:
     item_index: int | None = None  # a map's item: its position from 0 (task reads)
     event_name: str | None = None  # a wait_for_event task: the event it waits for
     event_key: str | None = None  # ... and its key, rendered from the run input
+    run_if: RunIf = RunIf.ALL_SUCCEEDED  # its condition on its dependencies (SPEC 7.3)
+    cancel_cause: CancelCause | None = None  # why it was cancelled (condition_not_met: skipped)
+
+    @property
+    def skipped(self) -> bool:
+        """A ``run_if`` skip (or downstream of skips only): CANCELLED, not a failure."""
+        return self.cancel_cause is CancelCause.CONDITION_NOT_MET
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,40 @@ class Run:
             if task.name == name:
                 return task
         raise KeyError(name)
+
+    @property
+    def compensated(self) -> tuple[str, ...]:
+        """Names of the compensation steps (``run_if: any_failed``) that SUCCEEDED: what was
+        compensated for the failure (the run still ends FAILED)."""
+        return tuple(
+            t.name
+            for t in self.tasks
+            if t.run_if is RunIf.ANY_FAILED and t.state is TaskState.SUCCEEDED
+        )
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """What ``rerun`` did: the run after it, the task runs it reset (ids and names, in one
+    order) and the state the run had finished in."""
+
+    run: Run
+    task_ids: tuple[UUID, ...]
+    task_names: tuple[str, ...]
+    previous_state: RunState
+
+
+@dataclass(frozen=True)
+class RerunEntry:
+    """One rerun of a finished run, as recorded in ``rerun_audit``."""
+
+    requested_by: str
+    reason: str | None
+    from_task: str | None
+    previous_state: RunState
+    task_run_ids: tuple[UUID, ...]
+    task_names: tuple[str, ...]
+    requested_at: datetime
 
 
 @dataclass(frozen=True)
@@ -187,6 +229,7 @@ class PassReport:
     fired: int = 0  # schedules whose due fire times were decided
     maps: int = 0  # map tasks expanded, buried or settled, and item slots opened
     events: int = 0  # event waits started (or delivered at once) or timed out
+    conditions: int = 0  # run_if tasks decided (gate opened or skipped)
 
     @property
     def total(self) -> int:
@@ -201,6 +244,7 @@ class PassReport:
             + self.fired
             + self.maps
             + self.events
+            + self.conditions
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.domain import timing
+from flowforge.domain.conditions import is_conditional
 from flowforge.domain.dag import WorkflowDef, render_key
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
@@ -32,6 +33,9 @@ class PlannedTask:
     ``max_parallel`` of them running at once), whose key templates are rendered per item.
     ``event_name``, ``event_key`` (rendered from the run input) and ``event_timeout_s``: a wait
     for an event (no handler, never READY, never dispatched either).
+    ``run_if``: a conditional task
+    (not ``all_succeeded``) counts one more "dependency" in ``pending``, its condition gate,
+    which only the scheduler's ``evaluate_conditions`` opens (or it skips the task).
     """
 
     run_id: UUID
@@ -54,6 +58,7 @@ class PlannedTask:
     event_name: str | None = None
     event_key: str | None = None
     event_timeout_s: float | None = None
+    run_if: str = "all_succeeded"
 
 
 @dataclass
@@ -169,12 +174,15 @@ def plan_runs(
                 sleep_s=task.sleep,
                 for_each=task.for_each,
                 max_parallel=task.max_parallel,
+                run_if=str(task.run_if),
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
                 planned.event_name = wait.name
                 planned.event_key = _render(wait.key, run_input, f"{label} wait_for_event.key")
                 planned.event_timeout_s = float(wait.timeout)
+            if is_conditional(task.run_if):
+                planned.pending += 1  # the condition gate (a conditional task is never a root)
             if gated and not task.depends_on:
                 planned.pending += 1
                 planned.start_gate = True

@@ -24,6 +24,7 @@ class RunFacts:
     cancel_requested: bool = False  # an operator cancelled the run
     start_gate_closed: bool = False  # a delayed run whose start time has not come yet
     deadline_exceeded: bool = False  # the run's deadline passed: it ends FAILED
+    skipped: int = 0  # CANCELLED tasks whose cause is condition_not_met (a run_if skip)
 
     def count(self, state: TaskState) -> int:
         return self.counts.get(state, 0)
@@ -59,7 +60,9 @@ Rule = tuple[str, Callable[[RunFacts], bool], RunState]
 #: Once settled, a passed deadline makes the run FAILED although it cancelled the tasks (the
 #: cancellations are its consequence); an operator's cancellation beats a failure; otherwise a
 #: DEAD task makes the run FAILED even when fail-fast cancelled its dependents (those
-#: cancellations are a consequence of the failure, not an operator's decision).
+#: cancellations are a consequence of the failure, not an operator's decision) and even when a
+#: compensation (``run_if: any_failed``) succeeded. A ``run_if`` skip (CANCELLED, cause
+#: ``condition_not_met``) is no cancellation: a saga whose refund was skipped SUCCEEDED.
 PRECEDENCE: tuple[Rule, ...] = (
     ("a task can still change", lambda f: not f.finished and f.started, RunState.RUNNING),
     (
@@ -75,8 +78,16 @@ PRECEDENCE: tuple[Rule, ...] = (
         RunState.CANCELLED,
     ),
     ("a task is dead", lambda f: f.count(TaskState.DEAD) > 0, RunState.FAILED),
-    ("a task is cancelled", lambda f: f.count(TaskState.CANCELLED) > 0, RunState.CANCELLED),
-    ("every task succeeded", lambda f: f.count(TaskState.SUCCEEDED) == f.total, RunState.SUCCEEDED),
+    (
+        "a task is cancelled (not a skip)",
+        lambda f: f.count(TaskState.CANCELLED) > f.skipped,
+        RunState.CANCELLED,
+    ),
+    (
+        "every task succeeded or was skipped",
+        lambda f: f.count(TaskState.SUCCEEDED) + f.skipped == f.total,
+        RunState.SUCCEEDED,
+    ),
 )
 
 

@@ -48,3 +48,6 @@ class CancelCause(StrEnum):
     OPERATOR = "operator"
     UPSTREAM = "upstream"
     DEADLINE = "deadline"  # the run's deadline passed (the run ends FAILED, deadline_exceeded)
+    #: a ``run_if`` task skipped because its condition can never hold, or a task downstream
+    #: of only such skips: a skip, not a failure (the run can still succeed)
+    CONDITION_NOT_MET = "condition_not_met"

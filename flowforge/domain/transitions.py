@@ -26,11 +26,12 @@ TRANSITIONS: Mapping[S, frozenset[S]] = {
     S.FAILED: frozenset({S.RETRYING, S.DEAD, S.CANCELLED}),
     # promote a due retry / cancel
     S.RETRYING: frozenset({S.READY, S.CANCELLED}),
-    # audited requeue
+    # audited requeue (or an audited rerun of its finished run)
     S.DEAD: frozenset({S.PENDING}),
-    # revived by the requeue of the dead task that caused the cancellation
+    # revived by the requeue of the dead task that caused the cancellation (or by a rerun)
     S.CANCELLED: frozenset({S.PENDING}),
-    S.SUCCEEDED: frozenset(),
+    # only an audited `rerun --from` of a finished run resets a success (and what follows it)
+    S.SUCCEEDED: frozenset({S.PENDING}),
 }
 
 

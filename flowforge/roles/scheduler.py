@@ -143,6 +143,7 @@ class Scheduler:
             events = self._repo.expire_event_waits(batch) + self._repo.start_event_waits(
                 batch, self._config.events.retention
             )
+            conditions = self._repo.evaluate_conditions(batch)  # opened gates: promoted now
             promoted = self._repo.promote_ready(batch)
             return PassReport(
                 propagated=propagated,
@@ -155,6 +156,7 @@ class Scheduler:
                 fired=self._fire(batch),
                 maps=maps,
                 events=events,
+                conditions=conditions,
             )
 
     def _fire(self, batch: int) -> int:

@@ -14,10 +14,18 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.domain import transitions
-from flowforge.domain.model import BulkRequeue, DeadFilter, DeadPurge, Run, TaskRun, parse_id
-from flowforge.domain.states import CancelCause, TaskState
+from flowforge.domain.model import (
+    BulkRequeue,
+    DeadFilter,
+    DeadPurge,
+    Rerun,
+    Run,
+    TaskRun,
+    parse_id,
+)
+from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.domain.values import MAX_NOTE_BYTES, check_text
-from flowforge.errors import NotDeadError, NotFoundError
+from flowforge.errors import NotDeadError, NotFinishedError, NotFoundError
 from flowforge.store import rows
 from flowforge.store.part import Tx
 from flowforge.store.reads import Reads, dead_params, run_with_tasks, task_by_id, text_filter
@@ -83,6 +91,42 @@ class Operator(Reads):
             extra={"action": "tasks_requeued"},
         )
         return BulkRequeue(matched, limit, False, tuple(requeued), tuple(skipped))
+
+    def rerun(
+        self,
+        run_id: UUID | str,
+        requested_by: str,
+        reason: str | None = None,
+        from_task: str | None = None,
+    ) -> Rerun:
+        """Run a finished run again from its DEAD and CANCELLED tasks (and, with
+        ``from_task``, from that task too), with everything downstream of them: they go back
+        to PENDING with a fresh retry budget; SUCCEEDED tasks upstream keep their results.
+        One transaction with its ``rerun_audit`` row (who, when, why, which tasks).
+
+        Refused (nothing changed): :class:`NotFoundError` for an unknown run or a
+        ``from_task`` the run has no task of that name, :class:`NotFinishedError` for a run
+        that is not finished (or with nothing to rerun).
+        """
+        rid = parse_id(run_id, "run id")
+        transitions.check(
+            (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED), TaskState.PENDING
+        )
+        check_text(requested_by, "requested_by", MAX_NOTE_BYTES)
+        if reason is not None:
+            check_text(reason, "the rerun reason", MAX_NOTE_BYTES)
+        if from_task is not None:
+            check_text(from_task, "the task to rerun from", MAX_NOTE_BYTES)
+        rerun = self._transaction(_rerun, rid, requested_by, reason, from_task)
+        logger.info(
+            "rerun of run %s by %r: %d task(s) reset (%s)",
+            rid,
+            requested_by,
+            len(rerun.task_names),
+            ", ".join(rerun.task_names[:10]),
+            extra={"action": "run_rerun"},
+        )
+        return rerun
 
     def purge_dead(
         self, age_s: float, requested_by: str, limit: int, workflow: str | None = None
@@ -184,7 +228,9 @@ def _requeue(tx: Tx, tid: UUID, requested_by: str, reason: str | None) -> None:
     # a map comes back with its dead items, an item with its dead map (no-ops for other tasks)
     tx.all("requeue_map_items", {"id": tid})
     tx.all("reopen_map", {"id": tid})
-    tx.all("revive_cancelled", {"run_id": row["run_id"], "id": tid})
+    revived = tx.all("revive_cancelled", {"run_id": row["run_id"], "id": tid})
+    # conditional (run_if) dependents counted these as finished: they wait for them again
+    tx.all("regate_conditions", {"ids": [tid, *(r["id"] for r in revived)]})
     tx.all(
         "insert_audit",
         {
@@ -197,6 +243,49 @@ def _requeue(tx: Tx, tid: UUID, requested_by: str, reason: str | None) -> None:
     )
     derive_states(tx, [row["run_id"]])
     tx.all("notify_scheduler")
+
+
+def _rerun(
+    tx: Tx, rid: UUID, requested_by: str, reason: str | None, from_task: str | None
+) -> Rerun:
+    """Task rows first, then the run (the order every writer uses)."""
+    tx.all("lock_run_tasks", {"ids": [rid]})
+    run = tx.one("lock_rerun", {"id": rid})
+    if run is None:
+        raise NotFoundError(f"no run with id {rid}")
+    if not run["finished"]:
+        raise NotFinishedError(
+            f"run {rid} is {run['state']}, not finished: only a finished run can be rerun "
+            "(cancel it first, or wait)"
+        )
+    if from_task is not None:
+        known = {r["name"] for r in tx.all("run_task_names", {"id": rid})}
+        if from_task not in known:
+            raise NotFoundError(f"run {rid} has no task named {from_task!r}")
+    reset = tx.all("rerun_tasks", {"id": rid, "from_task": from_task})
+    if not reset:
+        raise NotFinishedError(
+            f"run {rid} is {run['state']} with no failed or cancelled task: nothing to rerun "
+            "(name a task with --from to run it and what follows again)"
+        )
+    ids = [r["id"] for r in reset]
+    names = [r["name"] for r in reset]
+    tx.all("reopen_run", {"id": rid})
+    tx.all(
+        "insert_rerun_audit",
+        {
+            "id": rid,
+            "by": requested_by,
+            "reason": reason,
+            "from_task": from_task,
+            "previous_state": run["state"],
+            "task_run_ids": ids,
+            "task_names": names,
+        },
+    )
+    derive_states(tx, [rid])
+    tx.all("notify_scheduler")
+    return Rerun(run_with_tasks(tx, rid), tuple(ids), tuple(names), RunState(run["state"]))
 
 
 def _purge_dead(

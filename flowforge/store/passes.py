@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-from flowforge.domain import transitions
+from flowforge.domain import conditions, transitions
 from flowforge.domain.model import Routed
 from flowforge.domain.policy import (
     DEFAULT_CRASH_LOOP_THRESHOLD,
@@ -99,6 +99,14 @@ class Passes(Part):
         """
         transitions.check(TaskState.PENDING, TaskState.CANCELLED)
         return self._transaction(_propagate, limit)
+
+    def evaluate_conditions(self, limit: int) -> int:
+        """Conditional (``run_if``) tasks whose dependencies all finished: the condition holds
+        → the gate opens (``promote_ready`` makes them READY), it cannot → PENDING → CANCELLED,
+        cause ``condition_not_met`` (a skip). One transaction; a task is decided once, whoever
+        races or dies (the apply names the gate it locked). Returns how many were decided."""
+        transitions.check(TaskState.PENDING, TaskState.CANCELLED)
+        return self._transaction(_evaluate, limit)
 
     def start_due_runs(self, limit: int) -> int:
         """SCHEDULED runs whose start time has come (``start_at <= now()``, the database's
@@ -234,6 +242,7 @@ def _propagate(tx: Tx, limit: int) -> int:
     )
     if ended:
         tx.all("cancel_dependents", {"ids": ended})
+        tx.all("release_conditions", {"ids": ended})
     if fail_fast:
         stop_runs(tx, fail_fast, CancelCause.UPSTREAM)
     tx.all("mark_propagated", {"ids": [r["id"] for r in finished]})
@@ -246,6 +255,18 @@ def _propagate(tx: Tx, limit: int) -> int:
         changed |= {row["id"] for row in tx.all("runs_to_derive", {"ids": succeeded_only})}
     derive_states(tx, changed)
     return len(finished)
+
+
+def _evaluate(tx: Tx, limit: int) -> int:
+    locked = tx.all("lock_conditions", {"limit": limit})
+    verdicts = {row["id"]: conditions.decide(row["run_if"], row["upstream"]) for row in locked}
+    decided = {tid: str(v) for tid, v in verdicts.items() if v is not conditions.Verdict.WAIT}
+    if not decided:
+        return 0
+    applied = tx.all("apply_conditions", {"ids": list(decided), "verdicts": list(decided.values())})
+    if applied:
+        tx.all("notify_scheduler")  # a skip to propagate, a gate opened to promote
+    return len(applied)
 
 
 def _start_due(tx: Tx, limit: int) -> int:

@@ -50,27 +50,28 @@ SELECT id, idempotency_key, request_digest
 WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
-                           on_dead, start_gate, sleep_s, state, ready_at, for_each, max_parallel,
-                           event_name, event_key, event_timeout_s)
+                           on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
+                           max_parallel, event_name, event_key, event_timeout_s)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
-           t.start_gate, t.sleep_s,
+           t.start_gate, t.sleep_s, t.run_if,
            CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
                      AND t.event_name IS NULL
                 THEN 'READY' ELSE 'PENDING' END,
            CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
+                     AND t.event_name IS NULL
                 THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
                   %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[],
-                  %(start_gates)s::bool[], %(sleeps)s::float8[], %(for_each)s::text[],
-                  %(max_parallel)s::int[], %(event_names)s::text[], %(event_keys)s::text[],
-                  %(event_timeouts)s::float8[])
+                  %(start_gates)s::bool[], %(sleeps)s::float8[], %(run_ifs)s::text[],
+                  %(for_each)s::text[], %(max_parallel)s::int[], %(event_names)s::text[],
+                  %(event_keys)s::text[], %(event_timeouts)s::float8[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
-                for_each, max_parallel, event_name, event_key, event_timeout_s)
+                run_if, for_each, max_parallel, event_name, event_key, event_timeout_s)
     RETURNING id, state, fencing_token
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
@@ -221,17 +222,35 @@ SELECT t.id, t.run_id, t.state, r.fail_fast
    FOR UPDATE OF t SKIP LOCKED;
 
 -- name: cancel_dependents
--- A task that can never run because an upstream task died or was cancelled.
+-- A task that can never run because an upstream task died or was cancelled. A conditional
+-- (run_if) task is not cancelled: release_conditions counts the finished upstream instead.
+-- Downstream of run_if skips only, the cancellation is a skip too (cause condition_not_met).
 UPDATE task_runs t
-   SET state = 'CANCELLED', cancel_cause = 'upstream', failure_reason = 'cancelled',
+   SET state = 'CANCELLED', cancel_cause = x.cause, failure_reason = 'cancelled',
        fencing_token = t.fencing_token + 1, finished_at = now(), propagated = false,
        updated_at = now()
-  FROM task_edges e
- WHERE e.upstream_id = ANY(%(ids)s::uuid[]) AND t.id = e.downstream_id AND t.state = 'PENDING';
+  FROM (SELECT e.downstream_id AS id,
+               CASE WHEN bool_and(u.cancel_cause IS NOT DISTINCT FROM 'condition_not_met')
+                    THEN 'condition_not_met' ELSE 'upstream' END AS cause
+          FROM task_edges e
+          JOIN task_runs u ON u.id = e.upstream_id
+         WHERE e.upstream_id = ANY(%(ids)s::uuid[])
+         GROUP BY e.downstream_id) AS x
+ WHERE t.id = x.id AND t.state = 'PENDING' AND t.run_if = 'all_succeeded';
 
 -- name: cancel_not_started
 -- Cancels every task of the given runs that is not executing right now: not started, or a
--- sleeping durable timer (RUNNING with a wake time, no worker: nothing to ask).
+-- sleeping durable timer (RUNNING with a wake time, no worker: nothing to ask). Fail-fast
+-- (cause upstream) spares a conditional (run_if) task not finished yet — waiting for its
+-- condition or already let through — and everything downstream of one: a compensation waits
+-- for the failure that set it off. An operator's cancel and a deadline spare nothing.
+WITH RECURSIVE spared(id) AS (
+    SELECT t.id FROM task_runs t
+     WHERE %(cause)s = 'upstream' AND t.run_id = ANY(%(run_ids)s::uuid[])
+       AND t.state IN ('PENDING', 'READY', 'RETRYING', 'FAILED') AND t.run_if <> 'all_succeeded'
+    UNION
+    SELECT e.downstream_id FROM task_edges e JOIN spared s ON e.upstream_id = s.id
+)
 UPDATE task_runs
    SET state = 'CANCELLED', cancel_cause = %(cause)s, failure_reason = 'cancelled',
        fencing_token = fencing_token + 1, retry_at = NULL, finished_at = now(),
@@ -239,13 +258,16 @@ UPDATE task_runs
  WHERE run_id = ANY(%(run_ids)s::uuid[])
    AND (state IN ('PENDING', 'READY', 'RETRYING', 'FAILED')
         OR (state = 'RUNNING' AND wake_at IS NOT NULL))
+   AND id NOT IN (SELECT id FROM spared)
 RETURNING id;
 
 -- name: request_stop
 -- Running tasks learn this at once through notify_cancel, else on their next lease renewal.
+-- Fail-fast (cause upstream) lets a running conditional (run_if) task finish: a compensation.
 UPDATE task_runs
    SET cancel_requested = true, cancel_cause = %(cause)s, updated_at = now()
  WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'RUNNING' AND NOT cancel_requested
+   AND NOT (%(cause)s = 'upstream' AND run_if <> 'all_succeeded')
 RETURNING id, run_id;
 
 -- name: runs_to_derive
@@ -274,7 +296,8 @@ SELECT id, state, cancel_requested_at IS NOT NULL AS cancel_requested,
 
 -- name: run_facts
 SELECT run_id, state, count(*) AS n, bool_or(attempt > 0) AS attempted,
-       bool_or(start_gate) AS gated
+       bool_or(start_gate) AS gated,
+       count(*) FILTER (WHERE cancel_cause = 'condition_not_met') AS skipped
   FROM task_runs
  WHERE run_id = ANY(%(ids)s::uuid[])
  GROUP BY run_id, state;
@@ -329,6 +352,51 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM idempotency_keys k USING doomed WHERE k.key = doomed.key;
+
+-- name: release_conditions
+-- Conditional (run_if) dependents of tasks that died or were cancelled count them as
+-- finished (a success counted down in its finishing statement already): pending_deps 1 left
+-- means only the condition gate, for evaluate_conditions. Propagate runs this once per
+-- finished task (it marks them propagated in the same transaction).
+UPDATE task_runs t
+   SET pending_deps = t.pending_deps - x.n, updated_at = now()
+  FROM (SELECT e.downstream_id AS id, count(*) AS n
+          FROM task_edges e
+         WHERE e.upstream_id = ANY(%(ids)s::uuid[])
+         GROUP BY e.downstream_id) AS x
+ WHERE t.id = x.id AND t.state = 'PENDING' AND t.run_if <> 'all_succeeded';
+
+-- name: lock_conditions
+-- Conditional tasks whose dependencies are all finished (only the gate left), with their
+-- dependencies' states, for domain/conditions.py to decide.
+SELECT t.id, t.run_id, t.run_if,
+       array(SELECT u.state FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+              WHERE e.downstream_id = t.id) AS upstream
+  FROM task_runs t
+ WHERE t.state = 'PENDING' AND t.pending_deps = 1 AND t.run_if <> 'all_succeeded'
+ ORDER BY t.seq
+ LIMIT %(limit)s
+   FOR UPDATE OF t SKIP LOCKED;
+
+-- name: apply_conditions
+-- One conditional statement for the batch: 'run' opens the gate (pending_deps 0; promote_ready
+-- makes the task READY, stream permitting), 'skip' is PENDING → CANCELLED, cause
+-- condition_not_met. A task whose gate something else moved since the lock matches nothing.
+UPDATE task_runs t
+   SET pending_deps = CASE WHEN v.verdict = 'run' THEN 0 ELSE t.pending_deps END,
+       state = CASE WHEN v.verdict = 'skip' THEN 'CANCELLED' ELSE t.state END,
+       cancel_cause = CASE WHEN v.verdict = 'skip' THEN 'condition_not_met'
+                           ELSE t.cancel_cause END,
+       failure_reason = CASE WHEN v.verdict = 'skip' THEN 'cancelled' ELSE t.failure_reason END,
+       fencing_token = CASE WHEN v.verdict = 'skip' THEN t.fencing_token + 1
+                            ELSE t.fencing_token END,
+       finished_at = CASE WHEN v.verdict = 'skip' THEN now() ELSE t.finished_at END,
+       propagated = CASE WHEN v.verdict = 'skip' THEN false ELSE t.propagated END,
+       updated_at = now()
+  FROM unnest(%(ids)s::uuid[], %(verdicts)s::text[]) AS v(id, verdict)
+ WHERE t.id = v.id AND t.state = 'PENDING' AND t.pending_deps = 1
+   AND t.run_if <> 'all_succeeded'
+RETURNING t.id, t.run_id, v.verdict;
 
 -- ------------------------------------------------------------------ scheduler: time
 
@@ -702,13 +770,21 @@ UPDATE workflow_runs
 RETURNING id;
 
 -- name: requeue_dead
--- DEAD → PENDING with a fresh retry budget; dependencies are counted anew.
+-- DEAD → PENDING with a fresh retry budget; dependencies are counted anew (for a conditional
+-- run_if task: its unfinished ones and its condition gate, evaluated again).
 UPDATE task_runs t
    SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
        failure_reason = NULL, retry_at = NULL, finished_at = NULL, crash_streak = 0,
        cancel_requested = false, propagated = true, updated_at = now(),
-       pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-                        WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
+       pending_deps = CASE
+           WHEN t.run_if = 'all_succeeded' THEN
+               (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                 WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
+           ELSE 1 + (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                      WHERE e.downstream_id = t.id  -- the gate's invariant: regate_conditions
+                        AND NOT (u.state = 'SUCCEEDED'
+                                 OR (u.state IN ('DEAD', 'CANCELLED') AND u.propagated)))
+       END
  WHERE t.id = %(id)s AND t.state = 'DEAD'
 RETURNING t.id, t.run_id, t.attempt;
 
@@ -754,6 +830,78 @@ SELECT id FROM revived;
 INSERT INTO requeue_audit (task_run_id, requested_by, reason, previous_reason, attempt)
 VALUES (%(id)s, %(by)s, %(reason)s, %(previous_reason)s, %(attempt)s);
 
+-- name: regate_conditions
+-- A requeue brings tasks back from DEAD / CANCELLED: the conditional (run_if) dependents still
+-- waiting on them have their gate counted anew, as the invariant every writer keeps: 1 (the
+-- condition) + each dependency not yet counted off — a success is counted off by the statement
+-- that makes it, a death or cancellation by propagate (release_conditions), so one not yet
+-- propagated still counts here and is counted off once, later.
+UPDATE task_runs t
+   SET pending_deps = 1 + (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                            WHERE e.downstream_id = t.id
+                              AND NOT (u.state = 'SUCCEEDED'
+                                       OR (u.state IN ('DEAD', 'CANCELLED') AND u.propagated))),
+       updated_at = now()
+ WHERE t.id IN (SELECT downstream_id FROM task_edges WHERE upstream_id = ANY(%(ids)s::uuid[]))
+   AND t.state = 'PENDING' AND t.run_if <> 'all_succeeded';
+
+-- name: lock_rerun
+-- The run to rerun, locked after its tasks (lock_run_tasks), with what a rerun needs to know.
+SELECT id, state, finished_at IS NOT NULL AS finished
+  FROM workflow_runs
+ WHERE id = %(id)s
+   FOR UPDATE;
+
+-- name: run_task_names
+SELECT name FROM task_runs WHERE run_id = %(id)s;
+
+-- name: rerun_tasks
+-- A finished run's DEAD and CANCELLED tasks (and, with from_task, that task), with everything
+-- downstream of them, back to PENDING in one conditional statement: a fresh retry budget, a
+-- new token, no result. Every task left out SUCCEEDED, so a reset task waits for its reset
+-- upstream tasks only (plus its condition gate, for a run_if task). Results of the others
+-- stay and are handed downstream as before.
+WITH RECURSIVE chosen(id) AS (
+    SELECT id FROM task_runs
+     WHERE run_id = %(id)s
+       AND (state IN ('DEAD', 'CANCELLED') OR name = %(from_task)s)
+    UNION
+    SELECT e.downstream_id FROM task_edges e JOIN chosen c ON e.upstream_id = c.id
+)
+UPDATE task_runs t
+   SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
+       failure_reason = NULL, last_error = NULL, result = NULL, retry_at = NULL,
+       finished_at = NULL, crash_streak = 0, cancel_requested = false, cancel_cause = NULL,
+       wake_at = NULL, start_gate = false, propagated = true, updated_at = now(),
+       pending_deps = (SELECT count(*) FROM task_edges e
+                        WHERE e.downstream_id = t.id
+                          AND e.upstream_id IN (SELECT id FROM chosen))
+                      + CASE WHEN t.run_if <> 'all_succeeded' THEN 1 ELSE 0 END
+ WHERE t.id IN (SELECT id FROM chosen) AND t.run_id = %(id)s
+   AND t.state IN ('SUCCEEDED', 'DEAD', 'CANCELLED')
+RETURNING t.id, t.name;
+
+-- name: reopen_run
+-- A rerun run is no longer finished, cancelled or past a deadline: it has none any more (its
+-- deadline ended it once; a rerun is the operator's decision to carry on).
+UPDATE workflow_runs
+   SET finished_at = NULL, cancel_requested_at = NULL, failure_reason = NULL,
+       deadline_at = NULL, updated_at = now()
+ WHERE id = %(id)s AND finished_at IS NOT NULL
+RETURNING id;
+
+-- name: insert_rerun_audit
+INSERT INTO rerun_audit (run_id, requested_by, reason, from_task, previous_state,
+                         task_run_ids, task_names)
+VALUES (%(id)s, %(by)s, %(reason)s, %(from_task)s, %(previous_state)s, %(task_run_ids)s,
+        %(task_names)s);
+
+-- name: get_rerun_audit
+SELECT requested_by, reason, from_task, previous_state, task_run_ids, task_names, requested_at
+  FROM rerun_audit
+ WHERE run_id = %(id)s
+ ORDER BY id;
+
 -- ------------------------------------------------------------------ reads
 
 -- name: task_state
@@ -769,6 +917,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
        t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at, t.event_name, t.event_key,
+       t.run_if, t.cancel_cause,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
@@ -787,6 +936,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
        t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at, t.event_name, t.event_key,
+       t.run_if, t.cancel_cause,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,

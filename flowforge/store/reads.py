@@ -16,6 +16,7 @@ from flowforge.domain.model import (
     DeadTask,
     OutboxBacklog,
     Overview,
+    RerunEntry,
     Run,
     Stats,
     TaskDetail,
@@ -36,6 +37,12 @@ class Reads(Part):
     def get_run(self, run_id: UUID | str) -> Run:
         """The run with its tasks; :class:`NotFoundError` if there is none."""
         return self._transaction(run_with_tasks, parse_id(run_id, "run id"))
+
+    def rerun_history(self, run_id: UUID | str) -> tuple[RerunEntry, ...]:
+        """Every rerun of the run (who, when, why, from which task, which task runs), oldest
+        first; empty for a run never rerun or unknown."""
+        found = self._query("get_rerun_audit", {"id": parse_id(run_id, "run id")})
+        return tuple(rows.rerun_entry(r) for r in found)
 
     def get_task(self, task_run_id: UUID | str) -> TaskRun:
         """A task run; :class:`NotFoundError` if there is none."""

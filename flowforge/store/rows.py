@@ -14,6 +14,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from flowforge.domain.conditions import RunIf
 from flowforge.domain.model import (
     Attempt,
     AuditEntry,
@@ -33,6 +34,7 @@ from flowforge.domain.model import (
     Overview,
     PoisonCandidate,
     ProcessInfo,
+    RerunEntry,
     RetryBacklog,
     Routed,
     Run,
@@ -45,7 +47,7 @@ from flowforge.domain.plan import PlannedTask
 from flowforge.domain.policy import FailureFacts, Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason, RunFailureReason
 from flowforge.domain.schedule import Fire
-from flowforge.domain.states import RunState, TaskState
+from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.domain.values import (
     MAX_ERROR_CHARS,
     MAX_TRACEBACK_CHARS,
@@ -97,6 +99,8 @@ def task_run(row: Row) -> TaskRun:
         depends_on=tuple(row["depends_on"] or ()),
         sleep_s=row["sleep_s"],
         wake_at=row["wake_at"],
+        run_if=RunIf(row.get("run_if") or RunIf.ALL_SUCCEEDED),
+        cancel_cause=_cause(row.get("cancel_cause")),
         event_name=row.get("event_name"),
         event_key=row.get("event_key"),
         for_each=row.get("for_each"),
@@ -121,6 +125,10 @@ def map_item(row: Row) -> MapItem:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
     )
+
+
+def _cause(value: str | None) -> CancelCause | None:
+    return None if value is None else CancelCause(value)
 
 
 def dead_task(row: Row) -> DeadTask:
@@ -172,6 +180,18 @@ def audit_entry(row: Row) -> AuditEntry:
         reason=row["reason"],
         previous_reason=row["previous_reason"],
         attempt=row["attempt"],
+        requested_at=row["requested_at"],
+    )
+
+
+def rerun_entry(row: Row) -> RerunEntry:
+    return RerunEntry(
+        requested_by=row["requested_by"],
+        reason=row["reason"],
+        from_task=row["from_task"],
+        previous_state=RunState(row["previous_state"]),
+        task_run_ids=tuple(row["task_run_ids"]),
+        task_names=tuple(row["task_names"]),
         requested_at=row["requested_at"],
     )
 
@@ -391,6 +411,7 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "event_names": [t.event_name for t in tasks],
         "event_keys": [t.event_key for t in tasks],
         "event_timeouts": [t.event_timeout_s for t in tasks],
+        "run_ifs": [t.run_if for t in tasks],
     }
 
 

@@ -35,8 +35,10 @@ def derive_states(tx: Tx, run_ids: Iterable[UUID]) -> None:
     counts: dict[UUID, dict[TaskState, int]] = {r["id"]: {} for r in locked}
     attempted: dict[UUID, bool] = dict.fromkeys(counts, False)
     gated: dict[UUID, bool] = dict.fromkeys(counts, False)
+    skipped: dict[UUID, int] = dict.fromkeys(counts, 0)
     for row in tx.all("run_facts", {"ids": ids}):
         counts[row["run_id"]][TaskState(row["state"])] = row["n"]
+        skipped[row["run_id"]] += int(row["skipped"])
         attempted[row["run_id"]] = attempted[row["run_id"]] or bool(row["attempted"])
         gated[row["run_id"]] = gated[row["run_id"]] or bool(row["gated"])
     columns: dict[str, list[Any]] = {"ids": [], "states": [], "finished": []}
@@ -47,6 +49,7 @@ def derive_states(tx: Tx, run_ids: Iterable[UUID]) -> None:
             row["cancel_requested"],
             start_gate_closed=gated[row["id"]],
             deadline_exceeded=row["deadline_exceeded"],
+            skipped=skipped[row["id"]],
         )
         columns["ids"].append(row["id"])
         columns["states"].append(str(derive(facts)))

@@ -497,6 +497,40 @@ def test_requeue_a_dead_task_with_a_reason_runs_it_again(
     expect(page.locator("tr[data-task-id]")).to_have_count(0)
 
 
+def test_rerun_a_failed_run_from_its_page_with_a_reason(
+    page: Page, dashboard: Dashboard, sql: Sql, tmp_path: Path, screenshot: Shot
+) -> None:
+    fix = tmp_path / "fixed"
+    run_id = dashboard.trigger("ui-fixable", {"file": str(fix)})
+    tid = wait_task(sql, run_id, "only", "DEAD")
+    wait_run(sql, run_id, "FAILED")
+    reason = f"input restored ({uuid.uuid4().hex[:8]})"
+
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    save_token(page, dashboard.token)
+    expect(page.locator("[data-testid=run-state]")).to_have_text("FAILED")
+    expect(page.locator("[data-testid=cancel-run]")).to_be_hidden()
+    prompts: list[str] = []
+
+    def answer(dialog: Dialog) -> None:
+        prompts.append(dialog.type)
+        dialog.accept(reason)
+
+    page.on("dialog", answer)
+    reruns = posts_to(page, rf"/api/v1/runs/{run_id}/rerun$")
+    fix.touch()
+    page.locator("[data-testid=rerun-run]").click()
+
+    wait_run(sql, run_id, "SUCCEEDED")
+    expect(page.locator("[data-testid=run-state]")).to_have_text("SUCCEEDED")
+    expect(page.locator("[data-testid=rerun-run]")).to_be_hidden()
+    screenshot("rerun")
+    assert prompts == ["prompt"] and len(reruns) == 1
+    assert executions(sql, tid) == 2
+    audit = sql.execute("SELECT requested_by, reason, task_names FROM rerun_audit").fetchall()
+    assert audit == [("dashboard", reason, ["only"])]
+
+
 def test_requeue_all_dry_run_counts_the_matches_and_changes_nothing_until_confirmed(
     page: Page, dashboard: Dashboard, sql: Sql, tmp_path: Path, screenshot: Shot
 ) -> None:

@@ -41,6 +41,7 @@ DATABASE_COMMANDS = [
     ("dead", "list"),
     ("dead", "show", RUN_ID),
     ("dead", "requeue", RUN_ID),
+    ("rerun", RUN_ID),
     ("stats",),
     ("ps",),
 ]

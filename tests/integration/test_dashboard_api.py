@@ -107,6 +107,7 @@ PAGES = {
         "task-result",
         "cancel-run",
         "run-reason",
+        "rerun-run",
     ],
     "/ui/schedules": [
         "schedules-table",

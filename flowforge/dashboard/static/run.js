@@ -2,7 +2,8 @@
 // drawn as SVG, task states refreshed every 2 s; a click on a task shows its attempts, input
 // and result (GET /api/v1/task-runs/{id}), a timer when it wakes; the run's schedule and fire
 // time (a link to the schedule), start time, deadline and failure reason; the cancel button
-// posts to /cancel (a SCHEDULED run too).
+// posts to /cancel (a SCHEDULED run too); the rerun button (a finished run that did not
+// succeed) posts to /rerun with the reason the operator gives.
 
 import {
   $,
@@ -138,6 +139,8 @@ function drawRun(run) {
   view.state = run.state;
   // a finished run has nothing left to cancel (a SCHEDULED one has: nothing of it has run)
   $("[data-testid=cancel-run]").hidden = Boolean(run.finished_at);
+  // a finished run that did not succeed has DEAD or CANCELLED tasks to run again
+  $("[data-testid=rerun-run]").hidden = !run.finished_at || run.state === "SUCCEEDED";
 }
 
 /** Show the fact ``selector`` (and draw it) when ``value`` is set; hide it otherwise. */
@@ -276,6 +279,24 @@ async function cancelRun() {
   poll.now();
 }
 
+async function rerunRun() {
+  const reason = window.prompt(
+    `Rerun run ${runId} from its failed and cancelled tasks (and what follows them)? ` +
+      "Tasks that succeeded keep their results. Why (recorded in the audit)?",
+  );
+  if (reason === null) return;
+  try {
+    const done = await postJSON(`/api/v1/runs/${encodeURIComponent(runId)}/rerun`, {
+      reason: reason || null,
+      requested_by: "dashboard",
+    });
+    flash(`Rerun: ${done.task_names.length} task(s) reset; the run is ${done.run.state}.`, "ok");
+  } catch (err) {
+    flash(describe(err), "error");
+  }
+  poll.now();
+}
+
 function legend() {
   $("#dag-legend").replaceChildren(...STATES.map((s) => stateBadge(s)));
 }
@@ -283,4 +304,5 @@ function legend() {
 initChrome();
 legend();
 $("[data-testid=cancel-run]").addEventListener("click", cancelRun);
+$("[data-testid=rerun-run]").addEventListener("click", rerunRun);
 poll.start();
