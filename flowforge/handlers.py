@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from flowforge.domain.dag import NAME_PATTERN
+from flowforge.domain.names import NAME_PATTERN
 from flowforge.errors import ConfigError, DefinitionError
 
 MARK = "__flowforge_task__"

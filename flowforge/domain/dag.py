@@ -17,13 +17,13 @@ from enum import StrEnum
 from typing import Any
 
 from flowforge.domain.conditions import RunIf
+from flowforge.domain.names import NAME_PATTERN
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
 from flowforge.domain.values import check_text
 from flowforge.errors import DefinitionError, InputError, UnstorableValueError
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 #: Longest per-task time limit accepted (one week), in seconds.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 #: Most items a map task (``for_each``) may expand to unless its workflow sets ``max_items``.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowforge.domain.dag import NAME_PATTERN
+from flowforge.domain.names import NAME_PATTERN
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
 
