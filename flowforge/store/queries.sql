@@ -1453,7 +1453,8 @@ SELECT t.id, t.run_id, t.name, t.for_each, r.input, u.result AS source,
 -- result, in the same statement: a crash before the commit leaves neither, a repeat finds the
 -- map RUNNING (and the unique (map_id, item_index) would refuse a second item anyway). Items
 -- past max_parallel wait behind a closed slot (pending_deps 1) that open_item_slots opens;
--- promote_ready dispatches the others in item order (seq). An empty list leaves the map
+-- promote_ready makes the others READY, lowest item first under its batch limit (the outbox
+-- rows of one statement carry no order among themselves). An empty list leaves the map
 -- RUNNING with no items: settle_maps completes it in the same pass.
 WITH map AS (
     UPDATE task_runs t
