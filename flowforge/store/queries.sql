@@ -1611,11 +1611,13 @@ SELECT map_id, state, count(*) AS n
  GROUP BY map_id, state;
 
 -- name: map_items_page
--- A page of a map's items in item order, after item index %(after)s (-1: from the start).
+-- A page of a map's items in item order, after item index %(after)s (-1: from the start), in
+-- state %(state)s only unless it is null (task_runs_map_item_idx walks them in order).
 SELECT id, item_index, state, attempt, failure_reason, last_error, result, item,
        idempotency_key, started_at, finished_at
   FROM task_runs
  WHERE map_id = %(id)s AND item_index > %(after)s
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
  ORDER BY item_index
  LIMIT %(limit)s;
 
