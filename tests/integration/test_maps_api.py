@@ -20,6 +20,7 @@ import pytest
 from flowforge.cli import exitcodes
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import TaskState
+from flowforge.errors import InputError, NotFoundError
 from tests import cli_runner
 from tests.api_client import UNKNOWN_ID, Api, Reply, assert_json_error, serve_here
 from tests.e2e import Stack
@@ -58,15 +59,20 @@ def ok(reply: Reply) -> Any:
 
 
 def expanded(repo: Store, sql: Sql, n: int) -> tuple[UUID, dict[str, UUID]]:
-    """A run whose map has ``n`` items, two of them SUCCEEDED."""
+    """A run whose map has ``n`` items, items 0 and 1 SUCCEEDED."""
     run_id = repo.trigger(MAPPED, {}).run_id
     ids = task_ids(repo, run_id)
     claim = claim_task(repo, sql, ids["list"])
     repo.finish(ids["list"], claim.fencing_token, TaskState.SUCCEEDED, result=list(range(n)))
     dispatch(sql)
     drain(repo)
-    for tid, tok in dispatch(sql)[:2]:
-        item = repo.claim(tid, tok, "w", 30.0).claim
+    tokens = dict(dispatch(sql))  # the outbox rows of one statement carry no item order
+    first_two = sql.execute(
+        "SELECT id FROM task_runs WHERE map_id = %s AND item_index < 2 ORDER BY item_index",
+        (ids["process"],),
+    ).fetchall()
+    for (tid,) in first_two:
+        item = repo.claim(tid, tokens[tid], "w", 30.0).claim
         assert item is not None
         repo.finish(tid, item.fencing_token, TaskState.SUCCEEDED, result=item.index)
     drain(repo)
@@ -124,6 +130,9 @@ def test_the_items_come_a_page_at_a_time_in_item_order(api: Api, repo: Store, sq
     item = ok(api.get(f"/api/v1/task-runs/{item_id}"))
     assert item["task"]["map_id"] == str(ids["process"]) and item["task"]["item_index"] == 5
     assert item["upstream"] == {}  # the list it maps over is its item, not an upstream
+    # nor is it the map's: those are its items, paged here, not sent whole with its detail
+    assert ok(api.get(f"/api/v1/task-runs/{ids['process']}"))["upstream"] == {}
+    assert ok(api.get(f"/api/v1/task-runs/{ids['merge']}"))["upstream"] == {"process": None}
 
 
 def test_a_state_filter_pages_only_those_items_and_counts_them_all(
@@ -252,6 +261,33 @@ def test_flowforge_items_prints_the_counts_then_a_page_and_the_cursor_of_the_nex
         (0, "SUCCEEDED", 0),
         (1, "SUCCEEDED", 1),
     ]
+
+
+def test_client_map_items_pages_as_the_api_does(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    from flowforge.client import Client
+    from flowforge.config import load_config
+
+    _, ids = expanded(repo, sql, 250)
+    config = load_config(EXAMPLE, env={"FLOWFORGE_DATABASE_URL": clean_database_url})
+    with Client(config) as client:
+        seen, cursor = [], None
+        for _ in range(10):  # bounded: 250 items, 100 a page
+            page = client.map_items(ids["process"], limit=100, cursor=cursor)
+            seen += [i.index for i in page.items]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert seen == list(range(250))
+        assert page.counts == {"SUCCEEDED": 2, "READY": 248}
+        done = client.map_items(str(ids["process"]), state=TaskState.SUCCEEDED)
+        assert [i.index for i in done.items] == [0, 1] and done.next_cursor is None
+        for bad in ({"cursor": "x"}, {"limit": 0}, {"state": "later"}):
+            with pytest.raises(InputError):
+                client.map_items(ids["process"], **bad)
+        with pytest.raises(NotFoundError, match="not a map"):
+            client.map_items(ids["merge"])
 
 
 @pytest.mark.parametrize(
