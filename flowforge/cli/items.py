@@ -21,6 +21,8 @@ from flowforge.errors import NotFoundError
 from flowforge.views import map_page_dict
 
 if TYPE_CHECKING:
+    from uuid import UUID
+
     from flowforge.client import Client
     from flowforge.domain.model import MapPage
 
@@ -68,7 +70,7 @@ def items(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-def _map_id(client: Client, run_id: str, name: str) -> Any:
+def _map_id(client: Client, run_id: str, name: str) -> UUID:
     """The id of task ``name`` of run ``run_id``; NotFoundError if the run has none."""
     run = client.status(run_id)
     for task in run.tasks:
