@@ -20,7 +20,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.errors import InvalidIdError, NotFinishedError, NotFoundError
 from flowforge.store.db import Database
-from tests.helpers import bury, claim_task, drain, task_ids
+from tests.helpers import bury, claim_task, drain, race, task_ids, until_idle
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -267,28 +267,8 @@ def test_two_schedulers_racing_decide_each_condition_once(
     # the deaths and successes are propagated, but no condition is decided yet
     while repo.route_failed(100) + repo.propagate(100):
         pass
-    decided: list[int] = []
-    barrier = threading.Barrier(2)
-
-    def scheduler() -> None:
-        database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=2))
-        database.open()
-        try:
-            own = Store(database)
-            barrier.wait()
-            total = 0
-            while n := own.evaluate_conditions(4):
-                total += n
-            decided.append(total)
-        finally:
-            database.close()
-
-    threads = [threading.Thread(target=scheduler) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert sum(decided) == 30
+    scheduler = until_idle(lambda own: own.evaluate_conditions(4))
+    assert sum(race(clean_database_url, scheduler, scheduler)) == 30
     drain(repo)
     refunds = sql.execute(
         "SELECT state, cancel_cause, count(*) FROM task_runs WHERE name = 'refund'"
