@@ -51,8 +51,9 @@ def test_the_file_template_is_valid_with_a_good_map() -> None:
 
 
 def test_a_python_list_of_dependencies_still_gets_the_maps_upstream() -> None:
-    """``depends_on=[]`` (a list, as in YAML) once kept a map from depending on what it maps
-    over: it expanded before its upstream ran. It is read as a tuple now."""
+    """``depends_on=[]`` (a list, as in YAML) once left a map without a dependency on what
+    it maps over (nothing would have held it until its upstream ran). It is read as a tuple
+    now, and the upstream added to it."""
     task = TaskDef("process", "h.p", for_each="list", depends_on=[])  # type: ignore[arg-type]
     assert task.depends_on == ("list",)
     listed = TaskDef("process", "h.p", for_each="list", depends_on=["other"])  # type: ignore[arg-type]
