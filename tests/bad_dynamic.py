@@ -316,26 +316,23 @@ BAD_PYTHON = [
     ),
 ]
 
-#: An event's name, as each sender gives it (None: left out): (name, fragment)
-BAD_EVENT_NAMES = [
-    pytest.param(None, "event name", id="missing"),
-    pytest.param("", "event name", id="empty"),
-    pytest.param(5, "event name", id="int"),
-    pytest.param(["order.approved"], "event name", id="list"),
-    pytest.param("a" * 129, "event name", id="long"),
-    pytest.param("order\x00approved", "event name", id="nul"),
-    pytest.param("order approved", "event name", id="space"),
-    pytest.param("order/approved", "event name", id="slash"),
-    pytest.param("a\ud800", "event name", id="surrogate"),
-]
-#: An event's key: (key, fragment)
-BAD_EVENT_KEYS = [
-    pytest.param(None, "event key", id="missing"),
-    pytest.param(5, "event key", id="int"),
-    pytest.param(["k"], "event key", id="list"),
-    pytest.param("a\x00b", "event key", id="nul"),
-    pytest.param("k" * 1025, "event key", id="long"),
-    pytest.param("\udc80", "event key", id="surrogate"),
+#: An event as each sender gives it (None: left out): (name, key, fragment)
+BAD_EVENTS = [
+    pytest.param(None, "k", "event name", id="name-missing"),
+    pytest.param("", "k", "event name", id="name-empty"),
+    pytest.param(5, "k", "event name", id="name-int"),
+    pytest.param(["order.approved"], "k", "event name", id="name-list"),
+    pytest.param("a" * 129, "k", "event name", id="name-long"),
+    pytest.param("order\x00approved", "k", "event name", id="name-nul"),
+    pytest.param("order approved", "k", "event name", id="name-space"),
+    pytest.param("order/approved", "k", "event name", id="name-slash"),
+    pytest.param("a\ud800", "k", "event name", id="name-surrogate"),
+    pytest.param("order.approved", None, "event key", id="key-missing"),
+    pytest.param("order.approved", 5, "event key", id="key-int"),
+    pytest.param("order.approved", ["k"], "event key", id="key-list"),
+    pytest.param("order.approved", "a\x00b", "event key", id="key-nul"),
+    pytest.param("order.approved", "k" * 1025, "event key", id="key-long"),
+    pytest.param("order.approved", "\udc80", "event key", id="key-surrogate"),
 ]
 #: ``flowforge event send`` arguments carrying what argv can of those (no NUL, only text)
 CLI_EVENTS = [
