@@ -19,7 +19,8 @@ import psycopg
 import pytest
 
 from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
-from flowforge.domain.states import RunState
+from flowforge.domain.reasons import FailureReason
+from flowforge.domain.states import RunState, TaskState
 from tests.e2e import Stack
 from tests.helpers import wait_for
 from tests.store import Store
@@ -171,3 +172,52 @@ def test_fifty_events_from_four_processes_wake_fifty_waits_once_each_across_two_
     assert executed == {r: 1 for r in runs}  # each downstream handler ran once
     for index, run_id in enumerate(runs):
         assert repo.get_run(run_id).task("settled").result == {"i": index}
+
+
+SHORT = WorkflowDef(
+    "timeout-e2e",
+    (
+        TaskDef("settled", wait_for_event=EventWait("payment.settled", "t{i}", 1.0)),
+        TaskDef("after", "e2e.record", depends_on=("settled",)),
+    ),
+)
+
+
+def test_killing_the_scheduler_while_waits_time_out_buries_each_once_and_wakes_none(
+    stack: Stack, repo: Store, sql: Sql
+) -> None:
+    """The scheduler that starts waits and ends them at their timeout (one a pass: batch 1,
+    so the 40 starts and timeouts spread over many passes) is SIGKILLed three times part-way:
+    every wait ends DEAD event_timeout once, nothing downstream runs, no later event wakes."""
+    stack.start("publisher")
+    stack.start("worker")
+    runs = [r.run_id for r in repo.trigger_many(SHORT, [{"i": i} for i in range(40)])]
+    dead = "SELECT count(*) FROM task_runs WHERE name = 'settled' AND state = 'DEAD'"
+    schedulers = []
+    for round_ in range(3):
+        schedulers.append(stack.start("scheduler", scheduler={"batch_size": 1}))
+        target = (round_ + 1) * 10
+        wait_for(lambda t=target: scalar(sql, dead) >= t, timeout=60, what=f"{target} timeouts")
+        schedulers[-1].signal(signal.SIGKILL)
+        schedulers[-1].wait()
+    schedulers.append(stack.start("scheduler", scheduler={"batch_size": 1}))
+    wait_for(
+        lambda: all(repo.get_run(r).state is RunState.FAILED for r in runs),
+        timeout=60,
+        what="every run to fail",
+    )
+    for run_id in runs:
+        run = repo.get_run(run_id)
+        settled, after = run.task("settled"), run.task("after")
+        assert settled.state is TaskState.DEAD
+        assert settled.failure_reason is FailureReason.EVENT_TIMEOUT
+        assert after.state is TaskState.CANCELLED
+    for i in range(40):  # too late: stored, wakes nothing
+        assert repo.send_event("payment.settled", f"t{i}", {"i": i}).woke == ()
+    assert scalar(sql, "SELECT count(*) FROM event_deliveries") == 0
+    assert scalar(sql, "SELECT count(*) FROM test_executions") == 0
+    # each timeout committed once: logged (after its commit) at most once across the schedulers
+    # (a killed one may have committed its last timeout and died before logging it)
+    logs = "".join(s.log() for s in schedulers)
+    logged = [logs.count(f"of run {run_id}: no event") for run_id in runs]
+    assert max(logged) == 1 and sum(logged) >= len(runs) - 3, logged
