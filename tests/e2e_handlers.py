@@ -275,3 +275,15 @@ def item(ctx: TaskContext) -> dict[str, Any]:
     """One map item: recorded, and returned with its index (results come back in item order)."""
     record(ctx, "e2e.item")
     return {"item": ctx.item, "index": ctx.index}
+
+
+@task("e2e.item_paced")
+def item_paced(ctx: TaskContext) -> dict[str, Any]:
+    """One map item taking ``input.item_s`` seconds (default 0.1: slow enough that a worker is
+    killed while one runs), recorded first; it dies for good (PermanentError) when its index is
+    in ``input.fail``."""
+    record(ctx, "e2e.item_paced")
+    time.sleep(float(ctx.input.get("item_s", 0.1)))
+    if ctx.index in ctx.input.get("fail", ()):
+        raise PermanentError(f"item {ctx.index} can never work")
+    return {"item": ctx.item, "index": ctx.index}
