@@ -4,8 +4,8 @@ A query starts at a ``-- name: <name>`` line and runs to the next such line (or 
 fragment starts at a ``-- fragment: <name>(<param>)`` line: SQL several queries share (the
 release of a finished task's dependents, say). A query uses one with a line
 ``-- use: <name>(<cte>)``, which is replaced by the fragment's SQL (its comment lines before
-and after dropped) with ``{<param>}`` replaced by ``<cte>``. Queries are returned as bytes so psycopg
-receives them verbatim; parameters are always passed separately.
+and after dropped) with ``{<param>}`` replaced by ``<cte>``. Queries are returned as bytes so
+psycopg receives them verbatim; parameters are always passed separately.
 """
 
 from __future__ import annotations
