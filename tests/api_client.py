@@ -8,7 +8,8 @@ from __future__ import annotations
 import http.client
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,41 @@ def make_dead(repo: Store, sql: Sql) -> str:
 
 
 StartApi = Callable[..., Api]
+
+
+def write_config(
+    directory: Path, database_url: str, workflows: Mapping[str, str], **sections: Any
+) -> Path:
+    """``directory/flowforge.yaml``: the database, a folder of ``workflows`` (file name →
+    YAML text), an api on a free port whose token is read from ``TOKEN_ENV``, and any more
+    top-level ``sections``. For the CLI (tests/cli_runner.py ``run_config``) and
+    :func:`serve_config`."""
+    folder = directory / "workflows"
+    folder.mkdir(exist_ok=True)
+    for name, text in workflows.items():
+        (folder / name).write_text(text)
+    port = free_ports(1)[0]
+    config = directory / "flowforge.yaml"
+    settings = {
+        "database": {"url": database_url},
+        "workflows": [str(folder)],
+        "api": {"listen": f"127.0.0.1:{port}", "token_env": TOKEN_ENV},
+        **sections,
+    }
+    config.write_text(json.dumps(settings))
+    return config
+
+
+@contextmanager
+def serve_config(config: Path) -> Iterator[Api]:
+    """The api role of ``config`` (with the token ``TOKEN``) on a thread of this process
+    (tests/api_here.py), serving until the block ends."""
+    server = ApiHere(load_config(config, env={TOKEN_ENV: TOKEN}))
+    server.start()
+    try:
+        yield Api(server.port, TOKEN, config)
+    finally:
+        server.stop()
 
 
 def serve_here(stack: Stack, token: str | None = TOKEN, **api: Any) -> tuple[Api, ApiHere]:

@@ -85,6 +85,23 @@ def run(
     return _server().run(list(args), dict(env), workdir, timeout)
 
 
+def run_config(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``flowforge -c CONFIG ARGS`` from the repository, as an operator runs it: no
+    ``FLOWFORGE_`` variable of this process reaches it (the config alone says where things
+    are)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
+    return run(["-c", str(config), *args], env, cwd=REPO)
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> str:
+    """A refusal as the CLI contract says: exit ``code``, exactly one line on stderr holding
+    ``fragment``, no traceback. Returns that line."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    [line] = result.stderr.strip().splitlines()
+    assert fragment in line and "Traceback" not in line, line
+    return line
+
+
 def _startup_differs(env: Mapping[str, str]) -> bool:
     def startup(variables: Mapping[str, str]) -> dict[str, str]:
         return {k: v for k, v in variables.items() if k.startswith(STARTUP_VARIABLES)}

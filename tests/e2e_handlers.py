@@ -277,18 +277,21 @@ def item(ctx: TaskContext) -> dict[str, Any]:
     return {"item": ctx.item, "index": ctx.index}
 
 
+@task("e2e.item_paced")
+def item_paced(ctx: TaskContext) -> dict[str, Any]:
+    """One map item taking ``input.item_s`` seconds (default 0.1: slow enough that a worker is
+    killed while one runs), recorded first; it dies for good (PermanentError) when its index is
+    in ``input.fail``."""
+    record(ctx, "e2e.item_paced")
+    time.sleep(float(ctx.input.get("item_s", 0.1)))
+    if ctx.index in ctx.input.get("fail", ()):
+        raise PermanentError(f"item {ctx.index} can never work")
+    return {"item": ctx.item, "index": ctx.index}
+
+
 @task("e2e.labelled_items")
 def labelled_items(ctx: TaskContext) -> list[Any]:
     """The list a map expands: ``input.n`` items ``{"i": index, "label": input.label}`` (a
     label with markup, which pages must show as text)."""
     label = ctx.input.get("label", "")
     return [{"i": i, "label": label} for i in range(int(ctx.input["n"]))]
-
-
-@task("e2e.item_unless")
-def item_unless(ctx: TaskContext) -> dict[str, Any]:
-    """One map item: recorded; fails for good for the indexes listed in ``input.fail``."""
-    record(ctx, "e2e.item_unless")
-    if ctx.index in ctx.input.get("fail", []):
-        raise PermanentError(f"item {ctx.index} is refused")
-    return {"index": ctx.index}

@@ -187,3 +187,62 @@ def modules_after_importing(*modules: str) -> set[str]:
     code = f"import sys, json, {', '.join(modules)}; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return set(json.loads(out.stdout))
+
+
+# ------------------------------------------------------------------ racing schedulers
+# Imports for this block live here so it could be appended without touching the lines above.
+import threading  # noqa: E402
+
+from flowforge.config import DatabaseConfig  # noqa: E402
+from flowforge.store.db import Database  # noqa: E402
+
+#: How long :func:`race` waits for its racers, together (seconds).
+RACE_TIMEOUT_S = 60.0
+
+
+def race(database_url: str, *racers: Callable[[Store], T]) -> list[T]:
+    """Each of ``racers`` on a thread of its own with its own connection pool (two
+    connections) and :class:`Store`, all released at once by a barrier: schedulers or senders
+    of separate processes, racing on real PostgreSQL. Their results in the order given; the
+    first exception of any is raised here; a racer not done within ``RACE_TIMEOUT_S`` fails."""
+    results: dict[int, T] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(racers))
+
+    def run(index: int, racer: Callable[[Store], T]) -> None:
+        database = Database(DatabaseConfig(url=database_url, pool_min=1, pool_max=2))
+        database.open()
+        try:
+            store = Store(database)
+            barrier.wait(timeout=RACE_TIMEOUT_S)
+            results[index] = racer(store)
+        except BaseException as exc:  # reported by the test's thread, below
+            errors.append(exc)
+            barrier.abort()  # the others stop waiting
+        finally:
+            database.close()
+
+    threads = [threading.Thread(target=run, args=pair) for pair in enumerate(racers)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + RACE_TIMEOUT_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if errors:
+        raise errors[0]
+    running = sum(thread.is_alive() for thread in threads)
+    assert not running, f"{running} racer(s) still running after {RACE_TIMEOUT_S}s"
+    return [results[i] for i in range(len(racers))]
+
+
+def until_idle(step: Callable[[Store], int]) -> Callable[[Store], int]:
+    """A racer repeating ``step`` (a scheduler pass) until it changes nothing; its result is
+    how many rows it changed in all."""
+
+    def racer(store: Store) -> int:
+        total = 0
+        while changed := step(store):
+            total += changed
+        return total
+
+    return racer

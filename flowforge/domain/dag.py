@@ -96,9 +96,10 @@ class TaskDef:
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
+        self._check_depends_on()
         self._check_map()
         if not isinstance(self.run_if, RunIf):  # a string from Python code: its enum, or refused
-            if self.run_if not in {r.value for r in RunIf}:
+            if not isinstance(self.run_if, str) or self.run_if not in {r.value for r in RunIf}:
                 valid = ", ".join(r.value for r in RunIf)
                 raise DefinitionError(f"task {self.name!r}: run_if must be one of {valid}")
             object.__setattr__(self, "run_if", RunIf(self.run_if))
@@ -130,6 +131,19 @@ class TaskDef:
             if template is not None:
                 check_template(template, f"task {self.name!r}: {label}")
 
+    def _check_depends_on(self) -> None:
+        """A tuple of names (a list from Python code becomes one; a lone string is refused:
+        it would be read letter by letter, and a map's upstream would not be added to it)."""
+        deps: Any = self.depends_on
+        if isinstance(deps, list):
+            deps = tuple(deps)
+        if not isinstance(deps, tuple) or not all(isinstance(d, str) for d in deps):
+            raise DefinitionError(
+                f"task {self.name!r}: depends_on must be a list of task names, "
+                f"not {type(self.depends_on).__name__}"
+            )
+        object.__setattr__(self, "depends_on", deps)
+
     def _check_map(self) -> None:
         """``for_each`` names a task (made a dependency); ``max_parallel`` needs it."""
         label = f"task {self.name!r}"
@@ -142,6 +156,8 @@ class TaskDef:
             raise DefinitionError(f"{label}: for_each names the task itself")
         if self.sleep is not None:
             raise DefinitionError(f"{label}: a sleep task cannot have for_each")
+        if self.wait_for_event is not None:  # nothing would wait per item: refused, not dropped
+            raise DefinitionError(f"{label}: a wait_for_event task cannot have for_each")
         if self.max_parallel is not None and (
             isinstance(self.max_parallel, bool)
             or not isinstance(self.max_parallel, int)
@@ -150,7 +166,7 @@ class TaskDef:
             raise DefinitionError(
                 f"{label}: max_parallel must be a whole number from 1 to {ITEMS_LIMIT}"
             )
-        if isinstance(self.depends_on, tuple) and self.for_each not in self.depends_on:
+        if self.for_each not in self.depends_on:
             # the upstream of a map is one of its dependencies, listed or not
             object.__setattr__(self, "depends_on", (*self.depends_on, self.for_each))
 
@@ -435,6 +451,8 @@ def check_template(template: str, label: str) -> None:
     Fields nested in a format spec (``{a:{b}}``) are checked too, since ``str.format``
     evaluates them as well.
     """
+    if not isinstance(template, str):  # Python code can pass anything
+        raise DefinitionError(f"{label}: must be a template string, not {type(template).__name__}")
     try:
         parsed = list(string.Formatter().parse(template))
         check_text(template, label)  # its literal text reaches PostgreSQL in every key

@@ -1,7 +1,11 @@
 """Named SQL queries, read once from ``queries.sql``.
 
-A query starts at a ``-- name: <name>`` line and runs to the next one. Queries are returned as
-bytes so psycopg receives them verbatim; parameters are always passed separately.
+A query starts at a ``-- name: <name>`` line and runs to the next such line (or fragment). A
+fragment starts at a ``-- fragment: <name>(<param>)`` line: SQL several queries share (the
+release of a finished task's dependents, say). A query uses one with a line
+``-- use: <name>(<cte>)``, which is replaced by the fragment's SQL (its comment lines before
+and after dropped) with ``{<param>}`` replaced by ``<cte>``. Queries are returned as bytes so
+psycopg receives them verbatim; parameters are always passed separately.
 """
 
 from __future__ import annotations
@@ -12,18 +16,54 @@ from collections.abc import Mapping
 from importlib import resources
 from types import MappingProxyType
 
-_NAME_LINE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_HEAD_LINE = re.compile(
+    r"^--\s*(name|fragment):\s*([a-z_][a-z0-9_]*)(?:\(([a-z_]+)\))?\s*$", re.MULTILINE
+)
+_USE_LINE = re.compile(r"^--\s*use:\s*([a-z_][a-z0-9_]*)\(([a-z_][a-z0-9_]*)\)\s*$", re.MULTILINE)
 
 
 def parse(text: str) -> Mapping[str, bytes]:
-    """Split a SQL file into its named queries; duplicate names are a programming error."""
-    parts = _NAME_LINE.split(text)
-    queries: dict[str, bytes] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
-            raise ValueError(f"duplicate query name {name!r}")
-        queries[name] = body.strip().encode()
-    return MappingProxyType(queries)
+    """Split a SQL file into its named queries, fragments expanded.
+
+    A duplicate name, a fragment without its parameter, or a use of an unknown fragment is a
+    programming error (ValueError).
+    """
+    parts = _HEAD_LINE.split(text)
+    bodies: dict[str, str] = {}
+    fragments: dict[str, tuple[str, str]] = {}
+    for kind, name, param, body in zip(
+        parts[1::4], parts[2::4], parts[3::4], parts[4::4], strict=True
+    ):
+        if name in bodies or name in fragments:
+            raise ValueError(f"duplicate query or fragment name {name!r}")
+        if kind == "fragment":
+            if not param:
+                raise ValueError(f"fragment {name!r} names no parameter")
+            fragments[name] = (param, _without_outer_comments(body))
+        else:
+            bodies[name] = body.strip()
+
+    def expand(use: re.Match[str]) -> str:
+        fragment, cte = use.group(1), use.group(2)
+        if fragment not in fragments:
+            raise ValueError(f"use of unknown fragment {fragment!r}")
+        param, sql = fragments[fragment]
+        return sql.replace("{" + param + "}", cte)
+
+    return MappingProxyType(
+        {name: _USE_LINE.sub(expand, body).encode() for name, body in bodies.items()}
+    )
+
+
+def _without_outer_comments(body: str) -> str:
+    """The SQL of a fragment: what documents it (before) and the next section's title (after)
+    stay out of every query that uses it."""
+    lines = body.strip().splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+        lines.pop(0)
+    while lines and (not lines[-1].strip() or lines[-1].lstrip().startswith("--")):
+        lines.pop()
+    return "\n".join(lines)
 
 
 @functools.cache

@@ -2,6 +2,40 @@
 -- State changes are conditional statements: they name the state (and fencing token) they
 -- start from, so a writer that lost a race matches zero rows instead of overwriting.
 -- Lease and retry arithmetic uses now(): the database clock is the only clock.
+-- A `-- use: fragment(cte)` line inside a query stands for that fragment with its parameter
+-- replaced by the CTE's name (flowforge.store.queries expands it once, at load).
+
+-- ------------------------------------------------------------------ fragments
+
+-- fragment: release_dependents(source)
+-- The CTEs released and queued: every dependent of a task in {source} (columns id, state) that
+-- SUCCEEDED counts one dependency off. A dependent whose last dependency that was, with no
+-- ordering key to wait on and a worker to execute it, becomes READY with its outbox row in the
+-- same statement; one no worker executes (a timer, a map, an event wait) stays PENDING for its
+-- scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
+-- timer waking, a map settling, an event delivered or found at the start of its wait.
+released AS (
+    UPDATE task_runs t
+       SET pending_deps = t.pending_deps - x.n,
+           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.needs_worker
+                        THEN 'READY' ELSE t.state END,
+           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                                AND t.needs_worker
+                           THEN now() ELSE t.ready_at END,
+           updated_at = now()
+      FROM (SELECT e.downstream_id AS id, count(*) AS n
+              FROM task_edges e
+              JOIN {source} s ON s.id = e.upstream_id
+             WHERE s.state = 'SUCCEEDED'
+             GROUP BY e.downstream_id) AS x
+     WHERE t.id = x.id AND (t.state = 'PENDING') IS TRUE  -- by primary key (see claim)
+    RETURNING t.id, t.state, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
 
 -- ------------------------------------------------------------------ definitions and triggers
 
@@ -43,10 +77,10 @@ SELECT id, idempotency_key, request_digest
  WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: insert_tasks
--- A task with nothing to wait for (no dependency, no ordering key, not a timer nor an event
--- wait, no closed
--- start gate: that counts in pending_deps) is created READY with its outbox row in the same
--- statement: the first step of a run needs no scheduler pass.
+-- A task with nothing to wait for (no dependency, no closed start gate: both count in
+-- pending_deps; no ordering key) that a worker executes is created READY with its outbox row in
+-- the same statement: the first step of a run needs no scheduler pass. (k.ready reads the
+-- expression of task_runs.needs_worker, migration 0012: the row does not exist yet here.)
 WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
@@ -55,12 +89,7 @@ WITH inserted AS (
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
-           CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
-                     AND t.event_name IS NULL
-                THEN 'READY' ELSE 'PENDING' END,
-           CASE WHEN t.pending_deps = 0 AND t.ordering_key IS NULL AND t.sleep_s IS NULL
-                     AND t.event_name IS NULL
-                THEN now() END,
+           CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END, CASE WHEN k.ready THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
@@ -72,6 +101,9 @@ WITH inserted AS (
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s)
+     CROSS JOIN LATERAL (
+           SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
+                  AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL) AS k(ready)
     RETURNING id, state, fencing_token
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
@@ -97,13 +129,12 @@ SELECT pg_notify('flowforge_outbox', '');
 -- PENDING tasks whose dependencies succeeded and whose ordering stream is free, and RETRYING
 -- tasks whose backoff is over, become READY with an outbox row in the same statement. The
 -- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
--- (A durable timer is never READY: start_timers takes it; nor a map: expand_map takes it;
--- nor an event wait: start_event_waits takes it.)
+-- (A task no worker executes is never READY: start_timers takes a durable timer, expand_map a
+-- map, start_event_waits an event wait.)
 WITH eligible AS (
     SELECT t.id
       FROM task_runs t
-     WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.sleep_s IS NULL
-       AND t.for_each IS NULL AND t.event_name IS NULL
+     WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.needs_worker
        AND (t.ordering_key IS NULL OR NOT EXISTS (
                SELECT 1 FROM task_runs e
                 WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
@@ -467,29 +498,9 @@ WITH due AS (
        SET state = 'SUCCEEDED', finished_at = now(), propagated = false, updated_at = now()
       FROM due
      WHERE t.id = due.id AND t.state = 'RUNNING' AND t.wake_at <= now() AND t.sleep_s IS NOT NULL
-    RETURNING t.id
-), released AS (
-    UPDATE task_runs t
-       SET pending_deps = t.pending_deps - x.n,
-           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                        THEN 'READY' ELSE t.state END,
-           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                           THEN now() ELSE t.ready_at END,
-           updated_at = now()
-      FROM (SELECT e.downstream_id AS id, count(*) AS n
-              FROM task_edges e
-              JOIN woke w ON w.id = e.upstream_id
-             GROUP BY e.downstream_id) AS x
-     WHERE t.id = x.id AND t.state = 'PENDING'
-    RETURNING t.id, t.state, t.fencing_token
-), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released WHERE state = 'READY'
-    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
-    RETURNING id
-)
+    RETURNING t.id, t.state
+),
+-- use: release_dependents(woke)
 SELECT (SELECT count(*) FROM woke) AS woke, (SELECT count(*) FROM queued) AS queued;
 
 -- name: overdue_runs
@@ -727,32 +738,10 @@ WITH outcome AS (
       FROM (SELECT cardinality(%(ids)s::uuid[]) - (SELECT count(*) FROM done) AS n) s
      WHERE n > 0
     ON CONFLICT (name) DO UPDATE SET value = counters.value + EXCLUDED.value
-), released AS (
-    -- Success releases the dependents here rather than in a scheduler pass (one hop fewer
-    -- per DAG level): a dependent whose last dependency this was, and that has no ordering
-    -- key to wait on, becomes READY with its outbox row in this same statement.
-    UPDATE task_runs t
-       SET pending_deps = t.pending_deps - x.n,
-           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                        THEN 'READY' ELSE t.state END,
-           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                           THEN now() ELSE t.ready_at END,
-           updated_at = now()
-      FROM (SELECT e.downstream_id AS id, count(*) AS n
-              FROM task_edges e
-              JOIN done d ON d.id = e.upstream_id
-             WHERE d.state = 'SUCCEEDED'
-             GROUP BY e.downstream_id) AS x
-     WHERE t.id = x.id AND (t.state = 'PENDING') IS TRUE  -- by primary key (see claim)
-    RETURNING t.id, t.state, t.fencing_token
-), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released WHERE state = 'READY'
-    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
-    RETURNING id
-)
+),
+-- Success releases the dependents here rather than in a scheduler pass (one hop fewer per DAG
+-- level).
+-- use: release_dependents(done)
 -- one row per finished task (ready_token NULL), then up to %(offer)s of the dependents made
 -- READY (NULL: all), which the finishing worker may claim itself; the rest go out as messages
 SELECT id, NULL::bigint AS ready_token, pg_notify('flowforge_scheduler', '')::text AS notified,
@@ -1580,29 +1569,8 @@ WITH due AS (
       FROM facts f
      WHERE t.id = f.id AND t.state = 'RUNNING'
     RETURNING t.id, t.state
-), released AS (
-    UPDATE task_runs t
-       SET pending_deps = t.pending_deps - x.n,
-           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                        THEN 'READY' ELSE t.state END,
-           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                           THEN now() ELSE t.ready_at END,
-           updated_at = now()
-      FROM (SELECT e.downstream_id AS id, count(*) AS n
-              FROM task_edges e
-              JOIN settled s ON s.id = e.upstream_id
-             WHERE s.state = 'SUCCEEDED'
-             GROUP BY e.downstream_id) AS x
-     WHERE t.id = x.id AND t.state = 'PENDING'
-    RETURNING t.id, t.state, t.fencing_token
-), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released WHERE state = 'READY'
-    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
-    RETURNING id
-)
+),
+-- use: release_dependents(settled)
 SELECT (SELECT count(*) FROM settled) AS settled, (SELECT count(*) FROM queued) AS queued;
 
 -- name: map_item_counts
@@ -1681,32 +1649,12 @@ WITH stored AS (
            updated_at = now()
       FROM waiting w, stored s
      WHERE t.id = w.id AND t.state = 'RUNNING'
-    RETURNING t.id, t.run_id, t.name
+    RETURNING t.id, t.run_id, t.name, t.state
 ), delivered AS (
     INSERT INTO event_deliveries (task_run_id, event_id)
     SELECT w.id, s.id FROM woke w, stored s
-), released AS (
-    UPDATE task_runs t
-       SET pending_deps = t.pending_deps - x.n,
-           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.event_name IS NULL AND t.for_each IS NULL
-                        THEN 'READY' ELSE t.state END,
-           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.event_name IS NULL AND t.for_each IS NULL
-                           THEN now() ELSE t.ready_at END,
-           updated_at = now()
-      FROM (SELECT e.downstream_id AS id, count(*) AS n
-              FROM task_edges e
-              JOIN woke w ON w.id = e.upstream_id
-             GROUP BY e.downstream_id) AS x
-     WHERE t.id = x.id AND t.state = 'PENDING'
-    RETURNING t.id, t.state, t.fencing_token
-), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released WHERE state = 'READY'
-    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
-    RETURNING id
-)
+),
+-- use: release_dependents(woke)
 SELECT s.id AS event_id, s.created_at, w.id AS task_run_id, w.run_id, w.name AS task,
        CASE WHEN w.id IS NOT NULL THEN pg_notify('flowforge_scheduler', '')::text END AS notified,
        (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
@@ -1766,29 +1714,9 @@ WITH due AS (
 ), delivered AS (
     INSERT INTO event_deliveries (task_run_id, event_id)
     SELECT id, event_id FROM started WHERE event_id IS NOT NULL
-), released AS (
-    UPDATE task_runs t
-       SET pending_deps = t.pending_deps - x.n,
-           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.event_name IS NULL AND t.for_each IS NULL
-                        THEN 'READY' ELSE t.state END,
-           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.event_name IS NULL AND t.for_each IS NULL
-                           THEN now() ELSE t.ready_at END,
-           updated_at = now()
-      FROM (SELECT e.downstream_id AS id, count(*) AS n
-              FROM task_edges e
-              JOIN started s ON s.id = e.upstream_id
-             WHERE s.state = 'SUCCEEDED'
-             GROUP BY e.downstream_id) AS x
-     WHERE t.id = x.id AND t.state = 'PENDING'
-    RETURNING t.id, t.state, t.fencing_token
-), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released WHERE state = 'READY'
-    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
-    RETURNING id
-), runs_started AS (
+),
+-- use: release_dependents(started)
+, runs_started AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
      WHERE r.id IN (SELECT run_id FROM started) AND r.state = 'PENDING'

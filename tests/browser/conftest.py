@@ -76,12 +76,13 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
         {"name": "after", "handler": "e2e.record", "depends_on": ["nap"]},
     ],
     # a map: one item per element of list's result ({"i", "label"} x input.n); the items in
-    # input.fail die at once, the others succeed (the workflow is not fail-fast, below)
+    # input.fail die at once, the others succeed after input.item_s (the workflow is not
+    # fail-fast, below)
     "ui-map": [
         {"name": "list", "handler": "e2e.labelled_items"},
         {
             "name": "process",
-            "handler": "e2e.item_unless",
+            "handler": "e2e.item_paced",
             "for_each": "list",
             "retry": {"max_attempts": 1},
         },

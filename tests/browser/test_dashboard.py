@@ -976,7 +976,7 @@ def test_a_map_node_opens_its_items_page_by_page_with_counts_and_a_state_filter(
     dashboard.sign_in(page)
     failing = [3, 64]
     markup = "<b data-testid=injected>item</b>"
-    run_id = dashboard.trigger("ui-map", {"n": 120, "fail": failing, "label": markup})
+    run_id = dashboard.trigger("ui-map", {"n": 120, "fail": failing, "label": markup, "item_s": 0})
     wait_run(sql, run_id, "FAILED")
     map_id = task_id(sql, run_id, "process")
     stored = item_states(sql, map_id)

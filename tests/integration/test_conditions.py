@@ -20,7 +20,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.errors import InvalidIdError, NotFinishedError, NotFoundError
 from flowforge.store.db import Database
-from tests.helpers import bury, claim_task, drain, task_ids
+from tests.helpers import bury, claim_task, drain, race, task_ids, until_idle
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -34,6 +34,17 @@ SAGA = WorkflowDef(
         TaskDef("ship", "tests.noop", depends_on=("charge",)),
         TaskDef("refund", "tests.noop", depends_on=("ship",), run_if=RunIf.ANY_FAILED),
     ),
+)
+#: ``undo`` compensates either of two independent tasks (fail_fast off: one dies, the other
+#: still runs).
+REGATE = WorkflowDef(
+    "regate",
+    (
+        TaskDef("a", "tests.noop"),
+        TaskDef("b", "tests.noop"),
+        TaskDef("undo", "tests.noop", depends_on=("a", "b"), run_if=RunIf.ANY_FAILED),
+    ),
+    fail_fast=False,
 )
 CLEANUP = WorkflowDef(
     "cleanup",
@@ -63,6 +74,18 @@ def succeed(repo: Store, sql: Sql, task_run_id: uuid.UUID, result: Any = None) -
     claim = claim_task(repo, sql, task_run_id)
     assert repo.finish(task_run_id, claim.fencing_token, TaskState.SUCCEEDED, result=result)
     drain(repo)
+
+
+def compensated_run(repo: Store, sql: Sql) -> uuid.UUID:
+    """A SAGA whose shipment died and whose refund succeeded: FAILED, compensated."""
+    run_id = repo.trigger(SAGA).run_id
+    ids = task_ids(repo, run_id)
+    succeed(repo, sql, ids["charge"], {"charged": 10})
+    bury(repo, sql, ids["ship"])
+    drain(repo)
+    succeed(repo, sql, ids["refund"])
+    assert repo.get_run(run_id).state is RunState.FAILED
+    return run_id
 
 
 def states(repo: Store, run_id: uuid.UUID) -> dict[str, TaskState]:
@@ -223,16 +246,7 @@ def test_an_operator_cancel_cancels_a_waiting_compensation(repo: Store, sql: Sql
 def test_requeueing_a_dead_dependency_makes_the_condition_wait_for_it_again(
     repo: Store, sql: Sql
 ) -> None:
-    wf = WorkflowDef(
-        "regate",
-        (
-            TaskDef("a", "tests.noop"),
-            TaskDef("b", "tests.noop"),
-            TaskDef("undo", "tests.noop", depends_on=("a", "b"), run_if=RunIf.ANY_FAILED),
-        ),
-        fail_fast=False,
-    )
-    run_id = repo.trigger(wf).run_id
+    run_id = repo.trigger(REGATE).run_id
     ids = task_ids(repo, run_id)
     gate = "SELECT pending_deps FROM task_runs WHERE id = %s"
     assert scalar(sql, gate, ids["undo"]) == 3  # two dependencies and the condition gate
@@ -267,28 +281,8 @@ def test_two_schedulers_racing_decide_each_condition_once(
     # the deaths and successes are propagated, but no condition is decided yet
     while repo.route_failed(100) + repo.propagate(100):
         pass
-    decided: list[int] = []
-    barrier = threading.Barrier(2)
-
-    def scheduler() -> None:
-        database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=2))
-        database.open()
-        try:
-            own = Store(database)
-            barrier.wait()
-            total = 0
-            while n := own.evaluate_conditions(4):
-                total += n
-            decided.append(total)
-        finally:
-            database.close()
-
-    threads = [threading.Thread(target=scheduler) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert sum(decided) == 30
+    scheduler = until_idle(lambda own: own.evaluate_conditions(4))
+    assert sum(race(clean_database_url, scheduler, scheduler)) == 30
     drain(repo)
     refunds = sql.execute(
         "SELECT state, cancel_cause, count(*) FROM task_runs WHERE name = 'refund'"
@@ -311,13 +305,8 @@ def test_two_schedulers_racing_decide_each_condition_once(
 def test_rerun_resets_failed_tasks_and_what_follows_keeping_successes(
     repo: Store, sql: Sql
 ) -> None:
-    run_id = repo.trigger(SAGA).run_id
+    run_id = compensated_run(repo, sql)
     ids = task_ids(repo, run_id)
-    succeed(repo, sql, ids["charge"], {"charged": 10})
-    bury(repo, sql, ids["ship"])
-    drain(repo)
-    succeed(repo, sql, ids["refund"])
-    assert repo.get_run(run_id).state is RunState.FAILED
     charge_token = repo.get_task(ids["charge"]).fencing_token
 
     rerun = repo.rerun(run_id, "alice", "carrier is back")
@@ -442,16 +431,7 @@ def test_two_racing_reruns_reset_once_and_audit_once(
 def test_a_requeue_before_the_death_was_propagated_keeps_the_gate_exact(
     repo: Store, sql: Sql
 ) -> None:
-    wf = WorkflowDef(
-        "regate-early",
-        (
-            TaskDef("a", "tests.noop"),
-            TaskDef("b", "tests.noop"),
-            TaskDef("undo", "tests.noop", depends_on=("a", "b"), run_if=RunIf.ANY_FAILED),
-        ),
-        fail_fast=False,
-    )
-    run_id = repo.trigger(wf).run_id
+    run_id = repo.trigger(REGATE).run_id
     ids = task_ids(repo, run_id)
     claim = claim_task(repo, sql, ids["a"])
     assert repo.finish(

@@ -4,7 +4,6 @@ HTTP api (400 / 404 / 409 JSON, never a 5xx) and the Python client (issue 19).""
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import psycopg
@@ -13,27 +12,15 @@ import pytest
 from flowforge.cli import exitcodes
 from flowforge.domain.states import RunState, TaskState
 from tests.api_client import StartApi, assert_json_error
-from tests.helpers import bury, drain, task_ids
+from tests.helpers import drain, task_ids
 from tests.integration.test_cli import assert_operator_error, flowforge
-from tests.integration.test_conditions import SAGA, succeed
+from tests.integration.test_conditions import SAGA, compensated_run, succeed
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 UNKNOWN_ID = "00000000-0000-0000-0000-000000000000"
-
-
-def compensated_run(repo: Store, sql: Sql) -> uuid.UUID:
-    """A saga whose shipment died and whose refund succeeded: FAILED, compensated."""
-    run_id = repo.trigger(SAGA).run_id
-    ids = task_ids(repo, run_id)
-    succeed(repo, sql, ids["charge"], {"charged": 10})
-    bury(repo, sql, ids["ship"])
-    drain(repo)
-    succeed(repo, sql, ids["refund"])
-    assert repo.get_run(run_id).state is RunState.FAILED
-    return run_id
 
 
 def audit_rows(sql: Sql) -> int:

@@ -20,7 +20,7 @@ from flowforge.domain.reasons import FailureReason, RunFailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError
 from flowforge.store.db import Database
-from tests.helpers import claim_task, drain, task_ids, wait_for
+from tests.helpers import claim_task, drain, race, task_ids, until_idle, wait_for
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -125,28 +125,8 @@ def test_two_schedulers_racing_start_each_due_run_exactly_once(
 ) -> None:
     results = repo.trigger_many(TWO, [{"i": i} for i in range(60)], delay=3600)
     sql.execute("UPDATE workflow_runs SET start_at = now() - interval '1 second'")
-    counts: list[int] = []
-    barrier = threading.Barrier(2)
-
-    def scheduler() -> None:
-        database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=2))
-        database.open()
-        try:
-            own = Store(database)
-            barrier.wait()
-            total = 0
-            while started := own.start_due_runs(7):
-                total += started
-            counts.append(total)
-        finally:
-            database.close()
-
-    threads = [threading.Thread(target=scheduler) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert sum(counts) == len(results) == 60
+    scheduler = until_idle(lambda own: own.start_due_runs(7))
+    assert sum(race(clean_database_url, scheduler, scheduler)) == len(results) == 60
     drain(repo)
     # every root was released once: one READY root and one outbox row per run, no gate left
     assert count(sql, "outbox") == 60

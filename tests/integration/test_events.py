@@ -6,20 +6,18 @@ key), task states, results and outbox rows.
 
 from __future__ import annotations
 
-import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError
-from flowforge.store.db import Database
-from tests.helpers import claim_task, drain, task_ids, wait_for
+from tests.helpers import claim_task, drain, race, task_ids, until_idle, wait_for
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -256,45 +254,20 @@ def test_fifty_events_from_four_threads_wake_fifty_waits_once_each_while_waits_s
         r.run_id
         for r in repo.trigger_many(WAIT_FIRST, [{"order_id": f"k{i}"} for i in range(25, 50)])
     ]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(5)
-    woke: list[int] = []
 
-    def sender(part: int) -> None:
-        database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=2))
-        database.open()
-        try:
-            own = Store(database)
-            barrier.wait()
-            for i in range(part, 50, 4):
-                woke.append(len(own.send_event("order.approved", f"k{i}", {"i": i}).woke))
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            database.close()
+    def sender(part: int) -> Callable[[Store], list[int]]:
+        def send(own: Store) -> list[int]:
+            return [
+                len(own.send_event("order.approved", f"k{i}", {"i": i}).woke)
+                for i in range(part, 50, 4)
+            ]
 
-    def starter() -> None:
-        database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=2))
-        database.open()
-        try:
-            own = Store(database)
-            barrier.wait()
-            while own.start_event_waits(3, 86_400.0):
-                pass
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            database.close()
+        return send
 
-    threads = [threading.Thread(target=sender, args=(p,)) for p in range(4)]
-    threads.append(threading.Thread(target=starter))
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors, errors
+    starter = until_idle(lambda own: own.start_event_waits(3, 86_400.0))
+    *sent, _ = race(clean_database_url, *(sender(p) for p in range(4)), starter)
     drain(repo)
-    assert len(woke) == 50
+    assert sum(len(woke) for woke in sent) == 50
     assert deliveries(sql) == 50
     assert scalar(sql, "SELECT count(DISTINCT task_run_id) FROM event_deliveries") == 50
     for index, run_id in enumerate(runs):

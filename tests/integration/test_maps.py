@@ -6,7 +6,6 @@ The tests play the worker statement by statement (claim, finish) and the schedul
 
 from __future__ import annotations
 
-import threading
 import uuid
 from typing import Any
 
@@ -20,7 +19,7 @@ from flowforge.store import queries
 from flowforge.store.db import Database
 from flowforge.store.maps import _expand
 from flowforge.store.part import Tx
-from tests.helpers import claim_task, dispatch, drain, task_ids
+from tests.helpers import claim_task, dispatch, drain, race, task_ids
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -213,7 +212,7 @@ def test_a_cancelled_run_cancels_its_map_and_items(repo: Store, sql: Sql) -> Non
 
 
 def test_racing_expansions_create_each_item_exactly_once(
-    repo: Store, sql: Sql, db: Database
+    repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
     wf = mapped()
     runs = []
@@ -223,22 +222,11 @@ def test_racing_expansions_create_each_item_exactly_once(
         claim = claim_task(repo, sql, ids["list"])
         repo.finish(ids["list"], claim.fencing_token, TaskState.SUCCEEDED, result=list(range(500)))
         runs.append(run_id)
-    stores = [Store(db) for _ in range(4)]
-    barrier = threading.Barrier(len(stores))
-    counts: list[int] = []
 
-    def expand(store: Store) -> None:
-        barrier.wait(timeout=30)
-        total = 0
-        for _ in range(10):
-            total += store.expand_maps(100)
-        counts.append(total)
+    def expand(store: Store) -> int:
+        return sum(store.expand_maps(100) for _ in range(10))
 
-    threads = [threading.Thread(target=expand, args=(s,)) for s in stores]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    counts = race(clean_database_url, *[expand] * 4)
     assert sum(counts) == 6  # each map expanded by exactly one of the racers
     assert scalar(sql, "SELECT count(*) FROM task_runs WHERE map_id IS NOT NULL") == 6 * 500
     assert (

@@ -17,7 +17,6 @@ by waiting. Proven here:
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -26,14 +25,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from flowforge.config import DatabaseConfig, load_config
+from flowforge.config import load_config
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.schedule import ScheduleDef
 from flowforge.errors import NotFoundError, ScheduleRetiredError
 from flowforge.roles.scheduler import Scheduler
-from flowforge.store.db import Database
-from flowforge.store.schedules import Schedules
-from tests.helpers import wait_for
+from tests.helpers import race, wait_for
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -132,27 +129,11 @@ def test_racing_schedulers_make_one_run_per_fire_time(
         workflow(ScheduleDef(every="1m", catch_up="all", overlap="allow")),
     )
     back(sql, "nightly/0", "date_trunc('minute', now()) - interval '4 minutes'")
-    racers = 6
-    barrier = threading.Barrier(racers)
-    made: list[int] = []
 
-    def race() -> None:
-        database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=2))
-        database.open()
-        try:
-            part = Schedules(database)
-            barrier.wait(timeout=10)
-            for _ in range(5):
-                made.append(sum(d.outcome == "created" for d in part.fire_due(flows, 100)))
-        finally:
-            database.close()
+    def scheduler(own: Store) -> int:
+        return sum(d.outcome == "created" for _ in range(5) for d in own.fire_due(flows, 100))
 
-    threads = [threading.Thread(target=race) for _ in range(racers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert sum(made) == 5  # the five fire times, once each
+    assert sum(race(clean_database_url, *[scheduler] * 6)) == 5  # the five fire times, once each
     times = [fire_time for _, fire_time, _ in runs_of(sql, "nightly/0")]
     assert len(times) == len(set(times)) == 5
     assert [f[0] for f in fires(sql, "nightly/0")] == ["created"] * 5

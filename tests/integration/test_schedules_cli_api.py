@@ -10,7 +10,6 @@ stored by a refused request.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +19,11 @@ import psycopg
 import pytest
 
 from flowforge.cli import exitcodes
-from flowforge.config import load_config
 from flowforge.definitions import load_paths
 from flowforge.domain.dag import WorkflowDef
-from tests import cli_runner
-from tests.api_client import TOKEN, TOKEN_ENV, Api, assert_json_error
-from tests.api_here import ApiHere
-from tests.e2e import REPO
-from tests.harness.resources import free_ports
+from tests.api_client import Api, assert_json_error, serve_config, write_config
+from tests.cli_runner import assert_refused as refused
+from tests.cli_runner import run_config as flowforge
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -52,39 +48,15 @@ schedules:
 @pytest.fixture
 def setup(tmp_path: Path, clean_database_url: str, repo: Store) -> Path:
     """A config naming a workflow file with two schedules, synced into the database."""
-    folder = tmp_path / "workflows"
-    folder.mkdir()
-    (folder / "nightly.yaml").write_text(NIGHTLY)
-    port = free_ports(1)[0]
-    config = tmp_path / "flowforge.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "database": {"url": clean_database_url},
-                "workflows": [str(folder)],
-                "api": {"listen": f"127.0.0.1:{port}", "token_env": TOKEN_ENV},
-            }
-        )
-    )
-    repo.sync(load_paths([folder]))
+    config = write_config(tmp_path, clean_database_url, {"nightly.yaml": NIGHTLY})
+    repo.sync(load_paths([tmp_path / "workflows"]))
     return config
-
-
-def flowforge(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
-    return cli_runner.run(["-c", str(config), *args], env, cwd=REPO)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, (result.returncode, result.stderr)
     assert result.stderr == ""
     return result.stdout
-
-
-def refused(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    [line] = result.stderr.strip().splitlines()
-    assert fragment in line and "Traceback" not in line, line
 
 
 def retire_all(repo: Store, folder: Path) -> None:
@@ -167,14 +139,8 @@ def test_operator_mistakes_are_one_line_and_change_nothing(
 
 @pytest.fixture
 def api(setup: Path) -> Iterator[Api]:
-    config = load_config(setup, env={TOKEN_ENV: TOKEN})
-    assert config.api is not None
-    server = ApiHere(config)
-    server.start()
-    try:
-        yield Api(server.port, TOKEN, setup)
-    finally:
-        server.stop()
+    with serve_config(setup) as running:
+        yield running
 
 
 def test_the_api_lists_reads_pauses_resumes_and_triggers(api: Api, repo: Store) -> None:

@@ -59,8 +59,61 @@ def test_parse_returns_bytes_in_read_only_mapping() -> None:
 
 
 def test_parse_refuses_duplicate_names() -> None:
-    with pytest.raises(ValueError, match="duplicate query name 'q'"):
+    with pytest.raises(ValueError, match="duplicate query or fragment name 'q'"):
         queries.parse("-- name: q\nSELECT 1;\n-- name: q\nSELECT 2;\n")
+    with pytest.raises(ValueError, match="duplicate query or fragment name 'q'"):
+        queries.parse("-- fragment: q(x)\nSELECT 1;\n-- name: q\nSELECT 2;\n")
+
+
+def test_parse_expands_a_fragment_with_its_parameter_without_its_comments() -> None:
+    text = (
+        "-- fragment: pick(source)\n-- what it does\nx AS (SELECT id FROM {source})\n"
+        "-- ------------ next section\n\n"
+        "-- name: q\nWITH a AS (SELECT 1 AS id),\n-- use: pick(a)\nSELECT * FROM x;\n"
+    )
+    parsed = queries.parse(text)
+    assert list(parsed) == ["q"]
+    assert parsed["q"] == b"WITH a AS (SELECT 1 AS id),\nx AS (SELECT id FROM a)\nSELECT * FROM x;"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("-- name: q\n-- use: missing(a)\nSELECT 1;\n", "unknown fragment 'missing'"),
+        ("-- fragment: f\nSELECT 1;\n-- name: q\nSELECT 1;\n", "fragment 'f' names no parameter"),
+    ],
+)
+def test_parse_refuses_a_fragment_misused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        queries.parse(text)
+
+
+def test_every_fragment_use_is_expanded_in_the_shipped_queries() -> None:
+    leftovers = [
+        name
+        for name, body in queries.load().items()
+        if b"-- use:" in body or b"{source}" in body or b"-- fragment:" in body
+    ]
+    assert leftovers == []
+
+
+def test_insert_tasks_decides_ready_by_the_expression_of_the_needs_worker_column() -> None:
+    """insert_tasks cannot read task_runs.needs_worker (the row does not exist yet): it repeats
+    the column's expression, and this keeps the two the same."""
+    defining = [
+        m for m in available_migrations() if "needs_worker" in m.sql and "GENERATED" in m.sql
+    ]
+    assert defining, "no migration generates task_runs.needs_worker"
+    generated = re.search(r"GENERATED ALWAYS AS \((.*?)\) STORED", defining[-1].sql, re.S)
+    assert generated is not None
+    columns = re.findall(r"([a-z_]+) IS NULL", generated.group(1))
+    assert columns, generated.group(1)
+    insert = queries.load()["insert_tasks"].decode()
+    ready = re.search(
+        r"SELECT t\.pending_deps = 0 AND t\.ordering_key IS NULL(.*?)\) AS k\(ready\)", insert, re.S
+    )
+    assert ready is not None
+    assert re.findall(r"t\.([a-z_]+) IS NULL", ready.group(1)) == columns
 
 
 def test_parse_of_text_without_names_is_empty() -> None:
@@ -148,7 +201,7 @@ def test_available_migrations_have_names_sql_and_distinct_checksums() -> None:
     assert migrations[0].name == "initial"
     for migration in migrations:
         assert re.fullmatch(r"[a-z0-9_]+", migration.name)
-        assert "CREATE" in migration.sql.upper()
+        assert re.search(r"\b(CREATE|ALTER)\b", migration.sql.upper()), migration.name
         assert len(migration.checksum) == 64
     assert len({m.checksum for m in migrations}) == len(migrations)
 
