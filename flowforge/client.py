@@ -16,24 +16,27 @@ from flowforge.domain.model import (
     EventSent,
     FireRecord,
     ManualFire,
+    MapPage,
     Rerun,
     Run,
     ScheduleInfo,
     TaskRun,
     TriggerResult,
 )
+from flowforge.domain.states import TaskState
 from flowforge.errors import DefinitionError, UnknownWorkflowError
 from flowforge.store.db import Database
 from flowforge.store.events import Events
+from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
 from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
 
-class ClientStatements(Triggers, Operator, Schedules, Events):
+class ClientStatements(Triggers, Operator, Schedules, Events, Maps):
     """The client's part of the store: new runs, the operator's cancel and requeue (which
-    answer with the read models of ``Reads``, :class:`Operator`'s base), schedules, and
-    events."""
+    answer with the read models of ``Reads``, :class:`Operator`'s base), schedules, events,
+    and a map's items."""
 
 
 class Client:
@@ -170,6 +173,22 @@ class Client:
 
     def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
         return self._store.attempts(task_run_id)
+
+    def map_items(
+        self,
+        task_run_id: UUID | str,
+        *,
+        state: TaskState | str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> MapPage:
+        """A map task (``for_each``) with all its items counted by state, then a page of up to
+        ``limit`` (1 to 500) of them in item order — in ``state`` only, if given — after
+        ``cursor`` (the ``next_cursor`` of the page before; None: from the first). The same
+        page as ``GET /api/v1/task-runs/{id}/items``. A malformed cursor, limit or state raises
+        :class:`~flowforge.errors.InputError`; an id of no task run, or of a task that is not a
+        map, :class:`~flowforge.errors.NotFoundError`."""
+        return self._store.map_page(task_run_id, cursor, limit, state)
 
     def schedules(self) -> list[ScheduleInfo]:
         """Every schedule in the database (of every tree's workflows), by name."""

@@ -14,6 +14,7 @@ from flowforge.domain.model import (
     EventSent,
     FireRecord,
     ManualFire,
+    MapPage,
     Overview,
     PoisonCandidate,
     RetryBacklog,
@@ -176,3 +177,15 @@ def event_dict(sent: EventSent) -> dict[str, Any]:
 def manual_fire_dict(fired: ManualFire) -> dict[str, Any]:
     """``flowforge schedules trigger --json`` / ``POST /api/v1/schedules/{name}/trigger``."""
     return {"schedule": fired.schedule, "run_id": fired.run_id, "fire_time": fired.fire_time}
+
+
+def map_page_dict(page: MapPage) -> dict[str, Any]:
+    """A map's items counted by state, then a page of them (``GET
+    /api/v1/task-runs/{id}/items`` and ``flowforge items --json``): ``{"task", "counts",
+    "items", "next_cursor"}``."""
+    return {
+        "task": task_dict(page.task),
+        "counts": dict(page.counts),
+        "items": to_dict(list(page.items)),
+        "next_cursor": page.next_cursor,
+    }

@@ -287,3 +287,11 @@ def item_paced(ctx: TaskContext) -> dict[str, Any]:
     if ctx.index in ctx.input.get("fail", ()):
         raise PermanentError(f"item {ctx.index} can never work")
     return {"item": ctx.item, "index": ctx.index}
+
+
+@task("e2e.labelled_items")
+def labelled_items(ctx: TaskContext) -> list[Any]:
+    """The list a map expands: ``input.n`` items ``{"i": index, "label": input.label}`` (a
+    label with markup, which pages must show as text)."""
+    label = ctx.input.get("label", "")
+    return [{"i": i, "label": label} for i in range(int(ctx.input["n"]))]

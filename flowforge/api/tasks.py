@@ -6,10 +6,13 @@ from __future__ import annotations
 import falcon
 
 from flowforge.api import params
-from flowforge.api.errors import json_error
+from flowforge.domain.states import TaskState
 from flowforge.store.maps import Maps
 from flowforge.store.reads import Reads
-from flowforge.views import attempt_dict, task_dict, to_dict
+from flowforge.views import attempt_dict, map_page_dict, task_dict, to_dict
+
+#: Items per page of ``GET /api/v1/task-runs/{id}/items`` unless ``?limit=`` says otherwise.
+DEFAULT_PAGE = 100
 
 
 class TaskRunDetail:
@@ -41,30 +44,23 @@ class TaskRunDetail:
 
 
 class MapItems:
-    """``{"task", "counts", "items", "next_after"}`` for a map task (``for_each``): ``counts``
-    its items by state, ``items`` up to ``?limit=`` (default 100, at most 500) of them in item
-    order after item index ``?after=`` (default -1: from the first), each ``{"id", "index",
-    "state", "attempt", "failure_reason", "last_error", "item", "result", "idempotency_key",
-    "started_at", "finished_at"}``; ``next_after``: the ``after`` of the next page (null on the
-    last). 404 for a task run that is not a map."""
+    """``GET /api/v1/task-runs/{id}/items?state=&limit=&cursor=``: ``{"task", "counts",
+    "items", "next_cursor"}`` for a map task (``for_each``). ``counts``: all its items by
+    state; ``items``: up to ``limit`` (default 100, at most 500) of them in item order — in
+    ``state`` only, if given — each ``{"id", "index", "state", "attempt", "failure_reason",
+    "last_error", "item", "result", "idempotency_key", "started_at", "finished_at"}``;
+    ``next_cursor``: the ``cursor`` of the next page (null on the last), opaque as every
+    cursor of the api. A malformed cursor, limit or state is a 400; a task run that is not a
+    map a 404."""
 
     def __init__(self, maps: Maps) -> None:
         self._maps = maps
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, task_run_id: str) -> None:
-        raw = req.get_param("after")
-        if raw is not None and not (raw == "-1" or (raw.isascii() and raw.isdigit())):
-            raise json_error(falcon.HTTP_400, "after must be an item index (an integer >= -1)")
-        after = -1 if raw is None else int(raw)
-        if after > 2**31 - 1:
-            raise json_error(falcon.HTTP_400, "after must be an item index (an integer >= -1)")
-        page = self._maps.map_page(task_run_id, after, params.limit(req, 100))
-        params.send(
-            resp,
-            {
-                "task": task_dict(page.task),
-                "counts": dict(page.counts),
-                "items": to_dict(list(page.items)),
-                "next_after": page.next_after,
-            },
+        page = self._maps.map_page(
+            task_run_id,
+            cursor=req.get_param("cursor"),
+            limit=params.limit(req, DEFAULT_PAGE),
+            state=params.choice(req, "state", list(TaskState)),
         )
+        params.send(resp, map_page_dict(page))

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flowforge.cli import commands, events, exitcodes, output, purge, schedules
+from flowforge.cli import commands, events, exitcodes, items, output, purge, schedules
 from flowforge.errormap import exit_code_for
 from flowforge.errors import FlowForgeError
 
@@ -161,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_command(sub, common)
     schedules.add_command(sub, common)
     events.add_command(sub, common)
+    items.add_command(sub, common)
     return parser
 
 

@@ -92,6 +92,7 @@ def render_pages() -> dict[str, bytes]:
         "reason_options": _options(FailureReason),
         "run_counts": _counts("run", RunState),
         "task_counts": _counts("task", TaskState),
+        "task_state_options": _options(TaskState),
     }
     pages = {}
     for spec in PAGES:

@@ -13,12 +13,15 @@ same names.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flowforge.domain.dag import DEFAULT_MAX_ITEMS, render_key
 from flowforge.domain.reasons import FailureReason
+from flowforge.domain.states import TaskState
 from flowforge.domain.values import check_text
 from flowforge.errors import InputError, UnstorableValueError
 
@@ -98,3 +101,55 @@ def summary(counts: Mapping[str, int]) -> str:
     parts = [f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
     noun = "item" if total == 1 else "items"
     return f"{total} {noun}" + (": " + ", ".join(parts) if parts else "")
+
+
+#: A page of items: ``limit`` is at most this (the api's bound on every list).
+MAX_ITEMS_PAGE = 500
+#: The highest item index a cursor may carry (``item_index`` is a PostgreSQL integer).
+MAX_ITEM_INDEX = 2**31 - 1
+_CURSOR_PREFIX = "item:"
+
+
+def item_cursor(index: int) -> str:
+    """The opaque cursor of the page after item ``index`` (the last item of a page): base64url
+    of ``item:<index>``, unpadded, so it travels in a query string as is."""
+    raw = f"{_CURSOR_PREFIX}{index}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def cursor_index(cursor: str, label: str = "cursor") -> int:
+    """The item index a cursor of :func:`item_cursor` pages after; :class:`InputError` naming
+    ``label`` for anything else (a runs cursor, a bare number, padding or characters the
+    encoder never writes: only its exact output is accepted)."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (ValueError, binascii.Error, UnicodeError):
+        text = ""
+    digits = text.removeprefix(_CURSOR_PREFIX)
+    if (
+        text.startswith(_CURSOR_PREFIX)
+        and digits.isascii()
+        and digits.isdigit()
+        and int(digits) <= MAX_ITEM_INDEX
+        and item_cursor(int(digits)) == cursor
+    ):
+        return int(digits)
+    raise InputError(f"{label} is malformed: pass the next_cursor of an earlier page")
+
+
+def item_state(value: str | TaskState | None, label: str = "state") -> TaskState | None:
+    """A state to filter items by, in any case; None for none; :class:`InputError` naming
+    ``label`` for a word that is no task state."""
+    if value is None or isinstance(value, TaskState):
+        return value
+    found = TaskState.__members__.get(value.upper()) if value.isascii() else None
+    if found is None:
+        raise InputError(f"{label} must be one of {', '.join(TaskState)}")
+    return found
+
+
+def page_limit(value: int, label: str = "limit") -> int:
+    """``value`` if it is a page size from 1 to :data:`MAX_ITEMS_PAGE`, else :class:`InputError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ITEMS_PAGE:
+        raise InputError(f"{label} must be an integer from 1 to {MAX_ITEMS_PAGE}")
+    return value

@@ -539,15 +539,17 @@ class MapItem:
 
 @dataclass(frozen=True)
 class MapPage:
-    """A map task, its items counted by state, and one page of its items in item order.
+    """A map task, its items counted by state (all of them, whatever the page's filter), and
+    one page of its items in item order.
 
-    ``next_after``: the ``after`` that reads the next page; None on the last page.
+    ``next_cursor``: the opaque cursor that reads the next page
+    (:func:`~flowforge.domain.maps.item_cursor`); None on the last page.
     """
 
     task: TaskRun
     counts: Mapping[str, int]
     items: tuple[MapItem, ...]
-    next_after: int | None
+    next_cursor: str | None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ A map task's row never reaches a worker. Three passes move it:
   handed to the lowest-index waiting items.
 - :meth:`Maps.settle_maps`: a RUNNING map none of whose items is unfinished takes its state
   from them (results in item order on success) and releases its dependents.
+
+And one read: :meth:`Maps.map_page`, a map's items counted by state, then a page of them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ import logging
 from uuid import UUID
 
 from flowforge.domain import transitions
-from flowforge.domain.maps import MapFailure, plan_items
+from flowforge.domain.maps import (
+    MapFailure,
+    cursor_index,
+    item_cursor,
+    item_state,
+    page_limit,
+    plan_items,
+)
 from flowforge.domain.model import MapPage, parse_id
 from flowforge.domain.states import TaskState
 from flowforge.errors import NotFoundError
@@ -65,12 +74,22 @@ class Maps(Part):
         transitions.check(TaskState.RUNNING, TaskState.SUCCEEDED)
         return self._transaction(_settle, limit)
 
-    def map_page(self, task_run_id: UUID | str, after: int = -1, limit: int = 100) -> MapPage:
-        """A map task with its items counted by state and up to ``limit`` of its items in item
-        order after index ``after`` (-1: from the first); :class:`NotFoundError` if the id
-        names no task run, or one that is not a map."""
+    def map_page(
+        self,
+        task_run_id: UUID | str,
+        cursor: str | None = None,
+        limit: int = 100,
+        state: TaskState | str | None = None,
+    ) -> MapPage:
+        """A map task with all its items counted by state and up to ``limit`` (1 to
+        MAX_ITEMS_PAGE) of its items in item order — those in ``state`` only, if given — after
+        the item ``cursor`` names (None: from the first). :class:`InputError` for a malformed
+        cursor, limit or state; :class:`NotFoundError` if the id names no task run, or one that
+        is not a map."""
         tid = parse_id(task_run_id, "task run id")
-        return self._transaction(_map_page, tid, after, limit)
+        after = -1 if cursor is None else cursor_index(cursor)
+        wanted = item_state(state)
+        return self._transaction(_map_page, tid, after, page_limit(limit), wanted)
 
 
 def _expand(tx: Tx, limit: int, buried: list[tuple[UUID, MapFailure]]) -> int:
@@ -111,14 +130,17 @@ def _settle(tx: Tx, limit: int) -> int:
     return settled
 
 
-def _map_page(tx: Tx, tid: UUID, after: int, limit: int) -> MapPage:
+def _map_page(tx: Tx, tid: UUID, after: int, limit: int, state: TaskState | None) -> MapPage:
     row = tx.one("get_task", {"id": tid})
     if row is None:
         raise NotFoundError(f"no task run with id {tid}")
     if row["for_each"] is None:
         raise NotFoundError(f"task run {tid} is not a map (for_each) task: it has no items")
     counts = {r["state"]: int(r["n"]) for r in tx.all("map_item_counts", {"ids": [tid]})}
-    page = tx.all("map_items_page", {"id": tid, "after": after, "limit": limit + 1})
+    params = {"id": tid, "after": after, "limit": limit + 1, "state": state and str(state)}
+    page = tx.all("map_items_page", params)
     items = tuple(rows.map_item(r) for r in page[:limit])
     more = len(page) > limit and bool(items)
-    return MapPage(rows.task_run(row), counts, items, items[-1].index if more else None)
+    return MapPage(
+        rows.task_run(row), counts, items, item_cursor(items[-1].index) if more else None
+    )

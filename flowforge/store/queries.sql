@@ -999,13 +999,15 @@ SELECT t.id
 
 -- name: task_context
 -- What a task was given: its run's input and the results of its upstream tasks (a map's
--- item: its map's upstream tasks but the one it maps over, as claim gives them).
+-- item: its map's upstream tasks but the one it maps over, as claim gives them; a map
+-- likewise: that list is its items, which the items endpoint pages, and 10,000 of them are
+-- too many to send whole with every read of the map's detail).
 SELECT r.workflow, r.state AS run_state, r.input,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
           FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
           LEFT JOIN task_runs m ON m.id = t.map_id
          WHERE e.downstream_id = coalesce(t.map_id, t.id)
-           AND u.name IS DISTINCT FROM m.for_each) AS upstream
+           AND u.name IS DISTINCT FROM coalesce(m.for_each, t.for_each)) AS upstream
   FROM task_runs t
   JOIN workflow_runs r ON r.id = t.run_id
  WHERE t.id = %(id)s;
@@ -1579,11 +1581,13 @@ SELECT map_id, state, count(*) AS n
  GROUP BY map_id, state;
 
 -- name: map_items_page
--- A page of a map's items in item order, after item index %(after)s (-1: from the start).
+-- A page of a map's items in item order, after item index %(after)s (-1: from the start), in
+-- state %(state)s only unless it is null (task_runs_map_item_idx walks them in order).
 SELECT id, item_index, state, attempt, failure_reason, last_error, result, item,
        idempotency_key, started_at, finished_at
   FROM task_runs
  WHERE map_id = %(id)s AND item_index > %(after)s
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
  ORDER BY item_index
  LIMIT %(limit)s;
 

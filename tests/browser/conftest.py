@@ -75,7 +75,21 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
         {"name": "nap", "sleep": "1h"},
         {"name": "after", "handler": "e2e.record", "depends_on": ["nap"]},
     ],
+    # a map: one item per element of list's result ({"i", "label"} x input.n); the items in
+    # input.fail die at once, the others succeed after input.item_s (the workflow is not
+    # fail-fast, below)
+    "ui-map": [
+        {"name": "list", "handler": "e2e.labelled_items"},
+        {
+            "name": "process",
+            "handler": "e2e.item_paced",
+            "for_each": "list",
+            "retry": {"max_attempts": 1},
+        },
+    ],
 }
+#: Workflow keys besides ``tasks`` (by workflow name).
+WORKFLOW_KEYS: dict[str, dict[str, Any]] = {"ui-map": {"fail_fast": False}}
 #: Schedules of the workflows above, synced by the stack's scheduler when it starts: one name
 #: with a slash (``ui-pair/0``, the default), a cron that fires once a year (1 January, 03:00
 #: Berlin), so no test meets a fire it did not ask for. Its input holds markup the pages must
@@ -246,7 +260,7 @@ def write_workflows(directory: Path) -> Path:
     folder = directory / "workflows"
     folder.mkdir(exist_ok=True)
     for name, tasks in WORKFLOWS.items():
-        document: dict[str, Any] = {"name": name, "tasks": tasks}
+        document: dict[str, Any] = {"name": name, "tasks": tasks, **WORKFLOW_KEYS.get(name, {})}
         if name in SCHEDULES:
             document["schedules"] = SCHEDULES[name]
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(document))

@@ -25,7 +25,10 @@ against the database. Proven here:
 - a delayed run is listed SCHEDULED with its start time (the state filter offers SCHEDULED) and
   is cancelled from its page before anything of it ran; a sleeping timer shows when it wakes;
 - a run past its deadline shows FAILED with ``deadline_exceeded`` and its deadline, in the
-  list and on its page.
+  list and on its page;
+- a map task's node opens its items: the database's counts by state, then pages of 50 in item
+  order (next, previous, a state filter), each item's state, attempts and failure reason, its
+  markup shown as text; the page never asks for more than a page of items.
 
 Every wait is a poll with a deadline (Playwright's ``expect`` or ``tests.helpers.wait_for``).
 """
@@ -936,3 +939,113 @@ def test_a_run_past_its_deadline_shows_deadline_exceeded(
     assert states["first"] == "SUCCEEDED" and states["last"] == "CANCELLED", states
     expect(page.locator("[data-testid=cancel-run]")).to_be_hidden()
     screenshot("deadline-exceeded")
+
+
+# ------------------------------------------------------------------ a map's items
+
+ITEMS_PAGE = 50  # flowforge/dashboard/static/run.js
+
+
+def item_rows(page: Page) -> Locator:
+    return page.locator("[data-testid=task-panel] [data-testid=items-table] tr[data-testid=item]")
+
+
+def expect_item_indexes(page: Page, expected: list[int]) -> None:
+    """Poll until the items table shows exactly ``expected``, in that order."""
+
+    def shown() -> list[int]:
+        values = item_rows(page).evaluate_all("rows => rows.map(r => r.dataset.index)")
+        return [int(v) for v in values]
+
+    wait_for(
+        lambda: shown() == expected,
+        timeout=UI_TIMEOUT_S,
+        interval=0.1,
+        what=f"items {expected[:3]}...{expected[-3:]} (shown: {shown()})",
+    )
+
+
+def item_states(sql: Sql, map_id: str) -> dict[int, str]:
+    rows = sql.execute("SELECT item_index, state FROM task_runs WHERE map_id = %s", (map_id,))
+    return {int(index): str(state) for index, state in rows.fetchall()}
+
+
+def test_a_map_node_opens_its_items_page_by_page_with_counts_and_a_state_filter(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    dashboard.sign_in(page)
+    failing = [3, 64]
+    markup = "<b data-testid=injected>item</b>"
+    run_id = dashboard.trigger("ui-map", {"n": 120, "fail": failing, "label": markup, "item_s": 0})
+    wait_run(sql, run_id, "FAILED")
+    map_id = task_id(sql, run_id, "process")
+    stored = item_states(sql, map_id)
+    assert len(stored) == 120 and {i for i, s in stored.items() if s == "DEAD"} == set(failing)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/items" in r.url else None)
+
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    expect(dag_node(page, "process")).to_have_attribute("data-state", "DEAD")
+    dag_node(page, "list").click()
+    panel = page.locator("[data-testid=task-panel]")
+    expect(panel).to_have_attribute("data-task", "list")
+    expect(panel.locator("[data-testid=map-items]")).to_be_hidden()  # not a map
+
+    dag_node(page, "process").click()
+    expect(panel).to_have_attribute("data-task", "process")
+    items = panel.locator("[data-testid=map-items]")
+    expect(items).to_be_visible()
+    expect(items.locator("[data-testid=item-count-SUCCEEDED]")).to_have_text("118")
+    expect(items.locator("[data-testid=item-count-DEAD]")).to_have_text("2")
+    expect(items.locator("[data-testid=items-summary]")).to_contain_text("120 items")
+    expect_item_indexes(page, list(range(50)))
+    expect(items.locator("[data-testid=items-page]")).to_have_text("page 1")
+    expect(items.locator("[data-testid=items-prev]")).to_be_disabled()
+    shown = {
+        int(i): str(s)
+        for i, s in item_rows(page).evaluate_all(
+            "rows => rows.map(r => [r.dataset.index, r.dataset.state])"
+        )
+    }
+    assert shown == {i: stored[i] for i in range(50)}
+    dead = page.locator('tr[data-testid=item][data-index="3"]')
+    expect(dead.locator("[data-testid=item-state]")).to_have_text("DEAD")
+    expect(dead.locator("[data-testid=item-reason]")).to_have_text("permanent_error")
+    expect(dead.locator("td").nth(3)).to_have_text("1")  # attempts
+    expect(dead.locator("td.item")).to_contain_text(markup)  # shown as text...
+    expect(page.locator("[data-testid=injected]")).to_have_count(0)  # ...never rendered
+    screenshot("map-items")
+
+    next_page = items.locator("[data-testid=items-next]")
+    next_page.click()
+    expect_item_indexes(page, list(range(50, 100)))
+    expect(items.locator("[data-testid=items-page]")).to_have_text("page 2")
+    expect(page.locator('tr[data-testid=item][data-index="64"]')).to_have_attribute(
+        "data-state", "DEAD"
+    )
+    next_page.click()
+    expect_item_indexes(page, list(range(100, 120)))
+    expect(next_page).to_be_disabled()  # the last page
+    items.locator("[data-testid=items-prev]").click()
+    expect_item_indexes(page, list(range(50, 100)))
+    expect(items.locator("[data-testid=items-page]")).to_have_text("page 2")
+
+    # a filter starts from its first page
+    items.locator("[data-testid=item-state-filter]").select_option("DEAD")
+    expect_item_indexes(page, failing)
+    expect(items.locator("[data-testid=items-page]")).to_have_text("page 1")
+    expect(next_page).to_be_disabled()
+    expect(items.locator("[data-testid=item-count-SUCCEEDED]")).to_have_text("118")
+    items.locator("[data-testid=item-state-filter]").select_option("SUCCEEDED")
+    succeeded = [i for i in range(120) if i not in failing]
+    expect_item_indexes(page, succeeded[:50])
+    next_page.click()
+    expect_item_indexes(page, succeeded[50:100])
+    items.locator("[data-testid=item-state-filter]").select_option("RUNNING")
+    expect(items.locator("tr.empty")).to_have_text("no RUNNING item")
+    screenshot("map-items-filtered")
+
+    # a page at a time: never the whole map
+    assert asked, "the panel read no items"
+    for url in asked:
+        assert f"limit={ITEMS_PAGE}" in url, url

@@ -150,14 +150,15 @@ export function rememberFilters(filters) {
 /**
  * Wires the "older" / "newer" buttons of a keyset-paged list: ``view.cursors`` is a stack of
  * cursors whose top is the page shown, ``view.next`` the cursor of the next page (or null).
+ * The buttons are the page's pager unless others are given (a panel's own pager).
  */
-export function wirePager(view, poll) {
-  $("[data-testid=next-page]").addEventListener("click", () => {
+export function wirePager(view, poll, next = $("[data-testid=next-page]"), prev = $("[data-testid=prev-page]")) {
+  next.addEventListener("click", () => {
     if (!view.next) return;
     view.cursors.push(view.next);
     poll.now();
   });
-  $("[data-testid=prev-page]").addEventListener("click", () => {
+  prev.addEventListener("click", () => {
     if (view.cursors.length < 2) return;
     view.cursors.pop();
     poll.now();

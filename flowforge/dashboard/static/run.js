@@ -3,7 +3,10 @@
 // and result (GET /api/v1/task-runs/{id}), a timer when it wakes; the run's schedule and fire
 // time (a link to the schedule), start time, deadline and failure reason; the cancel button
 // posts to /cancel (a SCHEDULED run too); the rerun button (a finished run that did not
-// succeed) posts to /rerun with the reason the operator gives.
+// succeed) posts to /rerun with the reason the operator gives. A map task's panel lists its
+// items a page at a time (GET /api/v1/task-runs/{id}/items: counts by state, then a page in
+// item order; a state filter, previous/next by cursor), so a map of 10,000 items is never
+// loaded whole.
 
 import {
   $,
@@ -16,11 +19,14 @@ import {
   poller,
   postJSON,
   pretty,
+  query,
+  renderRows,
   stateBadge,
   svg,
   timeCell,
   timeOf,
   when,
+  wirePager,
 } from "./app.js";
 
 const REFRESH_MS = 2000;
@@ -28,6 +34,11 @@ const STATES = ["PENDING", "READY", "RUNNING", "RETRYING", "FAILED", "SUCCEEDED"
 
 const runId = decodeURIComponent(location.pathname.replace(/\/+$/, "").split("/").pop());
 const view = { shape: null, nodes: new Map(), selected: null, attempt: null, state: null };
+// the map whose items are shown, the state they are filtered by, and the pages: a stack of
+// cursors whose top is the page shown (null: the first), next the cursor of the next one
+const ITEMS_PAGE = 50;
+const ITEM_CHARS = 60;
+const items = { taskId: null, state: "", cursors: [null], next: null };
 
 function setState(element, state) {
   element.textContent = state;
@@ -241,7 +252,64 @@ function drawTask(detail) {
 async function loadTask() {
   const drawn = view.nodes.get(view.selected);
   if (!drawn) return;
-  drawTask(await getJSON(`/api/v1/task-runs/${encodeURIComponent(drawn.node.task_id)}`));
+  const detail = await getJSON(`/api/v1/task-runs/${encodeURIComponent(drawn.node.task_id)}`);
+  drawTask(detail);
+  await loadItems(detail.task);
+}
+
+/** A map task's items: the page shown (first on another map), refreshed with the panel. */
+async function loadItems(task) {
+  const section = $("[data-testid=map-items]");
+  section.hidden = !task.for_each;
+  if (!task.for_each) return;
+  if (items.taskId !== task.id) {
+    Object.assign(items, { taskId: task.id, state: "", cursors: [null], next: null });
+    $("[data-testid=item-state-filter]").value = "";
+  }
+  const params = { limit: ITEMS_PAGE, state: items.state, cursor: items.cursors[items.cursors.length - 1] };
+  drawItems(await getJSON(`/api/v1/task-runs/${encodeURIComponent(task.id)}/items?${query(params)}`));
+}
+
+/** A JSON value on one line, cut to ``limit`` characters ("…" marks the cut). */
+function clip(value, limit) {
+  const text = JSON.stringify(value) ?? "null";
+  return text.length <= limit ? text : `${text.slice(0, limit - 1)}…`;
+}
+
+function itemRow(item) {
+  return el(
+    "tr",
+    { "data-testid": "item", "data-index": item.index, "data-state": item.state, "data-item-id": item.id },
+    el("td", { class: "num" }, String(item.index)),
+    el("td", { class: "item", title: clip(item.item, 2000) }, clip(item.item, ITEM_CHARS)),
+    el("td", {}, stateBadge(item.state, { "data-testid": "item-state" })),
+    el("td", { class: "num" }, String(item.attempt)),
+    el(
+      "td",
+      { class: item.failure_reason ? "reason" : null, "data-testid": "item-reason", title: item.last_error || null },
+      item.failure_reason || "—",
+    ),
+  );
+}
+
+function drawItems(page) {
+  $("[data-testid=items-summary]").textContent = `(${itemSummary(page.counts)})`;
+  $("#item-counts").replaceChildren(
+    ...STATES.filter((state) => page.counts[state]).map((state) =>
+      el("span", {}, stateBadge(state), " ", el("span", { "data-testid": `item-count-${state}` }, String(page.counts[state]))),
+    ),
+  );
+  const tbody = $("#item-rows");
+  if (page.items.length) {
+    renderRows(tbody, page.items, (i) => [i.index, i.state, i.attempt, i.failure_reason].join("|"), itemRow);
+  } else {
+    const what = items.state ? `no ${items.state} item` : "no item yet";
+    tbody.replaceChildren(el("tr", { class: "empty" }, el("td", { colspan: 5 }, what)));
+  }
+  items.next = page.next_cursor;
+  $("[data-testid=items-prev]").disabled = items.cursors.length < 2;
+  $("[data-testid=items-next]").disabled = !items.next;
+  $("[data-testid=items-page]").textContent = `page ${items.cursors.length}`;
 }
 
 async function refresh() {
@@ -305,4 +373,9 @@ initChrome();
 legend();
 $("[data-testid=cancel-run]").addEventListener("click", cancelRun);
 $("[data-testid=rerun-run]").addEventListener("click", rerunRun);
+wirePager(items, poll, $("[data-testid=items-next]"), $("[data-testid=items-prev]"));
+$("[data-testid=item-state-filter]").addEventListener("change", (event) => {
+  Object.assign(items, { state: event.target.value, cursors: [null], next: null });
+  poll.now();
+});
 poll.start();
