@@ -1755,3 +1755,166 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM events e USING doomed WHERE e.id = doomed.id;
+
+-- ------------------------------------------------------------------ sub-workflows (SPEC 7.3)
+
+-- name: register_definitions
+-- Every workflow a scheduler loaded (and, at a trigger, the child workflows its run may start)
+-- is known to the database: a child run is made from its workflow's latest registered
+-- definition (latest_definitions).
+INSERT INTO workflow_definitions (name, digest, definition)
+SELECT * FROM unnest(%(names)s::text[], %(digests)s::text[], %(definitions)s::jsonb[])
+ON CONFLICT (name, digest) DO NOTHING;
+
+-- name: lock_child_starts
+-- Child-workflow tasks whose dependencies are met (PENDING) or whose retry is due (RETRYING),
+-- with what starting a child needs: the run input, the parent run's nesting depth, the task's
+-- stored definition (its input template) and its dependencies' results. Locked until the child
+-- run is inserted and the task moved on, in the same transaction: SKIP LOCKED and begin_child's
+-- state test divide the tasks among schedulers, so each attempt starts one child.
+SELECT t.id, t.run_id, t.name, t.state, t.fencing_token, t.attempt, t.child_workflow,
+       r.input, r.depth, r.workflow,
+       (SELECT x FROM jsonb_array_elements(d.definition -> 'tasks') AS x
+         WHERE x ->> 'name' = t.name) AS definition,
+       (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
+          FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+         WHERE e.downstream_id = t.id) AS upstream
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+  JOIN workflow_definitions d ON d.name = r.workflow AND d.digest = r.workflow_digest
+ WHERE ((t.state = 'PENDING' AND t.pending_deps = 0)
+        OR (t.state = 'RETRYING' AND t.retry_at <= now()))
+   AND t.child_workflow IS NOT NULL
+ ORDER BY t.seq
+ LIMIT %(limit)s
+   FOR UPDATE OF t SKIP LOCKED;
+
+-- name: latest_definitions
+-- The most recently registered definition of each named workflow (the version a child run is
+-- made from).
+SELECT DISTINCT ON (name) name, definition
+  FROM workflow_definitions
+ WHERE name = ANY(%(names)s::text[])
+ ORDER BY name, registered_at DESC, digest;
+
+-- name: begin_child
+-- PENDING / RETRYING → RUNNING for a child task: a new attempt whose child run is
+-- %(child_run_id)s (inserted next, in the same transaction), no lease (never reaped), no
+-- outbox row (no worker). Its run is marked started as a claim marks it.
+WITH begun AS (
+    UPDATE task_runs t
+       SET state = 'RUNNING', attempt = t.attempt + 1, child_run_id = %(child_run_id)s,
+           retry_at = NULL, cancel_requested = false, started_at = coalesce(t.started_at, now()),
+           updated_at = now()
+     WHERE t.id = %(id)s AND t.state = %(state)s AND t.fencing_token = %(token)s
+       AND t.child_workflow IS NOT NULL
+    RETURNING t.id, t.run_id, t.attempt
+), runs_started AS (
+    UPDATE workflow_runs r
+       SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
+     WHERE r.id IN (SELECT run_id FROM begun) AND r.state = 'PENDING'
+)
+SELECT id, attempt FROM begun;
+
+-- name: bury_child
+-- A child task whose child cannot be started (its workflow registered nowhere, its input not
+-- renderable, nested too deep) is DEAD at once; propagate then cancels its dependents.
+UPDATE task_runs
+   SET state = 'DEAD', failure_reason = %(reason)s, last_error = %(error)s,
+       fencing_token = fencing_token + 1, retry_at = NULL, finished_at = now(),
+       propagated = false, updated_at = now()
+ WHERE id = %(id)s AND state = %(state)s AND fencing_token = %(token)s
+   AND child_workflow IS NOT NULL
+RETURNING id;
+
+-- name: settle_children
+-- RUNNING child tasks whose child run has finished take its outcome: SUCCEEDED → SUCCEEDED
+-- with the child's result (its leaf tasks — those nothing depends on — each to its result;
+-- a map leaf is its list) and its dependents released as a finish does; FAILED → the attempt
+-- FAILED child_failed (route_failed applies the retry policy: a retry starts a new child);
+-- CANCELLED (by someone else: a parent's cancel cancels its task first) → FAILED
+-- child_cancelled, which no retry follows.
+WITH due AS (
+    SELECT t.id, c.id AS child_id, c.state AS child_state
+      FROM task_runs t
+      JOIN workflow_runs c ON c.id = t.child_run_id
+     WHERE t.state = 'RUNNING' AND t.child_workflow IS NOT NULL AND c.finished_at IS NOT NULL
+     ORDER BY t.seq
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+), settled AS (
+    UPDATE task_runs t
+       SET state = CASE WHEN d.child_state = 'SUCCEEDED' THEN 'SUCCEEDED' ELSE 'FAILED' END,
+           result = CASE WHEN d.child_state = 'SUCCEEDED'
+                         THEN (SELECT coalesce(jsonb_object_agg(l.name, l.result), '{}'::jsonb)
+                                 FROM task_runs l
+                                WHERE l.run_id = d.child_id AND l.map_id IS NULL
+                                  AND NOT EXISTS (SELECT 1 FROM task_edges e
+                                                   WHERE e.upstream_id = l.id)) END,
+           failure_reason = CASE WHEN d.child_state = 'FAILED' THEN 'child_failed'
+                                 WHEN d.child_state = 'CANCELLED' THEN 'child_cancelled' END,
+           last_error = CASE WHEN d.child_state = 'SUCCEEDED' THEN t.last_error
+                             ELSE 'child run ' || d.child_id || ' ' || d.child_state END,
+           finished_at = CASE WHEN d.child_state = 'SUCCEEDED' THEN now() END,
+           propagated = (d.child_state <> 'SUCCEEDED'),
+           updated_at = now()
+      FROM due d
+     WHERE t.id = d.id AND t.state = 'RUNNING' AND t.child_run_id = d.child_id
+    RETURNING t.id, t.state
+), released AS (
+    UPDATE task_runs t
+       SET pending_deps = t.pending_deps - x.n,
+           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                             AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
+                             AND t.child_workflow IS NULL
+                        THEN 'READY' ELSE t.state END,
+           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
+                                AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
+                                AND t.child_workflow IS NULL
+                           THEN now() ELSE t.ready_at END,
+           updated_at = now()
+      FROM (SELECT e.downstream_id AS id, count(*) AS n
+              FROM task_edges e
+              JOIN settled s ON s.id = e.upstream_id
+             WHERE s.state = 'SUCCEEDED'
+             GROUP BY e.downstream_id) AS x
+     WHERE t.id = x.id AND t.state = 'PENDING'
+    RETURNING t.id, t.state, t.fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM settled WHERE state = 'SUCCEEDED') AS succeeded,
+       (SELECT count(*) FROM settled WHERE state = 'FAILED') AS failed,
+       (SELECT count(*) FROM queued) AS queued;
+
+-- name: lock_running_children
+-- The RUNNING child tasks of runs being stopped (with their child runs), which
+-- cancel_not_started cancels next: their children are asked to stop in turn. Fail-fast (cause
+-- upstream) spares a conditional (run_if) one, as request_stop spares a running conditional.
+SELECT id, child_run_id
+  FROM task_runs
+ WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'RUNNING' AND child_workflow IS NOT NULL
+   AND NOT (%(cause)s = 'upstream' AND run_if <> 'all_succeeded')
+ ORDER BY id
+   FOR UPDATE;
+
+-- name: cancel_child_runs
+-- The child runs of cancelled child tasks are cancelled as an operator's cancel does (their
+-- tasks were stopped first: task rows before run rows); a child finished meanwhile is left as
+-- it ended.
+UPDATE workflow_runs
+   SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
+ WHERE id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL
+RETURNING id;
+
+-- name: run_children
+-- Every child run of a run (one per attempt of its child tasks), oldest first.
+SELECT c.id AS run_id, c.workflow, c.state, c.parent_task_id AS task_run_id,
+       c.parent_attempt AS attempt, t.name AS task
+  FROM workflow_runs c
+  LEFT JOIN task_runs t ON t.id = c.parent_task_id
+ WHERE c.parent_run_id = %(id)s
+ ORDER BY c.created_at, c.id;
