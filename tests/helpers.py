@@ -95,6 +95,8 @@ def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
         + repo.open_item_slots(limit)
         + repo.expire_event_waits(limit)
         + repo.start_event_waits(limit, EVENT_RETENTION_S)
+        + repo.settle_children(limit)
+        + repo.start_children(limit)
         + repo.evaluate_conditions(limit)
         + repo.promote_ready(limit)
     )

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from flowforge.domain import transitions
 from flowforge.domain.children import MAX_CHILD_DEPTH, render_input
 from flowforge.domain.dag import WorkflowDef
-from flowforge.domain.plan import plan_runs
+from flowforge.domain.plan import RunPlan, plan_runs
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.domain.values import MAX_ERROR_CHARS, clean_text
@@ -44,6 +45,14 @@ logger = logging.getLogger(__name__)
 CHILDREN_PER_PASS = 50
 
 _Buried = list[tuple[UUID, FailureReason, str]]
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """Why no child can be started for a task: it dies of ``reason``, ``error`` saying why."""
+
+    reason: FailureReason
+    error: str
 
 
 class Children(Part):
@@ -96,9 +105,13 @@ def _start(tx: Tx, limit: int, buried: _Buried) -> int:
     done = 0
     for row in locked:
         outcome = _plan_child(row, workflows[row["child_workflow"]])
-        if isinstance(outcome, tuple):
-            reason, error = outcome
-            params = {**_task_params(row), "reason": str(reason), "error": clean_text(error, MAX_ERROR_CHARS)}
+        if isinstance(outcome, _Refusal):
+            reason, error = outcome.reason, outcome.error
+            params = {
+                **_task_params(row),
+                "reason": str(reason),
+                "error": clean_text(error, MAX_ERROR_CHARS),
+            }
             if tx.all("bury_child", params):
                 buried.append((row["id"], reason, error))
                 done += 1
@@ -133,17 +146,17 @@ def _workflow(definition: Any, name: str) -> WorkflowDef | None:
 
 def _plan_child(
     row: Mapping[str, Any], workflow: WorkflowDef | None
-) -> tuple[WorkflowDef, Any] | tuple[FailureReason, str]:
-    """(the child's workflow, its run plan), or (the reason, the error) the task dies of."""
+) -> tuple[WorkflowDef, RunPlan] | _Refusal:
+    """(the child's workflow, its run plan), or why the task dies instead."""
     label = f"task {row['name']!r}"
     if workflow is None:
-        return (
+        return _Refusal(
             FailureReason.CHILD_WORKFLOW_UNKNOWN,
             f"{label}: workflow {row['child_workflow']!r} is not registered "
             "(no scheduler loaded it and no trigger registered it)",
         )
     if row["depth"] + 1 > MAX_CHILD_DEPTH:
-        return (
+        return _Refusal(
             FailureReason.CHILD_DEPTH_EXCEEDED,
             f"{label}: a child run of {row['child_workflow']!r} would be nested "
             f"{row['depth'] + 1} levels deep (at most {MAX_CHILD_DEPTH}): runaway recursion?",
@@ -159,7 +172,7 @@ def _plan_child(
             raise InputError(f"{label}: the child's input must be a JSON object")
         return workflow, plan_runs(workflow, [child_input])
     except InputError as exc:  # a missing field, or an input the child's own keys cannot use
-        return FailureReason.CHILD_INPUT_ERROR, str(exc)
+        return _Refusal(FailureReason.CHILD_INPUT_ERROR, str(exc))
 
 
 def _settle(tx: Tx, limit: int) -> int:

@@ -11,9 +11,10 @@
 -- The CTEs released and queued: every dependent of a task in {source} (columns id, state) that
 -- SUCCEEDED counts one dependency off. A dependent whose last dependency that was, with no
 -- ordering key to wait on and a worker to execute it, becomes READY with its outbox row in the
--- same statement; one no worker executes (a timer, a map, an event wait) stays PENDING for its
--- scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
--- timer waking, a map settling, an event delivered or found at the start of its wait.
+-- same statement; one no worker executes (a timer, a map, an event wait, a child-workflow task)
+-- stays PENDING for its scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
+-- timer waking, a map settling, an event delivered or found at the start of its wait, a child
+-- run's success handed to its task.
 released AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
@@ -54,11 +55,15 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 -- A run whose idempotency key exists already is skipped (the caller compares digests).
 -- A delayed run (start_at given, or delay_s added to now()) is created SCHEDULED; its deadline
 -- (deadline_s, NULL for none) counts from its start, else from now(): the database's clock.
+-- A child run (sub-workflows) carries its parent task and attempt, and its nesting depth.
 INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
-                           request_digest, state, start_at, deadline_at)
+                           request_digest, state, start_at, deadline_at, parent_run_id,
+                           parent_task_id, parent_attempt, depth)
 SELECT r.id, %(workflow)s, %(digest)s, r.input, %(fail_fast)s, r.key, r.request_digest,
        CASE WHEN s.start_at IS NULL THEN 'PENDING' ELSE 'SCHEDULED' END, s.start_at,
-       coalesce(s.start_at, now()) + make_interval(secs => %(deadline_s)s::float8)
+       coalesce(s.start_at, now()) + make_interval(secs => %(deadline_s)s::float8),
+       %(parent_run_id)s::uuid, %(parent_task_id)s::uuid, %(parent_attempt)s::int,
+       %(depth)s::int
   FROM unnest(%(ids)s::uuid[], %(inputs)s::jsonb[], %(keys)s::text[], %(digests)s::text[])
        AS r(id, input, key, request_digest),
        (SELECT coalesce(%(start_at)s::timestamptz,
@@ -80,30 +85,35 @@ SELECT id, idempotency_key, request_digest
 -- A task with nothing to wait for (no dependency, no closed start gate: both count in
 -- pending_deps; no ordering key) that a worker executes is created READY with its outbox row in
 -- the same statement: the first step of a run needs no scheduler pass. (k.ready reads the
--- expression of task_runs.needs_worker, migration 0012: the row does not exist yet here.)
+-- expression of task_runs.needs_worker, migrations 0012 and 0013: the row does not exist yet
+-- here.)
 WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
                            on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
-                           max_parallel, event_name, event_key, event_timeout_s)
+                           max_parallel, event_name, event_key, event_timeout_s, child_workflow)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
            CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END, CASE WHEN k.ready THEN now() END,
-           t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s
+           t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
+           t.child_workflow
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
                   %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[],
                   %(start_gates)s::bool[], %(sleeps)s::float8[], %(run_ifs)s::text[],
                   %(for_each)s::text[], %(max_parallel)s::int[], %(event_names)s::text[],
-                  %(event_keys)s::text[], %(event_timeouts)s::float8[])
+                  %(event_keys)s::text[], %(event_timeouts)s::float8[],
+                  %(child_workflows)s::text[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
-                run_if, for_each, max_parallel, event_name, event_key, event_timeout_s)
+                run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
+                child_workflow)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
-                  AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL) AS k(ready)
+                  AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
+                  AND t.child_workflow IS NULL) AS k(ready)
     RETURNING id, state, fencing_token
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
@@ -130,7 +140,8 @@ SELECT pg_notify('flowforge_outbox', '');
 -- tasks whose backoff is over, become READY with an outbox row in the same statement. The
 -- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
 -- (A task no worker executes is never READY: start_timers takes a durable timer, expand_map a
--- map, start_event_waits an event wait.)
+-- map, start_event_waits an event wait, start_children a child-workflow task — its due retry
+-- too.)
 WITH eligible AS (
     SELECT t.id
       FROM task_runs t
@@ -146,7 +157,7 @@ WITH eligible AS (
 ), due AS (
     SELECT t.id
       FROM task_runs t
-     WHERE t.state = 'RETRYING' AND t.retry_at <= now()
+     WHERE t.state = 'RETRYING' AND t.retry_at <= now() AND t.needs_worker
      ORDER BY t.retry_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -271,7 +282,8 @@ UPDATE task_runs t
 
 -- name: cancel_not_started
 -- Cancels every task of the given runs that is not executing right now: not started, or a
--- sleeping durable timer (RUNNING with a wake time, no worker: nothing to ask). Fail-fast
+-- sleeping durable timer (RUNNING with a wake time, no worker: nothing to ask), or a running
+-- child-workflow task (stop_runs cancels its child run next: lock_running_children). Fail-fast
 -- (cause upstream) spares a conditional (run_if) task not finished yet — waiting for its
 -- condition or already let through — and everything downstream of one: a compensation waits
 -- for the failure that set it off. An operator's cancel and a deadline spare nothing.
@@ -288,7 +300,9 @@ UPDATE task_runs
        propagated = false, updated_at = now()
  WHERE run_id = ANY(%(run_ids)s::uuid[])
    AND (state IN ('PENDING', 'READY', 'RETRYING', 'FAILED')
-        OR (state = 'RUNNING' AND wake_at IS NOT NULL))
+        OR (state = 'RUNNING' AND wake_at IS NOT NULL)
+        OR (state = 'RUNNING' AND child_workflow IS NOT NULL
+            AND NOT (%(cause)s = 'upstream' AND run_if <> 'all_succeeded')))
    AND id NOT IN (SELECT id FROM spared)
 RETURNING id;
 
@@ -898,7 +912,8 @@ SELECT state, failure_reason, attempt FROM task_runs WHERE id = %(id)s;
 
 -- name: get_run
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time
+       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time,
+       parent_run_id, parent_task_id
   FROM workflow_runs WHERE id = %(id)s;
 
 -- name: get_run_tasks
@@ -915,7 +930,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        CASE WHEN t.for_each IS NOT NULL
             THEN (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
-                           WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts
+                           WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
+       t.child_workflow, t.child_run_id
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
  ORDER BY t.seq;
@@ -929,7 +945,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
-       t.for_each, t.map_id, t.item_index
+       t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id
   FROM task_runs t
  WHERE t.id = %(id)s;
 
@@ -1861,31 +1877,8 @@ WITH due AS (
       FROM due d
      WHERE t.id = d.id AND t.state = 'RUNNING' AND t.child_run_id = d.child_id
     RETURNING t.id, t.state
-), released AS (
-    UPDATE task_runs t
-       SET pending_deps = t.pending_deps - x.n,
-           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                             AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                             AND t.child_workflow IS NULL
-                        THEN 'READY' ELSE t.state END,
-           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                                AND t.child_workflow IS NULL
-                           THEN now() ELSE t.ready_at END,
-           updated_at = now()
-      FROM (SELECT e.downstream_id AS id, count(*) AS n
-              FROM task_edges e
-              JOIN settled s ON s.id = e.upstream_id
-             WHERE s.state = 'SUCCEEDED'
-             GROUP BY e.downstream_id) AS x
-     WHERE t.id = x.id AND t.state = 'PENDING'
-    RETURNING t.id, t.state, t.fencing_token
-), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released WHERE state = 'READY'
-    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
-    RETURNING id
-)
+),
+-- use: release_dependents(settled)
 SELECT (SELECT count(*) FROM settled WHERE state = 'SUCCEEDED') AS succeeded,
        (SELECT count(*) FROM settled WHERE state = 'FAILED') AS failed,
        (SELECT count(*) FROM queued) AS queued;

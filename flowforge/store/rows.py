@@ -18,8 +18,8 @@ from flowforge.domain.conditions import RunIf
 from flowforge.domain.model import (
     Attempt,
     AuditEntry,
-    Claim,
     ChildRun,
+    Claim,
     DeadCount,
     DeadPurge,
     DeadTask,

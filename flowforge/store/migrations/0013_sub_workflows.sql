@@ -7,6 +7,14 @@
 ALTER TABLE task_runs
     ADD COLUMN child_workflow text,
     ADD COLUMN child_run_id   uuid;
+-- A child task is a kind no worker executes (docs/architecture.md, "Task kinds"): needs_worker
+-- (migration 0012) gains its column. A generated column's expression cannot be altered: it is
+-- dropped and added again (task_runs is rewritten once; no index or view reads the column).
+ALTER TABLE task_runs DROP COLUMN needs_worker;
+ALTER TABLE task_runs
+    ADD COLUMN needs_worker boolean NOT NULL
+        GENERATED ALWAYS AS (sleep_s IS NULL AND for_each IS NULL AND event_name IS NULL
+                             AND child_workflow IS NULL) STORED;
 
 -- parent_run_id / parent_task_id / parent_attempt: the task (and its attempt) that started a
 -- child run, all three or none; depth: 0 for a run triggered by a caller, its parent's + 1 for
