@@ -117,19 +117,7 @@ class TaskDef:
                 f"task {self.name!r}: run_if: {self.run_if} needs depends_on (its condition "
                 "is on the outcomes of its dependencies)"
             )
-        if self.workflow is not None:
-            pass  # _check_child did: no handler, nothing only an execution uses
-        elif self.sleep is not None:
-            self._check_timer()
-        elif self.wait_for_event is not None:
-            self._check_wait()
-        elif self.handler == "":
-            raise DefinitionError(
-                f"task {self.name!r}: needs a handler (or sleep: for a durable timer, "
-                "wait_for_event: to wait for an event, workflow: to start a child run)"
-            )
-        else:
-            _check_name(self.handler, f"task {self.name!r}: handler")
+        self._check_kind()
         if self.timeout is not None and not 0 < self.timeout <= MAX_TIMEOUT_S:
             raise DefinitionError(
                 f"task {self.name!r}: timeout must be a positive number of seconds "
@@ -154,6 +142,22 @@ class TaskDef:
                 f"not {type(self.depends_on).__name__}"
             )
         object.__setattr__(self, "depends_on", deps)
+
+    def _check_kind(self) -> None:
+        """A handler, or what takes its place: a timer, an event wait, a child workflow."""
+        if self.workflow is not None:
+            return  # _check_child did: no handler, nothing only an execution uses
+        if self.sleep is not None:
+            self._check_timer()
+        elif self.wait_for_event is not None:
+            self._check_wait()
+        elif self.handler == "":
+            raise DefinitionError(
+                f"task {self.name!r}: needs a handler (or sleep: for a durable timer, "
+                "wait_for_event: to wait for an event, workflow: to start a child run)"
+            )
+        else:
+            _check_name(self.handler, f"task {self.name!r}: handler")
 
     def _check_map(self) -> None:
         """``for_each`` names a task (made a dependency); ``max_parallel`` needs it."""
