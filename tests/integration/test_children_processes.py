@@ -60,8 +60,8 @@ def scheduler_waits_on_a_lock(sql: Sql) -> bool:
             sql,
             # waiting for the test's open transaction (its row holds the child's unique key);
             # not by the query's text: pg_stat_activity keeps only its first kilobyte
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
-            " 'flowforge-scheduler%%' AND wait_event_type = 'Lock'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE 'flowforge-scheduler%%' AND wait_event_type = 'Lock'"
             " AND wait_event = 'transactionid'",
         )
     )
@@ -99,8 +99,9 @@ def test_killing_the_scheduler_mid_child_creation_leaves_one_child_per_attempt(
         lambda: (
             not scalar(
                 sql,
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
-                " 'flowforge-scheduler%%'",
+                # this database's only: other tests' schedulers share the server
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE 'flowforge-scheduler%%'",
             )
         ),
         timeout=30,
