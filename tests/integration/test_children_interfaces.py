@@ -183,7 +183,8 @@ def test_a_run_triggered_through_the_api_starts_its_child(api: Api, repo: Store)
         ),
         (
             {
-                "a.yaml": 'name: a\ntasks:\n  - {name: t, workflow: b, input: {x: "{upstream[z]}"}}\n'
+                "a.yaml": "name: a\ntasks:\n"
+                '  - {name: t, workflow: b, input: {x: "{upstream[z]}"}}\n'
             },
             "not one of its dependencies",
         ),
