@@ -248,3 +248,29 @@ def until_idle(step: Callable[[Store], int]) -> Callable[[Store], int]:
         return total
 
     return racer
+
+
+# ---------------------------------------------------- a scheduler held mid-transaction
+# The process tests that SIGKILL a scheduler while its transaction waits on one the test holds
+# (test_maps_processes, test_children_processes) find it by its lock wait, not by its query's
+# text (pg_stat_activity keeps only its first kilobyte), and only in the test's own database:
+# other tests' schedulers share the server.
+
+
+def scheduler_waits_on_a_lock(sql: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether a scheduler session of this database waits for another transaction."""
+    row = sql.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'flowforge-scheduler%%' AND wait_event_type = 'Lock'"
+        " AND wait_event = 'transactionid'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def no_scheduler_session(sql: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether no scheduler session of this database is left (a killed one's has ended)."""
+    row = sql.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'flowforge-scheduler%%'"
+    ).fetchone()
+    return bool(row) and not row[0]

@@ -34,20 +34,6 @@ UPSTREAM = "upstream"
 _FORMATTER = string.Formatter()
 
 
-def template_fields(value: Any) -> Iterable[tuple[str, str]]:
-    """Every (string, field name) of the templates inside a nested ``input:`` value."""
-    if isinstance(value, str):
-        for _, name, _, _ in _FORMATTER.parse(value):
-            if name is not None:
-                yield value, name
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from template_fields(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from template_fields(item)
-
-
 def template_strings(value: Any) -> Iterable[str]:
     """Every string inside a nested ``input:`` value (its templates, to check each)."""
     if isinstance(value, str):
@@ -58,6 +44,15 @@ def template_strings(value: Any) -> Iterable[str]:
     elif isinstance(value, list | tuple):
         for item in value:
             yield from template_strings(item)
+
+
+def template_fields(value: Any) -> Iterable[tuple[str, str]]:
+    """Every (string, field name) of the templates inside a nested ``input:`` value (each
+    string parses: :func:`~flowforge.domain.dag.check_template` checked it first)."""
+    for text in template_strings(value):
+        for _, name, _, _ in _FORMATTER.parse(text):
+            if name is not None:
+                yield text, name
 
 
 def upstream_named(field: str) -> str | None:

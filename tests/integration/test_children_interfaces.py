@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from flowforge.cli import exitcodes
 from flowforge.client import Client
 from flowforge.config import load_config
+from flowforge.domain.model import TaskRun
 from flowforge.domain.states import TaskState
 from tests import cli_runner
 from tests.api_client import TOKEN, TOKEN_ENV, Api
@@ -92,14 +94,21 @@ def started_child(setup: Path, repo: Store, sql: Sql) -> tuple[str, str]:
     task runs its child; (parent run id, child run id)."""
     with Client(load_config(setup, env={})) as client:
         run_id = client.trigger("order", {"order_id": 42}).run_id
+    invoice = approved(repo, run_id, 9)
+    return str(run_id), str(invoice.child_run_id)
+
+
+def approved(repo: Store, run_id: UUID | str, total: int) -> TaskRun:
+    """Run ``approve`` (result ``{"total": total}``) and the passes: the invoice task, whose
+    child run started."""
     approve = repo.get_run(run_id).task("approve")
     claim = repo.claim(approve.id, approve.fencing_token, "w", 30.0)
     assert claim.claim is not None
-    repo.finish(approve.id, claim.claim.fencing_token, TaskState.SUCCEEDED, result={"total": 9})
+    repo.finish(approve.id, claim.claim.fencing_token, TaskState.SUCCEEDED, result={"total": total})
     drain(repo)
     invoice = repo.get_run(run_id).task("invoice")
     assert invoice.state is TaskState.RUNNING and invoice.child_run_id is not None
-    return str(run_id), str(invoice.child_run_id)
+    return invoice
 
 
 def test_status_links_the_parent_to_its_child_and_back(setup: Path, repo: Store, sql: Sql) -> None:
@@ -141,14 +150,11 @@ def test_the_api_run_json_carries_the_links(api: Api, setup: Path, repo: Store, 
 
 def test_a_run_triggered_through_the_api_starts_its_child(api: Api, repo: Store) -> None:
     run_id = api.create("order", {"order_id": 1})["id"]
-    approve = repo.get_run(run_id).task("approve")
-    claim = repo.claim(approve.id, approve.fencing_token, "w", 30.0)
-    assert claim.claim is not None
-    repo.finish(approve.id, claim.claim.fencing_token, TaskState.SUCCEEDED, result={"total": 1})
-    drain(repo)
-    invoice = repo.get_run(run_id).task("invoice")
-    assert invoice.state is TaskState.RUNNING
-    assert repo.get_run(invoice.child_run_id).workflow == "invoicing"  # registered by the api
+    invoice = approved(repo, run_id, 1)
+    assert invoice.child_run_id is not None
+    child = repo.get_run(invoice.child_run_id)
+    assert child.workflow == "invoicing"  # its definition registered by the api's trigger
+    assert child.input == {"order": 1, "total": 1, "fixed": [1, {"a": "b"}]}
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import RunState, TaskState
 from tests.e2e import Stack
-from tests.helpers import task_ids, wait_for
+from tests.helpers import no_scheduler_session, scheduler_waits_on_a_lock, task_ids, wait_for
 from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
@@ -52,19 +52,6 @@ def scalar(sql: Sql, query: str, *args: Any) -> Any:
     row = sql.execute(query, args).fetchone()
     assert row is not None
     return row[0]
-
-
-def scheduler_waits_on_a_lock(sql: Sql) -> bool:
-    return bool(
-        scalar(
-            sql,
-            # waiting for the test's open transaction (its row holds the child's unique key);
-            # not by the query's text: pg_stat_activity keeps only its first kilobyte
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name LIKE 'flowforge-scheduler%%' AND wait_event_type = 'Lock'"
-            " AND wait_event = 'transactionid'",
-        )
-    )
 
 
 def executions(sql: Sql, run_id: UUID) -> dict[str, int]:
@@ -96,14 +83,7 @@ def test_killing_the_scheduler_mid_child_creation_leaves_one_child_per_attempt(
         scheduler.wait()
         blocker.rollback()
     wait_for(
-        lambda: (
-            not scalar(
-                sql,
-                # this database's only: other tests' schedulers share the server
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name LIKE 'flowforge-scheduler%%'",
-            )
-        ),
+        lambda: no_scheduler_session(sql),
         timeout=30,
         what="the killed scheduler's session to end",
     )

@@ -20,7 +20,7 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import RunState, TaskState
 from tests.e2e import Stack
-from tests.helpers import task_ids, wait_for
+from tests.helpers import no_scheduler_session, scheduler_waits_on_a_lock, task_ids, wait_for
 from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
@@ -44,19 +44,6 @@ def scalar(sql: Sql, query: str, *args: Any) -> Any:
     return row[0]
 
 
-def scheduler_waits_on_a_lock(sql: Sql) -> bool:
-    return bool(
-        scalar(
-            sql,
-            # waiting for the test's open transaction (its row holds the last item's key);
-            # not by the query's text: pg_stat_activity keeps only its first kilobyte
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
-            " 'flowforge-scheduler%%' AND wait_event_type = 'Lock'"
-            " AND wait_event = 'transactionid'",
-        )
-    )
-
-
 def test_killing_the_scheduler_mid_expansion_neither_duplicates_nor_loses_an_item(
     stack: Stack, repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
@@ -78,13 +65,7 @@ def test_killing_the_scheduler_mid_expansion_neither_duplicates_nor_loses_an_ite
         blocker.rollback()
     # the killed expansion committed nothing: the map waits, with no item
     wait_for(
-        lambda: (
-            not scalar(
-                sql,
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
-                " 'flowforge-scheduler%%'",
-            )
-        ),
+        lambda: no_scheduler_session(sql),
         timeout=30,
         what="the killed scheduler's session to end",
     )
