@@ -1849,12 +1849,15 @@ RETURNING id;
 -- a map leaf is its list) and its dependents released as a finish does; FAILED → the attempt
 -- FAILED child_failed (route_failed applies the retry policy: a retry starts a new child);
 -- CANCELLED (by someone else: a parent's cancel cancels its task first) → FAILED
--- child_cancelled, which no retry follows.
+-- child_cancelled, which no retry follows. A child run that is gone (deleted by `purge --dead`
+-- before its task was settled; a RUNNING task's child is committed with it, never missing
+-- otherwise) counts as FAILED.
 WITH due AS (
-    SELECT t.id, c.id AS child_id, c.state AS child_state
+    SELECT t.id, t.child_run_id AS child_id, coalesce(c.state, 'GONE') AS child_state
       FROM task_runs t
-      JOIN workflow_runs c ON c.id = t.child_run_id
-     WHERE t.state = 'RUNNING' AND t.child_workflow IS NOT NULL AND c.finished_at IS NOT NULL
+      LEFT JOIN workflow_runs c ON c.id = t.child_run_id
+     WHERE t.state = 'RUNNING' AND t.child_workflow IS NOT NULL
+       AND (c.finished_at IS NOT NULL OR c.id IS NULL)
      ORDER BY t.seq
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -1867,9 +1870,11 @@ WITH due AS (
                                 WHERE l.run_id = d.child_id AND l.map_id IS NULL
                                   AND NOT EXISTS (SELECT 1 FROM task_edges e
                                                    WHERE e.upstream_id = l.id)) END,
-           failure_reason = CASE WHEN d.child_state = 'FAILED' THEN 'child_failed'
-                                 WHEN d.child_state = 'CANCELLED' THEN 'child_cancelled' END,
+           failure_reason = CASE WHEN d.child_state = 'CANCELLED' THEN 'child_cancelled'
+                                 WHEN d.child_state <> 'SUCCEEDED' THEN 'child_failed' END,
            last_error = CASE WHEN d.child_state = 'SUCCEEDED' THEN t.last_error
+                             WHEN d.child_state = 'GONE'
+                             THEN 'child run ' || d.child_id || ' is gone (deleted)'
                              ELSE 'child run ' || d.child_id || ' ' || d.child_state END,
            finished_at = CASE WHEN d.child_state = 'SUCCEEDED' THEN now() END,
            propagated = (d.child_state <> 'SUCCEEDED'),

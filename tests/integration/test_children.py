@@ -323,3 +323,19 @@ def test_the_database_refuses_a_second_child_for_one_attempt(repo: Store, sql: S
             " FROM workflow_runs WHERE id = %s",
             (child,),
         )
+
+
+def test_a_child_run_deleted_before_its_task_settled_fails_the_attempt(
+    repo: Store, sql: Sql
+) -> None:
+    register(repo, FLAKY_CHILD)
+    run_id = repo.trigger(RETRIED, {}).run_id
+    call = task_ids(repo, run_id)["call"]
+    drain(repo)
+    [(first, _)] = children_of(sql, call)
+    sql.execute("DELETE FROM workflow_runs WHERE id = %s", (first,))  # purge --dead, say
+    drain(repo)
+    task = repo.get_task(call)
+    assert task.state is TaskState.RUNNING and task.attempt == 2  # retried: a new child
+    assert [a for _, a in children_of(sql, call)] == [2]
+    assert task.last_error == f"child run {first} is gone (deleted)"  # the first attempt's
