@@ -283,7 +283,9 @@ UPDATE task_runs t
 -- name: cancel_not_started
 -- Cancels every task of the given runs that is not executing right now: not started, or a
 -- sleeping durable timer (RUNNING with a wake time, no worker: nothing to ask), or a running
--- child-workflow task (stop_runs cancels its child run next: lock_running_children). Fail-fast
+-- child-workflow task (stop_runs cancels the child runs returned next; those finished are left
+-- alone, and a task that became RUNNING while this waited for its row is re-checked and
+-- cancelled with its new child). Fail-fast
 -- (cause upstream) spares a conditional (run_if) task not finished yet — waiting for its
 -- condition or already let through — and everything downstream of one: a compensation waits
 -- for the failure that set it off. An operator's cancel and a deadline spare nothing.
@@ -304,7 +306,7 @@ UPDATE task_runs
         OR (state = 'RUNNING' AND child_workflow IS NOT NULL
             AND NOT (%(cause)s = 'upstream' AND run_if <> 'all_succeeded')))
    AND id NOT IN (SELECT id FROM spared)
-RETURNING id;
+RETURNING id, child_run_id;
 
 -- name: request_stop
 -- Running tasks learn this at once through notify_cancel, else on their next lease renewal.
@@ -1888,21 +1890,10 @@ SELECT (SELECT count(*) FROM settled WHERE state = 'SUCCEEDED') AS succeeded,
        (SELECT count(*) FROM settled WHERE state = 'FAILED') AS failed,
        (SELECT count(*) FROM queued) AS queued;
 
--- name: lock_running_children
--- The RUNNING child tasks of runs being stopped (with their child runs), which
--- cancel_not_started cancels next: their children are asked to stop in turn. Fail-fast (cause
--- upstream) spares a conditional (run_if) one, as request_stop spares a running conditional.
-SELECT id, child_run_id
-  FROM task_runs
- WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'RUNNING' AND child_workflow IS NOT NULL
-   AND NOT (%(cause)s = 'upstream' AND run_if <> 'all_succeeded')
- ORDER BY id
-   FOR UPDATE;
-
 -- name: cancel_child_runs
 -- The child runs of cancelled child tasks are cancelled as an operator's cancel does (their
--- tasks were stopped first: task rows before run rows); a child finished meanwhile is left as
--- it ended.
+-- tasks were stopped first: task rows before run rows); a child that has finished (an earlier
+-- attempt's, or one that ended meanwhile) is left as it ended.
 UPDATE workflow_runs
    SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
  WHERE id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL

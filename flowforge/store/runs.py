@@ -24,8 +24,8 @@ def stop_runs(tx: Tx, run_ids: Sequence[UUID], cause: CancelCause, depth: int = 
     (``depth``: the level of ``run_ids`` below the first caller's, a bound on the descent)."""
     transitions.check({*NOT_STARTED_TASK_STATES, TaskState.RUNNING}, TaskState.CANCELLED)
     params = {"run_ids": list(run_ids), "cause": str(cause)}
-    children = [r["child_run_id"] for r in tx.all("lock_running_children", params)]
-    tx.all("cancel_not_started", params)
+    cancelled = tx.all("cancel_not_started", params)
+    children = sorted({r["child_run_id"] for r in cancelled if r["child_run_id"] is not None})
     stopping = tx.all("request_stop", params)
     if stopping:  # their workers hear it at the commit; lease renewal stays the fallback
         stopped_runs = sorted({row["run_id"] for row in stopping})

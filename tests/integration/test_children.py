@@ -17,9 +17,12 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
+from flowforge.store import queries
+from flowforge.store.children import _start
 from flowforge.store.db import Database
+from flowforge.store.part import Tx
 from flowforge.views import run_dict
-from tests.helpers import bury, claim_task, drain, task_ids
+from tests.helpers import bury, claim_task, drain, task_ids, wait_for
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -70,6 +73,17 @@ def children_of(sql: Sql, task_run_id: uuid.UUID) -> list[tuple[uuid.UUID, int]]
         (task_run_id,),
     ).fetchall()
     return [(r[0], r[1]) for r in rows]
+
+
+def waiting_on_a_lock(sql: Sql) -> bool:
+    """Whether a session of this test's database waits for another transaction."""
+    return bool(
+        scalar(
+            sql,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock'",
+        )
+    )
 
 
 def succeed(repo: Store, sql: Sql, task_run_id: uuid.UUID, result: Any = None) -> None:
@@ -339,3 +353,22 @@ def test_a_child_run_deleted_before_its_task_settled_fails_the_attempt(
     assert task.state is TaskState.RUNNING and task.attempt == 2  # retried: a new child
     assert [a for _, a in children_of(sql, call)] == [2]
     assert task.last_error == f"child run {first} is gone (deleted)"  # the first attempt's
+
+
+def test_a_cancel_waiting_on_a_child_start_cancels_the_child_it_started(
+    repo: Store, sql: Sql, db: Database
+) -> None:
+    register(repo, FLAKY_CHILD)
+    run_id = repo.trigger(RETRIED, {}).run_id
+    call = task_ids(repo, run_id)["call"]
+    cancelled: list[RunState] = []
+    with db.transaction() as cur:  # a start_children transaction, held open
+        assert _start(Tx(cur, queries.load()), 10, []) == 1
+        canceller = threading.Thread(target=lambda: cancelled.append(repo.cancel_run(run_id).state))
+        canceller.start()
+        wait_for(lambda: waiting_on_a_lock(sql), what="the cancel to wait for the task row")
+    canceller.join(timeout=30)
+    assert cancelled == [RunState.CANCELLED]
+    [(child, _)] = children_of(sql, call)  # the child the start committed
+    assert repo.get_task(call).state is TaskState.CANCELLED
+    assert repo.get_run(child).state is RunState.CANCELLED  # cancelled with it, not orphaned
