@@ -963,7 +963,8 @@ SELECT task_run_id, attempt, fencing_token, worker, started_at, finished_at, out
 -- [since, until). Run unprepared (a custom plan): the NULL tests then fold away and each filter
 -- combination gets its index (state / workflow / workflow+state / created_at).
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time
+       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time,
+       parent_run_id, parent_task_id
   FROM workflow_runs
  WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)

@@ -129,6 +129,8 @@ def test_status_links_the_parent_to_its_child_and_back(setup: Path, repo: Store,
     child_json = json.loads(flowforge(setup, "status", child, "--json").stdout)
     assert (child_json["parent_run_id"], child_json["parent_task_id"]) == (parent, task["id"])
     assert child_json["input"] == {"order": 42, "total": 9, "fixed": [1, {"a": "b"}]}
+    listed = {r["id"]: r for r in json.loads(flowforge(setup, "runs", "--json").stdout)}
+    assert listed[child]["parent_run_id"] == parent and listed[parent]["parent_run_id"] is None
 
 
 def test_the_api_run_json_carries_the_links(api: Api, setup: Path, repo: Store, sql: Sql) -> None:
