@@ -22,7 +22,7 @@ from flowforge.store.children import _start
 from flowforge.store.db import Database
 from flowforge.store.part import Tx
 from flowforge.views import run_dict
-from tests.helpers import bury, claim_task, drain, task_ids, wait_for
+from tests.helpers import bury, claim_task, drain, race, task_ids, wait_for
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -295,24 +295,16 @@ def test_recursion_at_run_time_stops_at_the_nesting_bound(repo: Store, sql: Sql)
 
 
 def test_two_schedulers_racing_over_20_child_tasks_start_one_child_each(
-    repo: Store, sql: Sql, db: Database
+    repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
     register(repo, FLAKY_CHILD)
     wide = WorkflowDef("wide", tuple(TaskDef(f"c{i}", workflow="flaky") for i in range(20)))
     run_id = repo.trigger(wide, {}).run_id
-    stores = [Store(db) for _ in range(2)]
-    barrier = threading.Barrier(len(stores))
-    counts: list[int] = []
 
-    def start(store: Store) -> None:
-        barrier.wait(timeout=30)
-        counts.append(sum(store.start_children(3) for _ in range(20)))
+    def start(store: Store) -> int:
+        return sum(store.start_children(3) for _ in range(20))
 
-    threads = [threading.Thread(target=start, args=(s,)) for s in stores]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    counts = race(clean_database_url, start, start)  # two schedulers, own pools
     assert sum(counts) == 20  # each task started by exactly one racer
     per_task = sql.execute(
         "SELECT parent_task_id, count(*) FROM workflow_runs WHERE parent_run_id = %s GROUP BY 1",
