@@ -12,7 +12,6 @@ completes with the child's result.
 
 from __future__ import annotations
 
-import signal
 import uuid
 from typing import Any
 from uuid import UUID
@@ -23,7 +22,7 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import RunState, TaskState
 from tests.e2e import Stack
-from tests.helpers import no_scheduler_session, scheduler_waits_on_a_lock, task_ids, wait_for
+from tests.helpers import kill_scheduler_while_it_waits, task_ids, wait_for
 from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
@@ -78,15 +77,7 @@ def test_killing_the_scheduler_mid_child_creation_leaves_one_child_per_attempt(
             (uuid.uuid4(), BILLING.name, digest, run_id, bill),
         )
         stack.start("worker")  # runs "take"; the scheduler then starts the child and waits
-        wait_for(lambda: scheduler_waits_on_a_lock(sql), timeout=30, what="the child creation")
-        scheduler.signal(signal.SIGKILL)
-        scheduler.wait()
-        blocker.rollback()
-    wait_for(
-        lambda: no_scheduler_session(sql),
-        timeout=30,
-        what="the killed scheduler's session to end",
-    )
+        kill_scheduler_while_it_waits(scheduler, sql, blocker, "the child creation")
     # the killed creation committed nothing: the task waits, with no child and no attempt
     assert scalar(sql, "SELECT count(*) FROM workflow_runs WHERE parent_task_id = %s", bill) == 0
     task = repo.get_task(bill)
