@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from flowforge.config import load_config
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
+from flowforge.roles.scheduler import Scheduler
 from flowforge.store import queries
 from flowforge.store.children import _start
 from flowforge.store.db import Database
@@ -364,3 +367,25 @@ def test_a_cancel_waiting_on_a_child_start_cancels_the_child_it_started(
     [(child, _)] = children_of(sql, call)  # the child the start committed
     assert repo.get_task(call).state is TaskState.CANCELLED
     assert repo.get_run(child).state is RunState.CANCELLED  # cancelled with it, not orphaned
+
+
+def test_the_scheduler_registers_what_it_loaded_so_any_trigger_finds_the_child(
+    repo: Store, sql: Sql, clean_database_url: str, tmp_path: Path
+) -> None:
+    flows = tmp_path / "workflows"
+    flows.mkdir()
+    (flows / "flaky.yaml").write_text("name: flaky\ntasks: [{name: only, handler: tests.noop}]\n")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(f"database: {{url: '{clean_database_url}'}}\nworkflows: ['{flows}']\n")
+    scheduler = Scheduler(load_config(config_file, env={}))
+    scheduler.initialize()
+    try:
+        run_id = repo.trigger(RETRIED, {}).run_id  # registers only its own definition
+        while scheduler.run_pass().total:
+            pass
+    finally:
+        scheduler.shutdown()
+    [(child, _)] = children_of(sql, task_ids(repo, run_id)["call"])
+    assert repo.get_run(child).workflow == "flaky"
+    names = sql.execute("SELECT name FROM workflow_definitions ORDER BY name").fetchall()
+    assert [n for (n,) in names] == ["flaky", "retried"]
