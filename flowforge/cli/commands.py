@@ -198,8 +198,9 @@ def status(args: argparse.Namespace) -> int:
 def _task_reason(task: TaskRun) -> str | None:
     """The REASON column: the failure reason, when a sleeping durable timer wakes, or what a
     waiting task waits for and until when; for a map task, also its items counted by state;
-    for a child-workflow task, its (latest) child run."""
-    if task.child_run_id is not None:
+    for a child-workflow task, its latest attempt's child run (not once it waits again: a
+    requeue or rerun starts a new one)."""
+    if task.child_run_id is not None and task.state != TaskState.PENDING:
         child = f"child run {task.child_run_id} ({task.child_workflow})"
         reason = None if task.failure_reason is None else str(task.failure_reason)
         return child if reason is None else f"{reason}; {child}"
