@@ -389,3 +389,26 @@ def test_the_scheduler_registers_what_it_loaded_so_any_trigger_finds_the_child(
     assert repo.get_run(child).workflow == "flaky"
     names = sql.execute("SELECT name FROM workflow_definitions ORDER BY name").fetchall()
     assert [n for (n,) in names] == ["flaky", "retried"]
+
+
+def test_a_rerun_of_the_parent_starts_a_new_child_and_keeps_the_old_one(
+    repo: Store, sql: Sql
+) -> None:
+    register(repo, FLAKY_CHILD)
+    run_id = repo.trigger(RETRIED, {}).run_id
+    call = task_ids(repo, run_id)["call"]
+    drain(repo)
+    [(first, _)] = children_of(sql, call)
+    repo.cancel_run(first)  # the child cancelled by hand: the task dies, the parent FAILS
+    drain(repo)
+    assert repo.get_run(run_id).state is RunState.FAILED
+    repo.rerun(run_id, "alice", "child fixed")
+    drain(repo)
+    attempts = children_of(sql, call)
+    assert [a for _, a in attempts] == [1, 2] and attempts[0][0] == first
+    assert repo.get_task(call).child_run_id == attempts[1][0]
+    assert repo.get_run(first).state is RunState.CANCELLED  # not reused, left as it ended
+    succeed(repo, sql, task_ids(repo, attempts[1][0])["only"], "ok")
+    drain(repo)
+    assert repo.get_task(call).result == {"only": "ok"}
+    assert repo.get_run(run_id).state is RunState.SUCCEEDED
