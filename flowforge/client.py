@@ -10,6 +10,7 @@ from uuid import UUID
 
 from flowforge.config import Config
 from flowforge.definitions import load_paths
+from flowforge.domain.children import referenced
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import (
     Attempt,
@@ -111,13 +112,15 @@ class Client:
         (seconds or a timedelta) replaces the workflow's: past it, the run ends FAILED with
         reason ``deadline_exceeded``. Bad values raise :class:`~flowforge.errors.InputError`.
         """
+        definition = self._definition(workflow)
         return self._store.trigger(
-            self._definition(workflow),
+            definition,
             input,
             idempotency_key,
             start_at=start_at,
             delay=delay,
             deadline=deadline,
+            children=referenced(definition, self.workflows),
         )
 
     def trigger_many(
@@ -132,13 +135,15 @@ class Client:
     ) -> list[TriggerResult]:
         """Start one run per input in a single transaction (much faster than one by one);
         ``start_at``, ``delay`` and ``deadline`` apply to every run (see :meth:`trigger`)."""
+        definition = self._definition(workflow)
         return self._store.trigger_many(
-            self._definition(workflow),
+            definition,
             inputs,
             idempotency_keys,
             start_at=start_at,
             delay=delay,
             deadline=deadline,
+            children=referenced(definition, self.workflows),
         )
 
     def _definition(self, workflow: str) -> WorkflowDef:

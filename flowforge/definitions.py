@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from flowforge.domain.children import unknown_children
 from flowforge.domain.dag import WorkflowDef
 from flowforge.durations import parse_duration
 from flowforge.errors import DefinitionError
@@ -44,13 +45,14 @@ def _build(data: Any) -> WorkflowDef:
                 (
                     f"tasks[{i}].handler",
                     "required key is missing (or give sleep: for a timer, wait_for_event: to "
-                    "wait for an event)",
+                    "wait for an event, workflow: to start a child run)",
                 )
                 for i, t in enumerate(tasks)
                 if isinstance(t, Mapping)
                 and "handler" not in t
                 and "sleep" not in t
                 and "wait_for_event" not in t
+                and "workflow" not in t
             ]
             data = {**data, "tasks": tasks}
     if errors:
@@ -170,7 +172,12 @@ def check_paths(
                 continue
             schedules.update((n, file) for n, _ in workflow.named_schedules())
             found[workflow.name] = (workflow, file)
-    return {name: wf for name, (wf, _) in found.items()}, problems
+    # across files: a child workflow must be one of them, and none may recurse into itself
+    loaded = {name: wf for name, (wf, _) in found.items()}
+    for name, problem in unknown_children(loaded):
+        problems.append(f"{found[name][1]}: workflow {name!r}: {problem}")
+        loaded.pop(name, None)
+    return loaded, problems
 
 
 def load_paths(paths: Iterable[Path]) -> dict[str, WorkflowDef]:

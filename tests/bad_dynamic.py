@@ -8,6 +8,9 @@ takes that input is tested with its whole table:
 - run inputs that cannot fill an event key: ``POST /api/v1/runs``, ``flowforge trigger``;
 - results a map cannot expand (run time): the map DEAD with its reason.
 
+(A child workflow unknown to the loaded set, or workflows recursing through each other, are
+problems of a set of files: tests/integration/test_children_interfaces.py.)
+
 Each case is ``pytest.param(..., fragment, id=...)``: ``fragment`` is what the one-line error
 must hold (the field it names).
 """
@@ -159,6 +162,32 @@ BAD_FILES = [
         "run_if: any_failed needs depends_on",
         id="ri-no-deps",
     ),
+    # a child workflow (workflow:) with what it cannot be, and its input:
+    pytest.param(
+        "workflow: bill, handler: e2e.item", "", "both workflow and handler", id="wf-handler"
+    ),
+    pytest.param(
+        "workflow: bill, for_each: list", "", "both workflow and for_each", id="wf-for-each"
+    ),
+    pytest.param("workflow: bill, sleep: 1m", "", "both workflow and sleep", id="wf-sleep"),
+    pytest.param(f"workflow: bill, {wait()}", "", "both workflow and wait_for_event", id="wf-wait"),
+    pytest.param("workflow: bill, timeout: 5", "", "takes no timeout", id="wf-timeout"),
+    pytest.param("workflow: bill, ordering_key: k", "", "takes no ordering_key", id="wf-okey"),
+    pytest.param("workflow: 'a b'", "", "workflow 'a b' is invalid", id="wf-name-space"),
+    pytest.param("workflow: 5", "", "tasks[1].workflow", id="wf-name-int"),
+    pytest.param("workflow: etl", "", "cannot recurse into itself", id="wf-self"),
+    pytest.param("workflow: bill, input: [1]", "", "tasks[1].input", id="in-list"),
+    pytest.param("workflow: bill, input: 5", "", "tasks[1].input", id="in-int"),
+    pytest.param("workflow: bill, input: {a: '{a.b}'}", "", "template field {a.b}", id="in-attr"),
+    pytest.param("workflow: bill, input: {a: '{a'}", "", "malformed template", id="in-malformed"),
+    pytest.param("workflow: bill, input: {a: .nan}", "", "input", id="in-nan"),
+    pytest.param(
+        "workflow: bill, input: {a: '{upstream[list]}'}",
+        "",
+        "not one of its dependencies",
+        id="in-upstream-not-dep",
+    ),
+    pytest.param("handler: e2e.item, input: {a: 1}", "", "input is only for", id="in-no-workflow"),
 ]
 
 
@@ -314,6 +343,25 @@ BAD_PYTHON = [
         "run_if: all_done needs depends_on",
         id="ri-no-deps",
     ),
+    pytest.param(
+        lambda: TaskDef("c", "h.c", workflow="bill"), "both workflow and handler", id="wf-handler"
+    ),
+    pytest.param(lambda: TaskDef("c", workflow=5), "workflow", id="wf-name-int"),
+    pytest.param(
+        lambda: WorkflowDef("etl", (TaskDef("c", workflow="etl"),)),
+        "cannot recurse into itself",
+        id="wf-self",
+    ),
+    pytest.param(lambda: TaskDef("c", workflow="b", input=[1]), "input", id="in-list"),
+    pytest.param(
+        lambda: TaskDef("c", workflow="b", input={"a": object()}), "input", id="in-object"
+    ),
+    pytest.param(
+        lambda: TaskDef("c", workflow="b", input={"a": "{upstream[x]}"}),
+        "not one of its dependencies",
+        id="in-upstream-not-dep",
+    ),
+    pytest.param(lambda: TaskDef("c", "h.c", input={}), "input is only for", id="in-no-workflow"),
 ]
 
 #: An event as each sender gives it (None: left out): (name, key, fragment)

@@ -95,6 +95,8 @@ def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
         + repo.open_item_slots(limit)
         + repo.expire_event_waits(limit)
         + repo.start_event_waits(limit, EVENT_RETENTION_S)
+        + repo.settle_children(limit)
+        + repo.start_children(limit)
         + repo.evaluate_conditions(limit)
         + repo.promote_ready(limit)
     )
@@ -246,3 +248,50 @@ def until_idle(step: Callable[[Store], int]) -> Callable[[Store], int]:
         return total
 
     return racer
+
+
+# ---------------------------------------------------- a scheduler held mid-transaction
+import signal  # noqa: E402
+from typing import Any  # noqa: E402
+
+# The process tests that SIGKILL a scheduler while its transaction waits on one the test holds
+# (test_maps_processes, test_children_processes) find it by its lock wait, not by its query's
+# text (pg_stat_activity keeps only its first kilobyte), and only in the test's own database:
+# other tests' schedulers share the server.
+
+
+def scheduler_waits_on_a_lock(sql: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether a scheduler session of this database waits for another transaction."""
+    row = sql.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'flowforge-scheduler%%' AND wait_event_type = 'Lock'"
+        " AND wait_event = 'transactionid'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def no_scheduler_session(sql: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether no scheduler session of this database is left (a killed one's has ended)."""
+    row = sql.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'flowforge-scheduler%%'"
+    ).fetchone()
+    return bool(row) and not row[0]
+
+
+def kill_scheduler_while_it_waits(
+    scheduler: Any,
+    sql: psycopg.Connection[tuple[object, ...]],
+    blocker: psycopg.Connection[Any],
+    what: str,
+) -> None:
+    """Once ``scheduler`` (a tests/e2e.py ``RoleProcess``) waits on the open transaction of
+    ``blocker``: SIGKILL it, roll ``blocker`` back, and wait until its session has ended (so
+    its half-done transaction is gone: rolled back, nothing of it committed)."""
+    wait_for(lambda: scheduler_waits_on_a_lock(sql), timeout=30, what=what)
+    scheduler.signal(signal.SIGKILL)
+    scheduler.wait()
+    blocker.rollback()
+    wait_for(
+        lambda: no_scheduler_session(sql), timeout=30, what="the killed scheduler's session to end"
+    )

@@ -79,6 +79,8 @@ def _task_facts(task: TaskRun) -> dict[str, Any]:
         "item_counts": task.item_counts,
         "event_name": task.event_name,
         "event_key": task.event_key,
+        "child_workflow": task.child_workflow,
+        "child_run_id": task.child_run_id,
     }
 
 

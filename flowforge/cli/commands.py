@@ -172,6 +172,8 @@ def status(args: argparse.Namespace) -> int:
     if run.schedule is not None:
         fired = f"{run.fire_time:%Y-%m-%d %H:%M:%S}" if run.fire_time else "-"
         output.line(f"schedule {run.schedule}  fire time {fired}")
+    if run.parent_run_id is not None:
+        output.line(f"child of run {run.parent_run_id}  task run {run.parent_task_id}")
     if run.compensated:
         output.line(f"compensated: {', '.join(run.compensated)}")
     output.table(
@@ -195,7 +197,13 @@ def status(args: argparse.Namespace) -> int:
 
 def _task_reason(task: TaskRun) -> str | None:
     """The REASON column: the failure reason, when a sleeping durable timer wakes, or what a
-    waiting task waits for and until when; for a map task, also its items counted by state."""
+    waiting task waits for and until when; for a map task, also its items counted by state;
+    for a child-workflow task, its latest attempt's child run (not once it waits again: a
+    requeue or rerun starts a new one)."""
+    if task.child_run_id is not None and task.state != TaskState.PENDING:
+        child = f"child run {task.child_run_id} ({task.child_workflow})"
+        reason = None if task.failure_reason is None else str(task.failure_reason)
+        return child if reason is None else f"{reason}; {child}"
     if task.state == TaskState.RUNNING and task.event_name is not None:
         until = (
             "" if task.wake_at is None else f" until {task.wake_at.isoformat(timespec='seconds')}"

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from flowforge.domain import children
 from flowforge.domain.conditions import RunIf
 from flowforge.domain.names import NAME_PATTERN
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
-from flowforge.domain.values import check_text
+from flowforge.domain.values import check_text, to_json
 from flowforge.errors import DefinitionError, InputError, UnstorableValueError
 
 #: Longest per-task time limit accepted (one week), in seconds.
@@ -78,6 +79,10 @@ class TaskDef:
     matching event (whose data becomes its result) or its timeout.
     ``run_if`` (``domain/conditions.py``): ``all_done`` runs once every dependency finished
     whatever its outcome, ``any_failed`` only if one ended DEAD (else it is skipped).
+    A task with ``workflow`` (a workflow's name) has no handler either: each attempt starts one
+    child run of that workflow, with ``input`` (a JSON mapping whose strings may be templates
+    over the run input and ``upstream``: ``domain/children.py``; None: the run's own input),
+    and succeeds with the child's result or fails with its failure (its ``retry`` applies).
     """
 
     name: str
@@ -93,11 +98,15 @@ class TaskDef:
     max_parallel: int | None = None  # a map's items running at once; None: no limit
     wait_for_event: EventWait | None = None  # waits for an event (no handler)
     run_if: RunIf = RunIf.ALL_SUCCEEDED
+    workflow: str | None = None  # a child-workflow task: the workflow each attempt starts
+    input: Mapping[str, Any] | None = field(default=None, hash=False)  # the child's input
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         self._check_depends_on()
         self._check_map()
+        if self.workflow is not None or self.input is not None:
+            self._check_child()
         if not isinstance(self.run_if, RunIf):  # a string from Python code: its enum, or refused
             if not isinstance(self.run_if, str) or self.run_if not in {r.value for r in RunIf}:
                 valid = ", ".join(r.value for r in RunIf)
@@ -108,17 +117,7 @@ class TaskDef:
                 f"task {self.name!r}: run_if: {self.run_if} needs depends_on (its condition "
                 "is on the outcomes of its dependencies)"
             )
-        if self.sleep is not None:
-            self._check_timer()
-        elif self.wait_for_event is not None:
-            self._check_wait()
-        elif self.handler == "":
-            raise DefinitionError(
-                f"task {self.name!r}: needs a handler (or sleep: for a durable timer, "
-                "wait_for_event: to wait for an event)"
-            )
-        else:
-            _check_name(self.handler, f"task {self.name!r}: handler")
+        self._check_kind()
         if self.timeout is not None and not 0 < self.timeout <= MAX_TIMEOUT_S:
             raise DefinitionError(
                 f"task {self.name!r}: timeout must be a positive number of seconds "
@@ -143,6 +142,22 @@ class TaskDef:
                 f"not {type(self.depends_on).__name__}"
             )
         object.__setattr__(self, "depends_on", deps)
+
+    def _check_kind(self) -> None:
+        """A handler, or what takes its place: a timer, an event wait, a child workflow."""
+        if self.workflow is not None:
+            return  # _check_child did: no handler, nothing only an execution uses
+        if self.sleep is not None:
+            self._check_timer()
+        elif self.wait_for_event is not None:
+            self._check_wait()
+        elif self.handler == "":
+            raise DefinitionError(
+                f"task {self.name!r}: needs a handler (or sleep: for a durable timer, "
+                "wait_for_event: to wait for an event, workflow: to start a child run)"
+            )
+        else:
+            _check_name(self.handler, f"task {self.name!r}: handler")
 
     def _check_map(self) -> None:
         """``for_each`` names a task (made a dependency); ``max_parallel`` needs it."""
@@ -198,14 +213,52 @@ class TaskDef:
             )
         self._check_no_execution("a wait_for_event task")
 
-    def _check_no_execution(self, kind: str) -> None:
-        """Refuse what only an execution would use on a task that never executes."""
+    def _check_child(self) -> None:
+        """A child-workflow task names a workflow, is nothing else, and its ``input`` is
+        JSON whose templates read the run input or its own dependencies' results."""
+        label = f"task {self.name!r}"
+        if self.workflow is None:
+            raise DefinitionError(f"{label}: input is only for a workflow: task (a child run)")
+        _check_name(self.workflow, f"{label}: workflow")
+        for key, given in (
+            ("handler", bool(self.handler)),
+            ("for_each", self.for_each is not None),
+            ("wait_for_event", self.wait_for_event is not None),
+            ("sleep", self.sleep is not None),
+        ):
+            if given:
+                raise DefinitionError(
+                    f"{label}: has both workflow and {key}: a child-workflow task is neither "
+                    "executed by a handler nor a map, a wait or a timer"
+                )
+        self._check_no_execution("a workflow task", allow_retry=True)
+        if self.input is None:
+            return
+        if not isinstance(self.input, Mapping):
+            raise DefinitionError(f"{label}: input must be a mapping (the child run's input)")
+        try:
+            to_json(self.input, f"{label}: input")
+        except UnstorableValueError as exc:
+            raise DefinitionError(str(exc)) from exc
+        for text in children.template_strings(self.input):
+            check_template(text, f"{label}: input")
+        for text, name in children.template_fields(self.input):
+            upstream = children.upstream_named(name)
+            if upstream and upstream not in self.depends_on:  # '': every dependency's
+                raise DefinitionError(
+                    f"{label}: input {text!r} reads upstream[{upstream}], which is not one of "
+                    f"its dependencies ({', '.join(self.depends_on) or 'none'})"
+                )
+
+    def _check_no_execution(self, kind: str, allow_retry: bool = False) -> None:
+        """Refuse what only an execution would use on a task that never executes (a child
+        task's attempts are child runs: its ``retry`` applies to them)."""
         label = f"task {self.name!r}"
         extras = {
             "timeout": self.timeout is not None,
             "idempotency_key": self.idempotency_key is not None,
             "ordering_key": self.ordering_key is not None,
-            "retry": self.retry != RetryPolicy(),
+            "retry": self.retry != RetryPolicy() and not allow_retry,
             "on_dead": self.on_dead is not OnDead.RELEASE,
         }
         for key, given in extras.items():
@@ -249,6 +302,11 @@ class WorkflowDef:
             seen.add(task.name)
         self._check_maps(seen)
         for task in self.tasks:
+            if task.workflow == self.name:
+                raise DefinitionError(
+                    f"workflow {self.name!r}: task {task.name!r} starts workflow {self.name!r} "
+                    "itself: a workflow cannot recurse into itself"
+                )
             if len(set(task.depends_on)) != len(task.depends_on):
                 raise DefinitionError(
                     f"workflow {self.name!r}: task {task.name!r} lists a dependency twice"
@@ -392,16 +450,21 @@ def _task_keys(task: TaskDef) -> dict[str, Any]:
             "depends_on": list(task.depends_on),
             "wait_for_event": {"name": wait.name, "key": wait.key, "timeout": float(wait.timeout)},
         }
+    if task.workflow is not None:  # a child run per attempt: its retry applies, nothing else
+        child: dict[str, Any] = {
+            "name": task.name,
+            "depends_on": list(task.depends_on),
+            "workflow": task.workflow,
+            "retry": _retry_dict(task.retry),
+        }
+        if task.input is not None:
+            child["input"] = task.input
+        return child
     data: dict[str, Any] = {
         "name": task.name,
         "handler": task.handler,
         "depends_on": list(task.depends_on),
-        "retry": {
-            "max_attempts": task.retry.max_attempts,
-            "base_delay": float(task.retry.base_delay),
-            "max_delay": float(task.retry.max_delay),
-            "jitter": str(task.retry.jitter),
-        },
+        "retry": _retry_dict(task.retry),
         "timeout": None if task.timeout is None else float(task.timeout),
         "idempotency_key": task.idempotency_key,
         "ordering_key": task.ordering_key,
@@ -412,6 +475,15 @@ def _task_keys(task: TaskDef) -> dict[str, Any]:
         if task.max_parallel is not None:
             data["max_parallel"] = task.max_parallel
     return data
+
+
+def _retry_dict(retry: RetryPolicy) -> dict[str, Any]:
+    return {
+        "max_attempts": retry.max_attempts,
+        "base_delay": float(retry.base_delay),
+        "max_delay": float(retry.max_delay),
+        "jitter": str(retry.jitter),
+    }
 
 
 def _check_name(value: str, label: str) -> None:

@@ -52,11 +52,25 @@ class TaskRun:
     event_key: str | None = None  # ... and its key, rendered from the run input
     run_if: RunIf = RunIf.ALL_SUCCEEDED  # its condition on its dependencies (SPEC 7.3)
     cancel_cause: CancelCause | None = None  # why it was cancelled (condition_not_met: skipped)
+    child_workflow: str | None = None  # a child-workflow task: the workflow it starts
+    child_run_id: UUID | None = None  # ... and the child run of its latest attempt
 
     @property
     def skipped(self) -> bool:
         """A ``run_if`` skip (or downstream of skips only): CANCELLED, not a failure."""
         return self.cancel_cause is CancelCause.CONDITION_NOT_MET
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """A child run one attempt of a child-workflow task started (sub-workflows)."""
+
+    task: str | None  # the task's name (None if its parent run is gone)
+    task_run_id: UUID
+    attempt: int
+    run_id: UUID
+    workflow: str
+    state: RunState
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,9 @@ class Run:
     failure_reason: RunFailureReason | None = None
     schedule: str | None = None  # the schedule that made the run (None: triggered by a caller)
     fire_time: datetime | None = None  # the fire time it was made for (a manual fire's instant)
+    parent_run_id: UUID | None = None  # a child run: the run whose task started it
+    parent_task_id: UUID | None = None  # ... and that task run
+    children: tuple[ChildRun, ...] = ()  # the child runs its tasks started (run reads)
 
     def task(self, name: str) -> TaskRun:
         """The task run called ``name``; KeyError if the run has none."""
@@ -230,6 +247,7 @@ class PassReport:
     maps: int = 0  # map tasks expanded, buried or settled, and item slots opened
     events: int = 0  # event waits started (or delivered at once) or timed out
     conditions: int = 0  # run_if tasks decided (gate opened or skipped)
+    children: int = 0  # child-workflow tasks started (or buried) or settled
 
     @property
     def total(self) -> int:
@@ -245,6 +263,7 @@ class PassReport:
             + self.maps
             + self.events
             + self.conditions
+            + self.children
         )
 
 

@@ -32,7 +32,8 @@ class PlannedTask:
     upstream task it maps over; never READY itself: a scheduler pass expands it into items,
     ``max_parallel`` of them running at once), whose key templates are rendered per item.
     ``event_name``, ``event_key`` (rendered from the run input) and ``event_timeout_s``: a wait
-    for an event (no handler, never READY, never dispatched either).
+    for an event (no handler, never READY, never dispatched either). ``child_workflow``: a
+    child-workflow task (never READY either: a scheduler pass starts its child runs).
     ``run_if``: a conditional task
     (not ``all_succeeded``) counts one more "dependency" in ``pending``, its condition gate,
     which only the scheduler's ``evaluate_conditions`` opens (or it skips the task).
@@ -59,6 +60,7 @@ class PlannedTask:
     event_key: str | None = None
     event_timeout_s: float | None = None
     run_if: str = "all_succeeded"
+    child_workflow: str | None = None
 
 
 @dataclass
@@ -80,6 +82,11 @@ class RunPlan:
     tasks: list[PlannedTask] = field(default_factory=list)
     upstream: list[UUID] = field(default_factory=list)
     downstream: list[UUID] = field(default_factory=list)
+    # a child run (sub-workflows): the task and attempt that start it, its nesting depth
+    parent_run_id: UUID | None = None
+    parent_task_id: UUID | None = None
+    parent_attempt: int | None = None
+    depth: int = 0
 
     @property
     def delayed(self) -> bool:
@@ -175,6 +182,7 @@ def plan_runs(
                 for_each=task.for_each,
                 max_parallel=task.max_parallel,
                 run_if=str(task.run_if),
+                child_workflow=task.workflow,
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event

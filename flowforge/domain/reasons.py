@@ -25,6 +25,15 @@ class FailureReason(StrEnum):
     ITEM_KEY_ERROR = "item_key_error"
     ITEM_FAILED = "item_failed"
     EVENT_TIMEOUT = "event_timeout"  # a wait_for_event task whose timeout passed first
+    # a child-workflow task (workflow:, SPEC 7.3): its child run FAILED (retried by its retry
+    # policy, a new child per attempt) or was cancelled by someone else; or no child could be
+    # started: its workflow is registered nowhere, its input cannot be rendered (or planned
+    # for the child), or it would nest deeper than domain/children.py's MAX_CHILD_DEPTH
+    CHILD_FAILED = "child_failed"
+    CHILD_CANCELLED = "child_cancelled"
+    CHILD_WORKFLOW_UNKNOWN = "child_workflow_unknown"
+    CHILD_INPUT_ERROR = "child_input_error"
+    CHILD_DEPTH_EXCEEDED = "child_depth_exceeded"
 
 
 class RunFailureReason(StrEnum):
@@ -36,5 +45,10 @@ class RunFailureReason(StrEnum):
 #: Attempt outcomes worth another attempt while the retry budget lasts. The others are
 #: deterministic: running the same code on the same input again would fail the same way.
 RETRYABLE_REASONS = frozenset(
-    {FailureReason.HANDLER_ERROR, FailureReason.LEASE_EXPIRED, FailureReason.TIMEOUT}
+    {
+        FailureReason.HANDLER_ERROR,
+        FailureReason.LEASE_EXPIRED,
+        FailureReason.TIMEOUT,
+        FailureReason.CHILD_FAILED,  # a new child run, as a handler is run again
+    }
 )

@@ -24,8 +24,9 @@ TRANSITIONS: Mapping[S, frozenset[S]] = {
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.RETRYING, S.DEAD, S.CANCELLED, S.READY}),
     # route by retry policy / cancel
     S.FAILED: frozenset({S.RETRYING, S.DEAD, S.CANCELLED}),
-    # promote a due retry / cancel
-    S.RETRYING: frozenset({S.READY, S.CANCELLED}),
+    # promote a due retry / cancel / a child-workflow task's due retry starts its next child
+    # run (no worker), or is buried when that child cannot be started
+    S.RETRYING: frozenset({S.READY, S.CANCELLED, S.RUNNING, S.DEAD}),
     # audited requeue (or an audited rerun of its finished run)
     S.DEAD: frozenset({S.PENDING}),
     # revived by the requeue of the dead task that caused the cancellation (or by a rerun)

@@ -2,8 +2,8 @@
 
 A pass reaps expired leases, routes failed attempts, applies the consequences of finished tasks
 (release dependents, fail-fast, run states), ends runs past their deadline, starts delayed runs
-whose time came, starts and wakes durable timers, and promotes READY tasks with their outbox
-rows.
+whose time came, starts and wakes durable timers, starts and settles child runs of
+child-workflow tasks, and promotes READY tasks with their outbox rows.
 Each retry, death and cancellation it decides is logged once (:mod:`flowforge.roles.tasklog`).
 It also fires the schedules of the workflows in the config's files (SPEC 7.2): it syncs them
 into the ``schedules`` table at :meth:`Scheduler.initialize` (so SIGHUP's rolling restart is
@@ -28,6 +28,7 @@ from flowforge.domain.model import FireRecord, PassReport, Routed
 from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
+from flowforge.store.children import Children
 from flowforge.store.db import Database
 from flowforge.store.events import Events
 from flowforge.store.maps import Maps
@@ -46,9 +47,9 @@ SECONDS_PER_DAY = 86_400.0
 MIN_WAIT_S = 0.01
 
 
-class SchedulerStatements(Passes, Processes, Schedules, Maps, Events):
+class SchedulerStatements(Passes, Processes, Schedules, Maps, Events, Children):
     """The scheduler's part of the store: its passes, the process registry, the schedules, the
-    map tasks, the event waits."""
+    map tasks, the event waits, the child-workflow tasks."""
 
 
 class Scheduler:
@@ -86,6 +87,9 @@ class Scheduler:
         workflows.update((w.name, w) for w in self._extra)
         self._db.open()
         self._listener.open()
+        # a child task's run is made from its workflow's latest registered definition: every
+        # workflow this tree loaded is registered, whoever triggers the parent
+        self._repo.register_workflows(list(workflows.values()))
         synced = self._repo.sync(workflows)
         # only a workflow with schedules can have an active one (sync retired the others): a
         # tree without any asks nothing in its passes
@@ -143,6 +147,9 @@ class Scheduler:
             events = self._repo.expire_event_waits(batch) + self._repo.start_event_waits(
                 batch, self._config.events.retention
             )
+            # settle before start: a finished child frees its task (a failure is routed at
+            # the end of this pass and its retry started by a later one)
+            children = self._repo.settle_children(batch) + self._repo.start_children(batch)
             conditions = self._repo.evaluate_conditions(batch)  # opened gates: promoted now
             promoted = self._repo.promote_ready(batch)
             return PassReport(
@@ -157,6 +164,7 @@ class Scheduler:
                 maps=maps,
                 events=events,
                 conditions=conditions,
+                children=children,
             )
 
     def _fire(self, batch: int) -> int:

@@ -11,9 +11,10 @@
 -- The CTEs released and queued: every dependent of a task in {source} (columns id, state) that
 -- SUCCEEDED counts one dependency off. A dependent whose last dependency that was, with no
 -- ordering key to wait on and a worker to execute it, becomes READY with its outbox row in the
--- same statement; one no worker executes (a timer, a map, an event wait) stays PENDING for its
--- scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
--- timer waking, a map settling, an event delivered or found at the start of its wait.
+-- same statement; one no worker executes (a timer, a map, an event wait, a child-workflow task)
+-- stays PENDING for its scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
+-- timer waking, a map settling, an event delivered or found at the start of its wait, a child
+-- run's success handed to its task.
 released AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
@@ -54,11 +55,15 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 -- A run whose idempotency key exists already is skipped (the caller compares digests).
 -- A delayed run (start_at given, or delay_s added to now()) is created SCHEDULED; its deadline
 -- (deadline_s, NULL for none) counts from its start, else from now(): the database's clock.
+-- A child run (sub-workflows) carries its parent task and attempt, and its nesting depth.
 INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
-                           request_digest, state, start_at, deadline_at)
+                           request_digest, state, start_at, deadline_at, parent_run_id,
+                           parent_task_id, parent_attempt, depth)
 SELECT r.id, %(workflow)s, %(digest)s, r.input, %(fail_fast)s, r.key, r.request_digest,
        CASE WHEN s.start_at IS NULL THEN 'PENDING' ELSE 'SCHEDULED' END, s.start_at,
-       coalesce(s.start_at, now()) + make_interval(secs => %(deadline_s)s::float8)
+       coalesce(s.start_at, now()) + make_interval(secs => %(deadline_s)s::float8),
+       %(parent_run_id)s::uuid, %(parent_task_id)s::uuid, %(parent_attempt)s::int,
+       %(depth)s::int
   FROM unnest(%(ids)s::uuid[], %(inputs)s::jsonb[], %(keys)s::text[], %(digests)s::text[])
        AS r(id, input, key, request_digest),
        (SELECT coalesce(%(start_at)s::timestamptz,
@@ -80,30 +85,35 @@ SELECT id, idempotency_key, request_digest
 -- A task with nothing to wait for (no dependency, no closed start gate: both count in
 -- pending_deps; no ordering key) that a worker executes is created READY with its outbox row in
 -- the same statement: the first step of a run needs no scheduler pass. (k.ready reads the
--- expression of task_runs.needs_worker, migration 0012: the row does not exist yet here.)
+-- expression of task_runs.needs_worker, migrations 0012 and 0013: the row does not exist yet
+-- here.)
 WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
                            on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
-                           max_parallel, event_name, event_key, event_timeout_s)
+                           max_parallel, event_name, event_key, event_timeout_s, child_workflow)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
            CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END, CASE WHEN k.ready THEN now() END,
-           t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s
+           t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
+           t.child_workflow
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
                   %(idem_keys)s::text[], %(ordering_keys)s::text[], %(on_dead)s::text[],
                   %(start_gates)s::bool[], %(sleeps)s::float8[], %(run_ifs)s::text[],
                   %(for_each)s::text[], %(max_parallel)s::int[], %(event_names)s::text[],
-                  %(event_keys)s::text[], %(event_timeouts)s::float8[])
+                  %(event_keys)s::text[], %(event_timeouts)s::float8[],
+                  %(child_workflows)s::text[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
-                run_if, for_each, max_parallel, event_name, event_key, event_timeout_s)
+                run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
+                child_workflow)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
-                  AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL) AS k(ready)
+                  AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
+                  AND t.child_workflow IS NULL) AS k(ready)
     RETURNING id, state, fencing_token
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token)
@@ -130,7 +140,8 @@ SELECT pg_notify('flowforge_outbox', '');
 -- tasks whose backoff is over, become READY with an outbox row in the same statement. The
 -- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
 -- (A task no worker executes is never READY: start_timers takes a durable timer, expand_map a
--- map, start_event_waits an event wait.)
+-- map, start_event_waits an event wait, start_children a child-workflow task — its due retry
+-- too.)
 WITH eligible AS (
     SELECT t.id
       FROM task_runs t
@@ -146,7 +157,7 @@ WITH eligible AS (
 ), due AS (
     SELECT t.id
       FROM task_runs t
-     WHERE t.state = 'RETRYING' AND t.retry_at <= now()
+     WHERE t.state = 'RETRYING' AND t.retry_at <= now() AND t.needs_worker
      ORDER BY t.retry_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -271,7 +282,10 @@ UPDATE task_runs t
 
 -- name: cancel_not_started
 -- Cancels every task of the given runs that is not executing right now: not started, or a
--- sleeping durable timer (RUNNING with a wake time, no worker: nothing to ask). Fail-fast
+-- sleeping durable timer (RUNNING with a wake time, no worker: nothing to ask), or a running
+-- child-workflow task (stop_runs cancels the child runs returned next; those finished are left
+-- alone, and a task that became RUNNING while this waited for its row is re-checked and
+-- cancelled with its new child). Fail-fast
 -- (cause upstream) spares a conditional (run_if) task not finished yet — waiting for its
 -- condition or already let through — and everything downstream of one: a compensation waits
 -- for the failure that set it off. An operator's cancel and a deadline spare nothing.
@@ -288,9 +302,11 @@ UPDATE task_runs
        propagated = false, updated_at = now()
  WHERE run_id = ANY(%(run_ids)s::uuid[])
    AND (state IN ('PENDING', 'READY', 'RETRYING', 'FAILED')
-        OR (state = 'RUNNING' AND wake_at IS NOT NULL))
+        OR (state = 'RUNNING' AND wake_at IS NOT NULL)
+        OR (state = 'RUNNING' AND child_workflow IS NOT NULL
+            AND NOT (%(cause)s = 'upstream' AND run_if <> 'all_succeeded')))
    AND id NOT IN (SELECT id FROM spared)
-RETURNING id;
+RETURNING id, child_run_id;
 
 -- name: request_stop
 -- Running tasks learn this at once through notify_cancel, else on their next lease renewal.
@@ -898,7 +914,8 @@ SELECT state, failure_reason, attempt FROM task_runs WHERE id = %(id)s;
 
 -- name: get_run
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time
+       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time,
+       parent_run_id, parent_task_id
   FROM workflow_runs WHERE id = %(id)s;
 
 -- name: get_run_tasks
@@ -915,7 +932,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        CASE WHEN t.for_each IS NOT NULL
             THEN (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
-                           WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts
+                           WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
+       t.child_workflow, t.child_run_id
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
  ORDER BY t.seq;
@@ -929,7 +947,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
-       t.for_each, t.map_id, t.item_index
+       t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id
   FROM task_runs t
  WHERE t.id = %(id)s;
 
@@ -945,7 +963,8 @@ SELECT task_run_id, attempt, fencing_token, worker, started_at, finished_at, out
 -- [since, until). Run unprepared (a custom plan): the NULL tests then fold away and each filter
 -- combination gets its index (state / workflow / workflow+state / created_at).
 SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time
+       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time,
+       parent_run_id, parent_task_id
   FROM workflow_runs
  WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
@@ -1755,3 +1774,137 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM events e USING doomed WHERE e.id = doomed.id;
+
+-- ------------------------------------------------------------------ sub-workflows (SPEC 7.3)
+
+-- name: register_definitions
+-- Every workflow a scheduler loaded (and, at a trigger, the child workflows its run may start)
+-- is known to the database: a child run is made from its workflow's latest registered
+-- definition (latest_definitions).
+INSERT INTO workflow_definitions (name, digest, definition)
+SELECT * FROM unnest(%(names)s::text[], %(digests)s::text[], %(definitions)s::jsonb[])
+ON CONFLICT (name, digest) DO NOTHING;
+
+-- name: lock_child_starts
+-- Child-workflow tasks whose dependencies are met (PENDING) or whose retry is due (RETRYING),
+-- with what starting a child needs: the run input, the parent run's nesting depth, the task's
+-- stored definition (its input template) and its dependencies' results. Locked until the child
+-- run is inserted and the task moved on, in the same transaction: SKIP LOCKED and begin_child's
+-- state test divide the tasks among schedulers, so each attempt starts one child.
+SELECT t.id, t.run_id, t.name, t.state, t.fencing_token, t.attempt, t.child_workflow,
+       r.input, r.depth, r.workflow,
+       (SELECT x FROM jsonb_array_elements(d.definition -> 'tasks') AS x
+         WHERE x ->> 'name' = t.name) AS definition,
+       (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
+          FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+         WHERE e.downstream_id = t.id) AS upstream
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+  JOIN workflow_definitions d ON d.name = r.workflow AND d.digest = r.workflow_digest
+ WHERE ((t.state = 'PENDING' AND t.pending_deps = 0)
+        OR (t.state = 'RETRYING' AND t.retry_at <= now()))
+   AND t.child_workflow IS NOT NULL
+ ORDER BY t.seq
+ LIMIT %(limit)s
+   FOR UPDATE OF t SKIP LOCKED;
+
+-- name: latest_definitions
+-- The most recently registered definition of each named workflow (the version a child run is
+-- made from).
+SELECT DISTINCT ON (name) name, definition
+  FROM workflow_definitions
+ WHERE name = ANY(%(names)s::text[])
+ ORDER BY name, registered_at DESC, digest;
+
+-- name: begin_child
+-- PENDING / RETRYING → RUNNING for a child task: a new attempt whose child run is
+-- %(child_run_id)s (inserted next, in the same transaction), no lease (never reaped), no
+-- outbox row (no worker). Its run is marked started as a claim marks it.
+WITH begun AS (
+    UPDATE task_runs t
+       SET state = 'RUNNING', attempt = t.attempt + 1, child_run_id = %(child_run_id)s,
+           retry_at = NULL, cancel_requested = false, started_at = coalesce(t.started_at, now()),
+           updated_at = now()
+     WHERE t.id = %(id)s AND t.state = %(state)s AND t.fencing_token = %(token)s
+       AND t.child_workflow IS NOT NULL
+    RETURNING t.id, t.run_id, t.attempt
+), runs_started AS (
+    UPDATE workflow_runs r
+       SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
+     WHERE r.id IN (SELECT run_id FROM begun) AND r.state = 'PENDING'
+)
+SELECT id, attempt FROM begun;
+
+-- name: bury_child
+-- A child task whose child cannot be started (its workflow registered nowhere, its input not
+-- renderable, nested too deep) is DEAD at once; propagate then cancels its dependents.
+UPDATE task_runs
+   SET state = 'DEAD', failure_reason = %(reason)s, last_error = %(error)s,
+       fencing_token = fencing_token + 1, retry_at = NULL, finished_at = now(),
+       propagated = false, updated_at = now()
+ WHERE id = %(id)s AND state = %(state)s AND fencing_token = %(token)s
+   AND child_workflow IS NOT NULL
+RETURNING id;
+
+-- name: settle_children
+-- RUNNING child tasks whose child run has finished take its outcome: SUCCEEDED → SUCCEEDED
+-- with the child's result (its leaf tasks — those nothing depends on — each to its result;
+-- a map leaf is its list) and its dependents released as a finish does; FAILED → the attempt
+-- FAILED child_failed (route_failed applies the retry policy: a retry starts a new child);
+-- CANCELLED (by someone else: a parent's cancel cancels its task first) → FAILED
+-- child_cancelled, which no retry follows. A child run that is gone (deleted by `purge --dead`
+-- before its task was settled; a RUNNING task's child is committed with it, never missing
+-- otherwise) counts as FAILED.
+WITH due AS (
+    SELECT t.id, t.child_run_id AS child_id, coalesce(c.state, 'GONE') AS child_state
+      FROM task_runs t
+      LEFT JOIN workflow_runs c ON c.id = t.child_run_id
+     WHERE t.state = 'RUNNING' AND t.child_workflow IS NOT NULL
+       AND (c.finished_at IS NOT NULL OR c.id IS NULL)
+     ORDER BY t.seq
+     LIMIT %(limit)s
+       FOR UPDATE OF t SKIP LOCKED
+), settled AS (
+    UPDATE task_runs t
+       SET state = CASE WHEN d.child_state = 'SUCCEEDED' THEN 'SUCCEEDED' ELSE 'FAILED' END,
+           result = CASE WHEN d.child_state = 'SUCCEEDED'
+                         THEN (SELECT coalesce(jsonb_object_agg(l.name, l.result), '{}'::jsonb)
+                                 FROM task_runs l
+                                WHERE l.run_id = d.child_id AND l.map_id IS NULL
+                                  AND NOT EXISTS (SELECT 1 FROM task_edges e
+                                                   WHERE e.upstream_id = l.id)) END,
+           failure_reason = CASE WHEN d.child_state = 'CANCELLED' THEN 'child_cancelled'
+                                 WHEN d.child_state <> 'SUCCEEDED' THEN 'child_failed' END,
+           last_error = CASE WHEN d.child_state = 'SUCCEEDED' THEN t.last_error
+                             WHEN d.child_state = 'GONE'
+                             THEN 'child run ' || d.child_id || ' is gone (deleted)'
+                             ELSE 'child run ' || d.child_id || ' ' || d.child_state END,
+           finished_at = CASE WHEN d.child_state = 'SUCCEEDED' THEN now() END,
+           propagated = (d.child_state <> 'SUCCEEDED'),
+           updated_at = now()
+      FROM due d
+     WHERE t.id = d.id AND t.state = 'RUNNING' AND t.child_run_id = d.child_id
+    RETURNING t.id, t.state
+),
+-- use: release_dependents(settled)
+SELECT (SELECT count(*) FROM settled WHERE state = 'SUCCEEDED') AS succeeded,
+       (SELECT count(*) FROM settled WHERE state = 'FAILED') AS failed,
+       (SELECT count(*) FROM queued) AS queued;
+
+-- name: cancel_child_runs
+-- The child runs of cancelled child tasks are cancelled as an operator's cancel does (their
+-- tasks were stopped first: task rows before run rows); a child that has finished (an earlier
+-- attempt's, or one that ended meanwhile) is left as it ended.
+UPDATE workflow_runs
+   SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
+ WHERE id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL
+RETURNING id;
+
+-- name: run_children
+-- Every child run of a run (one per attempt of its child tasks), oldest first.
+SELECT c.id AS run_id, c.workflow, c.state, c.parent_task_id AS task_run_id,
+       c.parent_attempt AS attempt, t.name AS task
+  FROM workflow_runs c
+  LEFT JOIN task_runs t ON t.id = c.parent_task_id
+ WHERE c.parent_run_id = %(id)s
+ ORDER BY c.created_at, c.id;

@@ -156,7 +156,10 @@ def run_with_tasks(tx: Tx, rid: UUID) -> Run:
     if row is None:
         raise NotFoundError(f"no run with id {rid}")
     tasks = tx.all("get_run_tasks", {"id": rid})
-    return rows.run(row, tuple(rows.task_run(t) for t in tasks))
+    children = tx.all("run_children", {"id": rid})
+    return rows.run(
+        row, tuple(rows.task_run(t) for t in tasks), tuple(rows.child_run(c) for c in children)
+    )
 
 
 def task_by_id(tx: Tx, tid: UUID) -> TaskRun:

@@ -18,6 +18,7 @@ from flowforge.domain.conditions import RunIf
 from flowforge.domain.model import (
     Attempt,
     AuditEntry,
+    ChildRun,
     Claim,
     DeadCount,
     DeadPurge,
@@ -107,6 +108,8 @@ def task_run(row: Row) -> TaskRun:
         item_counts=row.get("item_counts"),
         map_id=row.get("map_id"),
         item_index=row.get("item_index"),
+        child_workflow=row.get("child_workflow"),
+        child_run_id=row.get("child_run_id"),
     )
 
 
@@ -139,7 +142,7 @@ def dead_task(row: Row) -> DeadTask:
     )
 
 
-def run(row: Row, tasks: tuple[TaskRun, ...] = ()) -> Run:
+def run(row: Row, tasks: tuple[TaskRun, ...] = (), children: tuple[ChildRun, ...] = ()) -> Run:
     return Run(
         id=row["id"],
         workflow=row["workflow"],
@@ -156,6 +159,21 @@ def run(row: Row, tasks: tuple[TaskRun, ...] = ()) -> Run:
         failure_reason=RunFailureReason(row["failure_reason"]) if row["failure_reason"] else None,
         schedule=row.get("schedule"),
         fire_time=row.get("fire_time"),
+        parent_run_id=row.get("parent_run_id"),
+        parent_task_id=row.get("parent_task_id"),
+        children=children,
+    )
+
+
+def child_run(row: Row) -> ChildRun:
+    """A ``run_children`` row."""
+    return ChildRun(
+        task=row["task"],
+        task_run_id=row["task_run_id"],
+        attempt=row["attempt"],
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        state=RunState(row["state"]),
     )
 
 
@@ -412,6 +430,7 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "event_keys": [t.event_key for t in tasks],
         "event_timeouts": [t.event_timeout_s for t in tasks],
         "run_ifs": [t.run_if for t in tasks],
+        "child_workflows": [t.child_workflow for t in tasks],
     }
 
 

@@ -11,21 +11,29 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.domain import transitions
+from flowforge.domain.children import MAX_CHILD_DEPTH
 from flowforge.domain.runstate import RunFacts, derive
 from flowforge.domain.states import NOT_STARTED_TASK_STATES, CancelCause, TaskState
 from flowforge.store.part import Tx
 
 
-def stop_runs(tx: Tx, run_ids: Sequence[UUID], cause: CancelCause) -> None:
-    """Cancel the runs' tasks not yet started (and their sleeping timers), ask their running
-    ones to stop."""
+def stop_runs(tx: Tx, run_ids: Sequence[UUID], cause: CancelCause, depth: int = 0) -> None:
+    """Cancel the runs' tasks not yet started (and their sleeping timers, waits and running
+    child-workflow tasks), ask their running ones to stop; the child runs of the cancelled
+    child tasks are cancelled in turn (as an operator's cancel does), down to grandchildren
+    (``depth``: the level of ``run_ids`` below the first caller's, a bound on the descent)."""
     transitions.check({*NOT_STARTED_TASK_STATES, TaskState.RUNNING}, TaskState.CANCELLED)
     params = {"run_ids": list(run_ids), "cause": str(cause)}
-    tx.all("cancel_not_started", params)
+    cancelled = tx.all("cancel_not_started", params)
+    children = sorted({r["child_run_id"] for r in cancelled if r["child_run_id"] is not None})
     stopping = tx.all("request_stop", params)
     if stopping:  # their workers hear it at the commit; lease renewal stays the fallback
         stopped_runs = sorted({row["run_id"] for row in stopping})
         tx.all("notify_cancel", {"run_ids": stopped_runs})
+    if children and depth <= MAX_CHILD_DEPTH:  # task rows first, then the runs, level by level
+        stop_runs(tx, children, CancelCause.OPERATOR, depth + 1)
+        asked = tx.all("cancel_child_runs", {"ids": children})
+        derive_states(tx, [r["id"] for r in asked])
 
 
 def derive_states(tx: Tx, run_ids: Iterable[UUID]) -> None:

@@ -35,6 +35,7 @@ class Triggers(Part):
         start_at: datetime | None = None,
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        children: Sequence[WorkflowDef] = (),
     ) -> TriggerResult:
         """Create a run and its task runs in one transaction.
 
@@ -50,6 +51,7 @@ class Triggers(Part):
             start_at=start_at,
             delay=delay,
             deadline=deadline,
+            children=children,
         )[0]
 
     def trigger_many(
@@ -61,6 +63,7 @@ class Triggers(Part):
         start_at: datetime | None = None,
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        children: Sequence[WorkflowDef] = (),
     ) -> list[TriggerResult]:
         """Create one run per input in one transaction (a few array inserts, not one per run).
 
@@ -69,19 +72,24 @@ class Triggers(Part):
         datetime, refused more than a minute in the past by the *database's* clock) or
         ``delay`` (seconds, or a timedelta, added to the database's now) makes them SCHEDULED
         until then; ``deadline`` (seconds, or a timedelta) replaces the workflow's deadline.
-        Bad values raise :class:`InputError` before anything is stored.
+        Bad values raise :class:`InputError` before anything is stored. ``children``: the
+        workflows the runs may start as child runs (sub-workflows), registered with the
+        workflow's definition so that the scheduler finds them.
         """
         plan = plan_runs(
             workflow, inputs, idempotency_keys, start_at=start_at, delay=delay, deadline=deadline
         )
         if not plan.run_ids:
             return []
-        return self._transaction(_insert_plan, workflow, plan)
+        return self._transaction(_insert_plan, workflow, plan, children)
 
 
-def _insert_plan(tx: Tx, workflow: WorkflowDef, plan: RunPlan) -> list[TriggerResult]:
+def _insert_plan(
+    tx: Tx, workflow: WorkflowDef, plan: RunPlan, children: Sequence[WorkflowDef] = ()
+) -> list[TriggerResult]:
     """Insert ``plan``'s runs of ``workflow`` in the caller's transaction. Their deadline is the
-    plan's, else the workflow's (so runs made by any caller get it)."""
+    plan's, else the workflow's (so runs made by any caller get it). ``children``' definitions
+    are registered too (the child runs the runs may start are made from them)."""
     if plan.start_at is not None:
         clock = tx.one("trigger_clock")
         assert clock is not None  # SELECT now() always answers
@@ -95,6 +103,8 @@ def _insert_plan(tx: Tx, workflow: WorkflowDef, plan: RunPlan) -> list[TriggerRe
             "definition": Jsonb(workflow.to_dict()),
         },
     )
+    if children:
+        register_definitions(tx, children)
     ordering = plan.ordering_keys()
     if ordering:
         tx.all("lock_ordering_keys", {"namespace": ORDERING_LOCK_NAMESPACE, "keys": ordering})
@@ -111,6 +121,10 @@ def _insert_plan(tx: Tx, workflow: WorkflowDef, plan: RunPlan) -> list[TriggerRe
             "start_at": plan.start_at,
             "delay_s": plan.delay_s,
             "deadline_s": deadline_s,
+            "parent_run_id": plan.parent_run_id,
+            "parent_task_id": plan.parent_task_id,
+            "parent_attempt": plan.parent_attempt,
+            "depth": plan.depth,
         },
     )
     inserted = {r["id"] for r in found}
@@ -145,6 +159,19 @@ def _replayed(
             raise TriggerConflictError(f"idempotency key {key!r} was used for a different request")
         results[index] = TriggerResult(found["id"], created=False)
     return results
+
+
+def register_definitions(tx: Tx, workflows: Sequence[WorkflowDef]) -> None:
+    """Register the definitions of ``workflows`` (each version once) in the caller's
+    transaction."""
+    tx.all(
+        "register_definitions",
+        {
+            "names": [w.name for w in workflows],
+            "digests": [w.digest for w in workflows],
+            "definitions": [Jsonb(w.to_dict()) for w in workflows],
+        },
+    )
 
 
 #: The plan insert, for parts that create runs inside a transaction of their own (a schedule's

@@ -87,6 +87,8 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
             "retry": {"max_attempts": 1},
         },
     ],
+    # a child run (sub-workflows) of ui-gate: its task runs until input.gate exists
+    "ui-parent": [{"name": "call", "workflow": "ui-gate"}],
 }
 #: Workflow keys besides ``tasks`` (by workflow name).
 WORKFLOW_KEYS: dict[str, dict[str, Any]] = {"ui-map": {"fail_fast": False}}

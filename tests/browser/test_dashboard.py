@@ -1049,3 +1049,36 @@ def test_a_map_node_opens_its_items_page_by_page_with_counts_and_a_state_filter(
     assert asked, "the panel read no items"
     for url in asked:
         assert f"limit={ITEMS_PAGE}" in url, url
+
+
+def test_a_run_links_to_its_child_run_and_the_child_back(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    dashboard.sign_in(page)
+    parent = dashboard.trigger("ui-parent", {"gate": str(dashboard.gate)})
+    call = wait_task(sql, parent, "call", "RUNNING")
+    row = sql.execute("SELECT child_run_id FROM task_runs WHERE id = %s", (call,)).fetchone()
+    assert row is not None and row[0] is not None
+    child = str(row[0])
+    wait_task(sql, child, "only", "RUNNING")
+
+    page.goto(dashboard.url(f"/ui/runs/{parent}"))
+    expect(page.locator("[data-testid=run-state]")).to_have_text("RUNNING")
+    link = page.locator("a[data-testid=run-child]")
+    expect(link).to_have_count(1)
+    expect(link).to_have_attribute("data-task", "call")
+    expect(link).to_contain_text("attempt 1, ui-gate")
+    expect(page.locator("a[data-testid=run-parent]")).to_have_count(0)
+    dag_node(page, "call").click()
+    expect(page.locator("a[data-testid=task-child]")).to_have_text(child)
+    screenshot("parent")
+
+    link.click()
+    expect(page).to_have_url(re.compile(rf"/ui/runs/{child}(?:[/?#].*)?$"))
+    expect(page.locator("#run-workflow")).to_have_text("ui-gate")
+    back = page.locator("a[data-testid=run-parent]")
+    expect(back).to_have_text(parent)
+    expect(page.locator("a[data-testid=run-child]")).to_have_count(0)
+    screenshot("child")
+    back.click()
+    expect(page).to_have_url(re.compile(rf"/ui/runs/{parent}(?:[/?#].*)?$"))

@@ -10,7 +10,6 @@ exists once and runs once, and the map's dependents see the results in item orde
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 from uuid import UUID
 
@@ -20,7 +19,7 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import RunState, TaskState
 from tests.e2e import Stack
-from tests.helpers import task_ids, wait_for
+from tests.helpers import kill_scheduler_while_it_waits, task_ids, wait_for
 from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
@@ -44,19 +43,6 @@ def scalar(sql: Sql, query: str, *args: Any) -> Any:
     return row[0]
 
 
-def scheduler_waits_on_a_lock(sql: Sql) -> bool:
-    return bool(
-        scalar(
-            sql,
-            # waiting for the test's open transaction (its row holds the last item's key);
-            # not by the query's text: pg_stat_activity keeps only its first kilobyte
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
-            " 'flowforge-scheduler%%' AND wait_event_type = 'Lock'"
-            " AND wait_event = 'transactionid'",
-        )
-    )
-
-
 def test_killing_the_scheduler_mid_expansion_neither_duplicates_nor_loses_an_item(
     stack: Stack, repo: Store, sql: Sql, clean_database_url: str
 ) -> None:
@@ -72,22 +58,8 @@ def test_killing_the_scheduler_mid_expansion_neither_duplicates_nor_loses_an_ite
             (run_id, map_id, N - 1),
         )
         stack.start("worker")  # runs "list"; the scheduler then starts expanding and waits
-        wait_for(lambda: scheduler_waits_on_a_lock(sql), timeout=30, what="the expansion")
-        scheduler.signal(signal.SIGKILL)
-        scheduler.wait()
-        blocker.rollback()
+        kill_scheduler_while_it_waits(scheduler, sql, blocker, "the expansion")
     # the killed expansion committed nothing: the map waits, with no item
-    wait_for(
-        lambda: (
-            not scalar(
-                sql,
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
-                " 'flowforge-scheduler%%'",
-            )
-        ),
-        timeout=30,
-        what="the killed scheduler's session to end",
-    )
     assert scalar(sql, "SELECT count(*) FROM task_runs WHERE map_id = %s", map_id) == 0
     assert repo.get_task(map_id).state is TaskState.PENDING
     stack.start("scheduler")

@@ -159,8 +159,8 @@ def test_decide_buries_non_retryable_reason_with_that_reason(reason: FailureReas
     assert decide(POLICY, facts, const(0.5)) == Bury(reason)
 
 
-def test_retryable_reasons_are_handler_error_lease_expired_and_timeout() -> None:
-    assert {R.HANDLER_ERROR, R.LEASE_EXPIRED, R.TIMEOUT} == RETRYABLE_REASONS
+def test_retryable_reasons_are_handler_error_lease_expired_timeout_and_child_failed() -> None:
+    assert {R.HANDLER_ERROR, R.LEASE_EXPIRED, R.TIMEOUT, R.CHILD_FAILED} == RETRYABLE_REASONS
 
 
 @pytest.mark.parametrize("reason", sorted(RETRYABLE_REASONS))

@@ -59,6 +59,10 @@ function nodeTitle(node) {
     const until = node.wake_at ? `, until ${when(node.wake_at)}` : "";
     return `${node.name} (waits for event ${node.event_name} key ${node.event_key}): ${node.state}${until}`;
   }
+  if (node.child_workflow) {
+    const child = node.child_run_id ? `, child run ${node.child_run_id}` : "";
+    return `${node.name} (child workflow ${node.child_workflow}): ${node.state}${child}`;
+  }
   if (node.item_counts) {
     return `${node.name} (${node.handler}, for each of ${node.for_each}: ${itemSummary(node.item_counts)}): ${node.state}`;
   }
@@ -147,11 +151,34 @@ function drawRun(run) {
   fact("#run-deadline-fact", run.deadline_at, () =>
     $("#run-deadline").replaceChildren(timeOf(run.deadline_at, { "data-testid": "run-deadline" })),
   );
+  // sub-workflows: the run whose task started this one, and the runs this one's tasks started
+  fact("#run-parent-fact", run.parent_run_id, () =>
+    $("#run-parent").replaceChildren(
+      el("a", { "data-testid": "run-parent", href: runHref(run.parent_run_id) }, run.parent_run_id),
+    ),
+  );
+  const children = run.children || [];
+  fact("#run-children-fact", children.length, () =>
+    $("#run-children").replaceChildren(
+      ...children.map((c) =>
+        el(
+          "a",
+          { "data-testid": "run-child", "data-task": c.task || "", href: runHref(c.run_id), class: "child" },
+          `${c.task || "?"} (attempt ${c.attempt}, ${c.workflow}): ${c.state}`,
+        ),
+      ),
+    ),
+  );
   view.state = run.state;
   // a finished run has nothing left to cancel (a SCHEDULED one has: nothing of it has run)
   $("[data-testid=cancel-run]").hidden = Boolean(run.finished_at);
   // a finished run that did not succeed has DEAD or CANCELLED tasks to run again
   $("[data-testid=rerun-run]").hidden = !run.finished_at || run.state === "SUCCEEDED";
+}
+
+/** The dashboard page of run ``id``. */
+function runHref(id) {
+  return `/ui/runs/${encodeURIComponent(id)}`;
 }
 
 /** Show the fact ``selector`` (and draw it) when ``value`` is set; hide it otherwise. */
@@ -194,7 +221,9 @@ function drawTask(detail) {
   const timer = task.sleep_s !== null && task.sleep_s !== undefined;
   $("#task-handler").textContent = task.event_name
     ? `(waits for event ${task.event_name}, key ${task.event_key})`
-    : timer
+    : task.child_workflow
+      ? `(starts a child run of ${task.child_workflow})`
+      : timer
       ? `(durable timer: sleeps ${span(task.sleep_s)})`
       : task.handler;
   // wake_at is set once the timer sleeps (its dependencies met): when it succeeds
@@ -203,6 +232,11 @@ function drawTask(detail) {
       task.wake_at
         ? timeOf(task.wake_at, { "data-testid": "task-wake" })
         : el("span", { "data-testid": "task-wake" }, "not asleep yet: waits for its dependencies"),
+    ),
+  );
+  fact("#task-child-fact", task.child_run_id, () =>
+    $("#task-child").replaceChildren(
+      el("a", { "data-testid": "task-child", href: runHref(task.child_run_id) }, task.child_run_id),
     ),
   );
   $("#task-attempts").textContent = `${task.attempt} of ${task.max_attempts}`;
