@@ -291,3 +291,23 @@ def test_the_one_call_guard_catches_a_second_round_trip() -> None:
     methods = {f"Demo.{m.name}": m for m in demo.body if isinstance(m, ast.FunctionDef)}
     runs_sql = executing(methods)
     assert [c for c in self_calls(methods["Demo.act"]) if c in runs_sql] == ["_transaction", "read"]
+
+
+def test_every_failure_reason_the_queries_write_is_one_the_domain_names() -> None:
+    """Failure reasons have no database CHECK (docs/failure-model.md, "Failure reasons"): the
+    queries write them as literals or parameters, and this keeps every literal in the domain's
+    closed set — including the ones chosen by a CASE on the same line or the next."""
+    from flowforge.domain.reasons import FailureReason, RunFailureReason
+
+    known = {str(r) for r in FailureReason} | {str(r) for r in RunFailureReason}
+    text = (Path(store_package.__file__).parent / "queries.sql").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    written: set[str] = set()
+    for i, line in enumerate(lines):
+        if re.search(r"failure_reason\s*=", line) and not line.lstrip().startswith("--"):
+            window = " ".join(lines[i : i + 2])
+            assignment = window[window.index("failure_reason") :]
+            written.update(re.findall(r"^failure_reason\s*=\s*'([a-z_]+)'", assignment))
+            written.update(re.findall(r"(?:THEN|ELSE)\s*'([a-z_]+)'", assignment))
+    assert "event_timeout" in written and "cancelled" in written  # the scan sees them
+    assert written - known == set()
