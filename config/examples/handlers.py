@@ -33,3 +33,18 @@ def ship(ctx: Any) -> dict[str, Any]:
 @task("notify.email")
 def email(ctx: Any) -> dict[str, Any]:
     return {"notified": ctx.input["customer_id"]}
+
+
+@task("catalogue.list_files")
+def list_files(ctx: Any) -> list[str]:
+    return [f"{ctx.input['batch']}/part-{n}.csv" for n in range(ctx.input.get("files", 3))]
+
+
+@task("catalogue.import_file")
+def import_file(ctx: Any) -> dict[str, Any]:
+    return {"file": ctx.item, "index": ctx.index, "rows": 100 + ctx.index}
+
+
+@task("catalogue.undo")
+def undo(ctx: Any) -> dict[str, Any]:
+    return {"undone": ctx.input["batch"]}

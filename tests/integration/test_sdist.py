@@ -92,6 +92,7 @@ def test_the_sdist_carries_the_docs_the_example_config_and_the_license(sdist: Pa
         "docs/architecture.md",
         "docs/operations.md",
         "config/flowforge.example.yaml",
+        "config/workflows/catalogue-import.yaml",
         "config/workflows/hello.yaml",
         "config/workflows/order-fulfilment.yaml",
         "config/examples/handlers.py",
