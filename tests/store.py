@@ -18,6 +18,7 @@ from flowforge.domain.model import ClaimResult, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.claims import Claims
+from flowforge.store.control import Control
 from flowforge.store.events import Events
 from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
@@ -28,7 +29,7 @@ from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
 #: The store's parts, each a class of the product (store/part.py's ``Part``).
-PARTS = (Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules, Maps, Events)
+PARTS = (Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules, Maps, Events, Control)
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,9 @@ class Renewal:
     cancel_requested: bool = False
 
 
-class Store(Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules, Maps, Events):
+class Store(
+    Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules, Maps, Events, Control
+):
     """Triggers, scheduler passes, claims, the outbox, the registry, operator actions and
     reads (``Operator`` answers with the read models) over one ``Database``.
 

@@ -25,6 +25,7 @@ class FailureReason(StrEnum):
     ITEM_KEY_ERROR = "item_key_error"
     ITEM_FAILED = "item_failed"
     EVENT_TIMEOUT = "event_timeout"  # a wait_for_event task whose timeout passed first
+    OPERATOR = "operator"  # buried by hand (`flowforge task bury`, SPEC 7.4)
 
 
 class RunFailureReason(StrEnum):

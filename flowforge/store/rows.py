@@ -181,6 +181,9 @@ def audit_entry(row: Row) -> AuditEntry:
         previous_reason=row["previous_reason"],
         attempt=row["attempt"],
         requested_at=row["requested_at"],
+        action=row["action"],
+        previous_state=row["previous_state"],
+        new_state=row["new_state"],
     )
 
 
@@ -250,6 +253,7 @@ def failure_facts(row: Row, *, lease_expired: bool = False) -> FailureFacts:
         attempts_used=row["attempt"] - row["budget_start"],
         crash_streak=row["crash_streak"] + (1 if lease_expired else 0),
         cancel_requested=row["cancel_requested"],
+        bury_requested=row["bury_requested"],
     )
 
 
