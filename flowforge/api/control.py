@@ -60,9 +60,10 @@ class Keys:
         self._control = control
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        key = params.text(req, "key")
+        key = req.get_param("key")
         if not key:
             raise json_error(falcon.HTTP_400, "?key= is required: the key to look up")
+        params.storable(key, "key")  # its length the store judges (a 400 too)
         params.send(resp, key_holds_dict(key, self._control.key_holds(key)))
 
 

@@ -259,7 +259,7 @@ def dead_list(args: argparse.Namespace) -> int:
     match = DeadFilter(
         reason=FailureReason(reason) if reason else None,
         workflow=args.workflow,
-        handler=args.handler,
+        handler=args.task_handler,
     )
     with _store(args) as store:
         dead = store.list_dead(args.limit, match=match)

@@ -135,7 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     # the filters of GET /api/v1/dead, spelled as its parameters
     p.add_argument("--reason", default=None, help="only this failure reason")
     p.add_argument("--workflow", default=None, help="only tasks of runs of this workflow")
-    p.add_argument("--handler", default=None, help="only tasks of this handler")
+    # (dest: `handler` is the subcommand's function)
+    p.add_argument(
+        "--handler", dest="task_handler", default=None, help="only tasks of this handler"
+    )
     p = dead.add_parser("show", help="a dead task with its attempts", parents=[common])
     p.set_defaults(handler=commands.dead_show)
     p.add_argument("task_run_id")

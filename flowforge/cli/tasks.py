@@ -18,7 +18,7 @@ from flowforge.cli import exitcodes, output
 from flowforge.config import load_config
 from flowforge.domain.control import Action, Effect, KeyHold
 from flowforge.domain.model import parse_id
-from flowforge.domain.values import MAX_NOTE_BYTES, check_text
+from flowforge.domain.values import MAX_KEY_BYTES, MAX_NOTE_BYTES, check_text
 from flowforge.views import controlled_dict, key_holds_dict
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def control(args: argparse.Namespace) -> int:
 
 
 def show_key(args: argparse.Namespace) -> int:
-    check_text(args.key, "the key", MAX_NOTE_BYTES)
+    check_text(args.key, "the key", MAX_KEY_BYTES)
     with _client(args) as client:
         holds = client.key_holds(args.key)
     if args.json:

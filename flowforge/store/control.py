@@ -32,7 +32,7 @@ from flowforge.domain.control import (
 from flowforge.domain.model import parse_id
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import NOT_STARTED_TASK_STATES, TaskState
-from flowforge.domain.values import MAX_NOTE_BYTES, check_text
+from flowforge.domain.values import MAX_KEY_BYTES, MAX_NOTE_BYTES, check_text
 from flowforge.errors import NotFoundError, WrongStateError
 from flowforge.store.db import Row
 from flowforge.store.part import Tx
@@ -43,8 +43,6 @@ logger = logging.getLogger(__name__)
 
 #: ``flowforge keys show`` lists at most this many of the tasks waiting behind a holder.
 KEY_NEXT_SHOWN = 20
-#: The longest key accepted (bytes of UTF-8), as any other operator text.
-MAX_KEY_BYTES = MAX_NOTE_BYTES
 
 
 class Control(Reads):
