@@ -23,7 +23,6 @@ from flowforge.domain.control import (
     Effect,
     HoldKind,
     KeyHold,
-    KeyTask,
     TaskFacts,
     plan,
     why_holds,
@@ -34,6 +33,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import NOT_STARTED_TASK_STATES, TaskState
 from flowforge.domain.values import MAX_KEY_BYTES, MAX_NOTE_BYTES, check_text
 from flowforge.errors import NotFoundError, WrongStateError
+from flowforge.store import rows
 from flowforge.store.db import Row
 from flowforge.store.part import Tx
 from flowforge.store.reads import Reads, task_by_id
@@ -171,7 +171,7 @@ def _ordering_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
     if not found:
         return ()
     first = found[0]
-    holder = _key_task(
+    holder = rows.key_task(
         first,
         why_holds(
             TaskState(first["state"]),
@@ -188,20 +188,6 @@ def _ordering_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
             limit=1,
             holders=(holder,),
             waiting=int(first["n"]) - 1,
-            next=tuple(_key_task(r, behind) for r in found[1:]),
+            next=tuple(rows.key_task(r, behind) for r in found[1:]),
         ),
-    )
-
-
-def _key_task(row: Row, why: str) -> KeyTask:
-    return KeyTask(
-        id=row["id"],
-        run_id=row["run_id"],
-        workflow=row["workflow"],
-        name=row["name"],
-        state=TaskState(row["state"]),
-        failure_reason=row["failure_reason"],
-        on_dead=row["on_dead"],
-        created_at=row["created_at"],
-        why=why,
     )

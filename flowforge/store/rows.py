@@ -15,6 +15,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from flowforge.domain.conditions import RunIf
+from flowforge.domain.control import KeyTask
 from flowforge.domain.model import (
     Attempt,
     AuditEntry,
@@ -557,4 +558,19 @@ def event_sent(name: str, key: str, found: Sequence[Row]) -> EventSent:
             for r in found
             if r["task_run_id"] is not None
         ),
+    )
+
+
+def key_task(row: Row, why: str) -> KeyTask:
+    """A ``key_stream`` row: a task of an ordering key's stream, with why it holds or waits."""
+    return KeyTask(
+        id=row["id"],
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        name=row["name"],
+        state=TaskState(row["state"]),
+        failure_reason=row["failure_reason"],
+        on_dead=row["on_dead"],
+        created_at=row["created_at"],
+        why=why,
     )

@@ -14,7 +14,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from flowforge.domain.conditions import RunIf
 from flowforge.domain.control import Action, Effect, HoldKind
 from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome
@@ -39,6 +38,7 @@ from tests.helpers import (
     race,
     task_ids,
 )
+from tests.integration.test_conditions import CHAIN, CLEANUP
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -47,22 +47,6 @@ Sql = psycopg.Connection[tuple[Any, ...]]
 
 #: A backoff long enough that only retry-now can end it within a test.
 SLOW_RETRY = RetryPolicy(max_attempts=3, base_delay=3600.0, max_delay=3600.0, jitter=Jitter.NONE)
-SAGA = WorkflowDef(
-    "saga",
-    (
-        TaskDef("ship", "tests.noop"),
-        TaskDef("refund", "tests.noop", depends_on=("ship",), run_if=RunIf.ANY_FAILED),
-        TaskDef("notify", "tests.noop", depends_on=("refund",)),
-    ),
-)
-CLEANUP = WorkflowDef(
-    "cleanup",
-    (
-        TaskDef("a", "tests.noop"),
-        TaskDef("b", "tests.noop"),
-        TaskDef("tidy", "tests.noop", depends_on=("a", "b"), run_if=RunIf.ALL_DONE),
-    ),
-)
 STREAM = WorkflowDef(
     "stream",
     (TaskDef("step", "tests.noop", ordering_key="acct-{account}", on_dead=OnDead.BLOCK),),
@@ -99,6 +83,20 @@ def ready_run(repo: Store, workflow: WorkflowDef, run_input: Any = None) -> dict
     ids = task_ids(repo, repo.trigger(workflow, run_input).run_id)
     drain(repo)
     return ids
+
+
+def retrying(repo: Store, sql: Sql) -> uuid.UUID:
+    """A task waiting out an hour's backoff after its failed first attempt."""
+    tid = ready_run(repo, WorkflowDef("slow", (TaskDef("only", "tests.noop", retry=SLOW_RETRY),)))[
+        "only"
+    ]
+    claim = claim_task(repo, sql, tid)
+    assert repo.finish(
+        tid, claim.fencing_token, TaskState.FAILED, reason=FailureReason.HANDLER_ERROR
+    )
+    drain(repo)
+    assert repo.get_task(tid).state is TaskState.RETRYING
+    return tid
 
 
 # ------------------------------------------------------------------ cancel
@@ -147,7 +145,7 @@ def test_cancel_a_pending_task_leaves_its_siblings_running(repo: Store, sql: Sql
 
 
 def test_cancel_follows_run_if_rules_of_dependents(repo: Store, sql: Sql) -> None:
-    saga = ready_run(repo, SAGA)
+    saga = ready_run(repo, CHAIN)
     repo.cancel_task(saga["ship"], "op")
     drain(repo)
     # any_failed: a cancellation is no failure, so the refund is skipped, and what follows it
@@ -302,12 +300,7 @@ def test_bury_holds_an_on_dead_block_stream_and_keys_show_says_why(repo: Store, 
 def test_retry_now_dispatches_a_retrying_task_without_an_extra_attempt(
     repo: Store, sql: Sql
 ) -> None:
-    ids = ready_run(repo, WorkflowDef("slow", (TaskDef("only", "tests.noop", retry=SLOW_RETRY),)))
-    claim = claim_task(repo, sql, ids["only"])
-    assert repo.finish(
-        ids["only"], claim.fencing_token, TaskState.FAILED, reason=FailureReason.HANDLER_ERROR
-    )
-    drain(repo)
+    ids = {"only": retrying(repo, sql)}
     before = repo.get_task(ids["only"])
     assert (before.state, before.attempt) == (TaskState.RETRYING, 1)
     done = repo.retry_task_now(ids["only"], "op", "dependency is back")
@@ -447,12 +440,7 @@ def _claimer(tid: uuid.UUID, token: int) -> Any:
 def test_retry_now_racing_the_promote_pass_dispatches_once(
     clean_database_url: str, sql: Sql, repo: Store
 ) -> None:
-    ids = ready_run(repo, WorkflowDef("slow", (TaskDef("only", "tests.noop", retry=SLOW_RETRY),)))
-    claim = claim_task(repo, sql, ids["only"])
-    assert repo.finish(
-        ids["only"], claim.fencing_token, TaskState.FAILED, reason=FailureReason.HANDLER_ERROR
-    )
-    drain(repo)
+    ids = {"only": retrying(repo, sql)}
     # its backoff is over as the operator acts: the scheduler's promote races the retry-now
     sql.execute("UPDATE task_runs SET retry_at = now() WHERE id = %s", (ids["only"],))
 

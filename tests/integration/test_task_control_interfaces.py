@@ -18,25 +18,20 @@ import psycopg
 import pytest
 
 from flowforge.cli import exitcodes
-from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
-from flowforge.domain.policy import Jitter, RetryPolicy
+from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from tests.api_client import assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_refused as refused
 from tests.cli_runner import run_config as flowforge
-from tests.helpers import bury, chain, claim_task, drain, task_ids
+from tests.helpers import bury, chain, claim_task, drain
+from tests.integration.test_task_control import STREAM, retrying
+from tests.integration.test_task_control import ready_run as ready
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
 Sql = psycopg.Connection[tuple[Any, ...]]
-
-SLOW_RETRY = RetryPolicy(max_attempts=3, base_delay=3600.0, max_delay=3600.0, jitter=Jitter.NONE)
-STREAM = WorkflowDef(
-    "stream",
-    (TaskDef("step", "tests.noop", ordering_key="acct-{account}", on_dead=OnDead.BLOCK),),
-)
 
 
 @pytest.fixture
@@ -54,26 +49,6 @@ def audit_count(sql: Sql) -> int:
     row = sql.execute("SELECT count(*) FROM task_audit").fetchone()
     assert row is not None
     return int(row[0])
-
-
-def ready(repo: Store, workflow: WorkflowDef, run_input: Any = None) -> dict[str, uuid.UUID]:
-    ids = task_ids(repo, repo.trigger(workflow, run_input).run_id)
-    drain(repo)
-    return ids
-
-
-def retrying(repo: Store, sql: Sql) -> uuid.UUID:
-    """A task waiting out an hour's backoff after a failed first attempt."""
-    tid = ready(repo, WorkflowDef("slow", (TaskDef("only", "tests.noop", retry=SLOW_RETRY),)))[
-        "only"
-    ]
-    claim = claim_task(repo, sql, tid)
-    assert repo.finish(
-        tid, claim.fencing_token, TaskState.FAILED, reason=FailureReason.HANDLER_ERROR
-    )
-    drain(repo)
-    assert repo.get_task(tid).state is TaskState.RETRYING
-    return tid
 
 
 def test_cli_cancel_retry_now_and_bury(config: Path, repo: Store, sql: Sql) -> None:

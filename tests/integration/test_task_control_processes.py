@@ -6,8 +6,6 @@ same run alone; counted in the database (test_executions, task states, task_audi
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -18,7 +16,8 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import CancelCause, RunState, TaskState
-from tests.e2e import REPO, Stack
+from tests.cancel_probes import PROMPT_S, SLOW_RENEWAL, cli, listeners, seen_at
+from tests.e2e import Stack
 from tests.helpers import wait_for
 from tests.store import Store
 
@@ -26,10 +25,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
-#: Renewal far away: only the notification can stop a handler within a second.
-SLOW_RENEWAL = {"lease_s": 90.0, "heartbeat_s": 30.0}
-PROMPT_S = 1.0
-LISTENER_APP = "flowforge-listen-flowforge_cancel"
 #: Three handlers that run until stopped (one worker each), not fail-fast: burying one must
 #: not stop the others through fail-fast, so what stops them is the operator alone.
 LIVE = WorkflowDef(
@@ -54,43 +49,12 @@ def executions(sql: Sql, task_id: UUID, handler: str) -> int:
     return int(row[0])
 
 
-def seen_at(sql: Sql, task_id: UUID) -> datetime | None:
-    row = sql.execute(
-        "SELECT at FROM test_executions WHERE task_run_id = %s AND handler = %s",
-        (task_id, "e2e.cancel_seen:seen"),
-    ).fetchone()
-    return None if row is None else row[0]
-
-
 def requested_at(sql: Sql, task_id: UUID) -> datetime:
     row = sql.execute(
         "SELECT requested_at FROM task_audit WHERE task_run_id = %s", (task_id,)
     ).fetchone()
     assert row is not None
     return row[0]
-
-
-def cli(stack: Stack, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "flowforge.cli", "-c", str(stack.config_path()), *args],
-        cwd=REPO,
-        env=stack.env(),
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    return done.stdout.decode()
-
-
-def listening(sql: Sql) -> int:
-    row = sql.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name = %s AND query ILIKE 'LISTEN%%'",
-        (LISTENER_APP,),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_cancel_and_bury_stop_the_one_running_handler_they_name(
@@ -106,7 +70,7 @@ def test_cancel_and_bury_stop_the_one_running_handler_they_name(
             timeout=30,
             what=f"{name} to start",
         )
-    wait_for(lambda: listening(sql) >= 3, timeout=20, what="every worker to LISTEN")
+    wait_for(lambda: listeners(sql) >= 3, timeout=20, what="every worker to LISTEN")
 
     out = cli(stack, "task", "cancel", str(ids["a"]), "--reason", "not wanted", "--by", "ops")
     assert "asked to stop" in out

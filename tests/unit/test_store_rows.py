@@ -105,6 +105,7 @@ def test_the_parts_share_no_name() -> None:
         "Schedules",
         "Maps",
         "Events",
+        "Control",
     }
     owners: dict[str, list[str]] = {}
     for part in parts:
