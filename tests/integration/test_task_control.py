@@ -225,6 +225,16 @@ def test_bury_a_ready_task_is_dead_operator_with_fail_fast_and_requeue(
         "d": TaskState.PENDING,
     }
     assert [e.action for e in repo.task_detail(ids["b"]).audit] == ["bury", "requeue"]
+    # one shape for every operator action, whichever table holds it
+    actions = sql.execute(
+        "SELECT source, action, previous_state, new_state FROM operator_actions"
+        " WHERE task_run_id = %s ORDER BY requested_at, source",
+        (ids["b"],),
+    ).fetchall()
+    assert actions == [
+        ("task_audit", "bury", "READY", "DEAD"),
+        ("requeue_audit", "requeue", "DEAD", "PENDING"),
+    ]
 
 
 @pytest.mark.parametrize("stop", ["cancelled", "failed", "lease_expired", "unstarted"])
