@@ -11,6 +11,7 @@ from uuid import UUID
 from flowforge.config import Config
 from flowforge.definitions import load_paths
 from flowforge.domain.children import referenced
+from flowforge.domain.control import Controlled, KeyHold
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import (
     Attempt,
@@ -26,6 +27,7 @@ from flowforge.domain.model import (
 )
 from flowforge.domain.states import TaskState
 from flowforge.errors import DefinitionError, UnknownWorkflowError
+from flowforge.store.control import Control
 from flowforge.store.db import Database
 from flowforge.store.events import Events
 from flowforge.store.maps import Maps
@@ -34,10 +36,10 @@ from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
 
-class ClientStatements(Triggers, Operator, Schedules, Events, Maps):
+class ClientStatements(Triggers, Operator, Schedules, Events, Maps, Control):
     """The client's part of the store: new runs, the operator's cancel and requeue (which
     answer with the read models of ``Reads``, :class:`Operator`'s base), schedules, events,
-    and a map's items."""
+    a map's items, and the control of single tasks."""
 
 
 class Client:
@@ -225,3 +227,33 @@ class Client:
         start later. Bad input raises :class:`~flowforge.errors.InputError`; nothing is
         stored then."""
         return self._store.send_event(name, key, data)
+
+    def cancel_task(
+        self, task_run_id: UUID | str, requested_by: str, reason: str | None = None
+    ) -> Controlled:
+        """Cancel one task (and, through the scheduler, what only it feeds: cause
+        ``upstream``); a task a worker executes is asked to stop (``effect`` ``stop``).
+        Audited. Refused — nothing changed — with :class:`~flowforge.errors.WrongStateError`
+        for a finished task, a RUNNING map or a task asked to stop already,
+        :class:`~flowforge.errors.NotFoundError` for an unknown id."""
+        return self._store.cancel_task(task_run_id, requested_by, reason)
+
+    def retry_task_now(
+        self, task_run_id: UUID | str, requested_by: str, reason: str | None = None
+    ) -> Controlled:
+        """A RETRYING task is dispatched now, its backoff skipped (no attempt added).
+        Audited; any other state is refused (:class:`~flowforge.errors.WrongStateError`)."""
+        return self._store.retry_task_now(task_run_id, requested_by, reason)
+
+    def bury_task(
+        self, task_run_id: UUID | str, requested_by: str, reason: str | None = None
+    ) -> Controlled:
+        """Bury one task by hand: DEAD, failure reason ``operator`` (a task a worker executes
+        is asked to stop first and goes DEAD when it stops). Audited; refused as
+        :meth:`cancel_task` is."""
+        return self._store.bury_task(task_run_id, requested_by, reason)
+
+    def key_holds(self, key: str) -> tuple[KeyHold, ...]:
+        """What holds the ordering ``key``: the task holding its stream (state, run, why)
+        and how many wait behind it; empty when nothing does."""
+        return self._store.key_holds(key)

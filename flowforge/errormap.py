@@ -50,6 +50,7 @@ from flowforge.errors import (
     UnknownWorkflowError,
     UnstorableValueError,
     ValueTooLargeError,
+    WrongStateError,
 )
 
 
@@ -87,6 +88,7 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     NotFinishedError: _REFUSED,
     TriggerConflictError: _REFUSED,
     ScheduleRetiredError: _REFUSED,
+    WrongStateError: _REFUSED,
     # storage
     StoreError: _INTERNAL,
     DatabaseUnavailableError: _OUTAGE,

@@ -75,6 +75,11 @@ class NotFinishedError(RequestError):
     """A rerun was asked for a run that is not finished (or has nothing to run again)."""
 
 
+class WrongStateError(RequestError):
+    """An operator's action on one task (cancel, retry-now, bury) that its state refuses; the
+    message names the state. Nothing was changed or audited."""
+
+
 class ScheduleRetiredError(RequestError):
     """The schedule is retired (its workflow file no longer defines it): nothing to act on."""
 

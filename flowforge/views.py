@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Any
 from uuid import UUID
 
+from flowforge.domain.control import Controlled, KeyHold
 from flowforge.domain.model import (
     Attempt,
     EventSent,
@@ -188,4 +190,25 @@ def map_page_dict(page: MapPage) -> dict[str, Any]:
         "counts": dict(page.counts),
         "items": to_dict(list(page.items)),
         "next_cursor": page.next_cursor,
+    }
+
+
+def controlled_dict(done: Controlled) -> dict[str, Any]:
+    """What a cancel, retry-now or bury did (API answer, ``--json``): ``{"action",
+    "previous_state", "effect" ("now" or "stop": asked to stop, still RUNNING), "task"}``."""
+    return {
+        "action": str(done.action),
+        "previous_state": str(done.previous_state),
+        "effect": str(done.effect),
+        "task": task_dict(done.task),
+    }
+
+
+def key_holds_dict(key: str, holds: Sequence[KeyHold]) -> dict[str, Any]:
+    """``GET /api/v1/keys?key=`` / ``keys show --json``: ``{"key", "holds": [{"kind", "limit",
+    "holders", "waiting", "next"}]}`` — one entry per kind of limit the key is (``ordering``
+    today; ``concurrency`` keys will join with their own limit); empty when nothing holds it."""
+    return {
+        "key": key,
+        "holds": [{k: v for k, v in to_dict(h).items() if k != "key"} for h in holds],
     }

@@ -19,6 +19,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store.children import Children
 from flowforge.store.claims import Claims
+from flowforge.store.control import Control
 from flowforge.store.events import Events
 from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
@@ -29,7 +30,19 @@ from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
 #: The store's parts, each a class of the product (store/part.py's ``Part``).
-PARTS = (Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules, Maps, Events, Children)
+PARTS = (
+    Triggers,
+    Passes,
+    Claims,
+    Outbox,
+    Processes,
+    Operator,
+    Schedules,
+    Maps,
+    Events,
+    Children,
+    Control,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +54,17 @@ class Renewal:
 
 
 class Store(
-    Triggers, Passes, Claims, Outbox, Processes, Operator, Schedules, Maps, Events, Children
+    Triggers,
+    Passes,
+    Claims,
+    Outbox,
+    Processes,
+    Operator,
+    Schedules,
+    Maps,
+    Events,
+    Children,
+    Control,
 ):
     """Triggers, scheduler passes, claims, the outbox, the registry, operator actions and
     reads (``Operator`` answers with the read models) over one ``Database``.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import falcon
 
-from flowforge.api import dead, errors, events, health, overview, runs, schedules, tasks
+from flowforge.api import control, dead, errors, events, health, overview, runs, schedules, tasks
 from flowforge.api.graph import RunGraph
 from flowforge.api.metrics import Metrics
 from flowforge.api.security import AccessLog, CsrfGuard, HostCheck, SecurityHeaders, TokenAuth
@@ -16,13 +16,14 @@ from flowforge.config import ApiConfig
 from flowforge.dashboard import pages
 from flowforge.dashboard.graph import LayoutCache
 from flowforge.errors import FlowForgeError
+from flowforge.store.control import Control
 from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
 from flowforge.store.processes import Processes
 from flowforge.store.schedules import Schedules
 
 
-class ApiStatements(Operator, Processes, Schedules, Maps):
+class ApiStatements(Operator, Processes, Schedules, Maps, Control):
     """The api's part of the store: read models and the operator's actions (``Operator``
     answers with ``Reads``, its base), the process registry (``/api/v1/processes``) and the
     schedules (``/api/v1/schedules``).
@@ -81,6 +82,7 @@ def create_app(
     app.add_route("/api/v1/processes", overview.Processes(store))
     schedules.add_routes(app, client, store)
     app.add_route("/api/v1/events", events.SendEvent(client, max_body))
+    control.add_routes(app, store, max_body)
     app.add_route("/health/live", health.Live())
     ready = health.Ready(health.Checks(store, client.config.broker), tree, api.ready_cache_s)
     app.add_route("/health/ready", ready)

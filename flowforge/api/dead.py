@@ -13,6 +13,7 @@ from typing import Any
 import falcon
 
 from flowforge.api import params
+from flowforge.api.control import note
 from flowforge.api.errors import json_error
 from flowforge.api.security import read_json
 from flowforge.domain.model import DeadFilter
@@ -24,7 +25,6 @@ from flowforge.views import task_dict
 DEFAULT_PAGE = 100
 #: One bulk request requeues at most this many tasks (one transaction each).
 MAX_BULK_REQUEUE = 1000
-SINGLE_FIELDS = frozenset({"reason", "requested_by"})
 BULK_FIELDS = frozenset(
     {"reason", "requested_by", "reason_filter", "workflow", "handler", "dry_run"}
 )
@@ -65,15 +65,7 @@ class Requeue:
         self._max_body = max_body
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, task_run_id: str) -> None:
-        body = read_json(req, self._max_body, required=False) or {}
-        if not isinstance(body, dict) or set(body) - SINGLE_FIELDS:
-            raise json_error(falcon.HTTP_400, "the body may only hold 'reason' and 'requested_by'")
-        reason, by = body.get("reason"), body.get("requested_by", "api")
-        if not (reason is None or isinstance(reason, str)) or not isinstance(by, str):
-            raise json_error(falcon.HTTP_400, "'reason' and 'requested_by' must be strings")
-        params.storable(by, "requested_by")
-        if reason is not None:
-            params.storable(reason, "reason")
+        by, reason = note(req, self._max_body)
         params.send(resp, task_dict(self._operator.requeue_dead(task_run_id, by, reason)))
 
 

@@ -20,6 +20,7 @@ from flowforge.cli import exitcodes, output
 from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
 from flowforge.definitions import check_paths
 from flowforge.domain import maps
+from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.domain.timing import parse_instant
 from flowforge.durations import parse_duration
@@ -256,8 +257,20 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def dead_list(args: argparse.Namespace) -> int:
+    from flowforge.domain.model import DeadFilter
+
+    if not 1 <= args.limit <= MAX_DEAD_LIST:
+        raise InputError(f"--limit must be between 1 and {MAX_DEAD_LIST}")
+    reason = args.reason.lower() if args.reason else None
+    if reason is not None and reason not in set(FailureReason):
+        raise InputError(f"--reason must be one of {', '.join(FailureReason)}")
+    match = DeadFilter(
+        reason=FailureReason(reason) if reason else None,
+        workflow=args.workflow,
+        handler=args.task_handler,
+    )
     with _store(args) as store:
-        dead = store.list_dead(limit=args.limit)
+        dead = store.list_dead(args.limit, match=match)
     if args.json:
         output.emit_json([output.task_dict(t) for t in dead])
         return exitcodes.OK
@@ -269,6 +282,10 @@ def dead_list(args: argparse.Namespace) -> int:
         ],
     )
     return exitcodes.OK
+
+
+#: ``dead list --limit``: at most this many (the API's page bound).
+MAX_DEAD_LIST = 500
 
 
 def dead_show(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flowforge.cli import commands, events, exitcodes, items, output, purge, schedules
+from flowforge.cli import commands, events, exitcodes, items, output, purge, schedules, tasks
 from flowforge.errormap import exit_code_for
 from flowforge.errors import FlowForgeError
 
@@ -132,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=commands.dead_list)
     p.add_argument("--limit", type=int, default=100)
     json_flag(p)
+    # the filters of GET /api/v1/dead, spelled as its parameters
+    p.add_argument("--reason", default=None, help="only this failure reason")
+    p.add_argument("--workflow", default=None, help="only tasks of runs of this workflow")
+    # (dest: `handler` is the subcommand's function)
+    p.add_argument(
+        "--handler", dest="task_handler", default=None, help="only tasks of this handler"
+    )
     p = dead.add_parser("show", help="a dead task with its attempts", parents=[common])
     p.set_defaults(handler=commands.dead_show)
     p.add_argument("task_run_id")
@@ -162,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.add_command(sub, common)
     events.add_command(sub, common)
     items.add_command(sub, common)
+    tasks.add_command(sub, common)
     return parser
 
 

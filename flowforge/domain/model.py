@@ -333,13 +333,18 @@ class DeadFilter:
 
 @dataclass(frozen=True)
 class AuditEntry:
-    """One requeue of a dead task, as recorded in the audit table."""
+    """One operator action on a task, as audited: a requeue (``requeue_audit``, with the
+    reason it had died with) or a cancel, retry-now or bury (``task_audit``); the states it
+    went from and to (a task asked to stop stays RUNNING until it stops)."""
 
     requested_by: str
     reason: str | None
     previous_reason: str | None
     attempt: int
     requested_at: datetime
+    action: str = "requeue"
+    previous_state: str | None = None
+    new_state: str | None = None
 
 
 @dataclass(frozen=True)

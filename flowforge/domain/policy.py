@@ -96,6 +96,7 @@ class FailureFacts:
     attempts_used: int  # attempts consumed since the task was created or last requeued
     crash_streak: int  # consecutive attempts that ended with an expired lease
     cancel_requested: bool = False
+    bury_requested: bool = False  # an operator buried it while it ran (``flowforge task bury``)
 
 
 def decide(
@@ -106,9 +107,14 @@ def decide(
 ) -> Decision:
     """Route a failed attempt: cancel, bury (DEAD) or retry with a backoff.
 
+    A task an operator buried while it ran is buried with reason ``operator`` (whatever its
+    attempt's outcome); one its run or an operator asked to stop is cancelled.
+
     A task whose lease expired on ``crash_loop_threshold`` attempts in a row is buried as a
     crash loop (a poison task that kills its worker must not kill worker after worker).
     """
+    if facts.bury_requested:  # the stop an operator's bury asked for: DEAD, not CANCELLED
+        return Bury(FailureReason.OPERATOR)
     if facts.cancel_requested:
         return Cancel()
     if facts.reason is FailureReason.LEASE_EXPIRED and facts.crash_streak >= crash_loop_threshold:

@@ -34,6 +34,7 @@ class FailureReason(StrEnum):
     CHILD_WORKFLOW_UNKNOWN = "child_workflow_unknown"
     CHILD_INPUT_ERROR = "child_input_error"
     CHILD_DEPTH_EXCEEDED = "child_depth_exceeded"
+    OPERATOR = "operator"  # buried by hand (`flowforge task bury`, SPEC 7.4)
 
 
 class RunFailureReason(StrEnum):

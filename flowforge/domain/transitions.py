@@ -17,15 +17,17 @@ TRANSITIONS: Mapping[S, frozenset[S]] = {
     # starts or a map expands (no worker) / a map whose upstream result cannot be expanded is
     # buried / an event wait starts and finds its event stored already
     S.PENDING: frozenset({S.READY, S.CANCELLED, S.RUNNING, S.DEAD, S.SUCCEEDED}),
-    # claim / defer (idempotency key busy) / cancel / re-dispatch a message the broker lost
-    S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED, S.READY}),
+    # claim / defer (idempotency key busy) / cancel / re-dispatch a message the broker lost /
+    # an operator's bury
+    S.READY: frozenset({S.RUNNING, S.RETRYING, S.CANCELLED, S.READY, S.DEAD}),
     # finish (or a timer's wake) / reap (retry or bury) / honoured cancellation (or a sleeping
     # timer cancelled) / hand back an unstarted claim
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.RETRYING, S.DEAD, S.CANCELLED, S.READY}),
     # route by retry policy / cancel
     S.FAILED: frozenset({S.RETRYING, S.DEAD, S.CANCELLED}),
-    # promote a due retry / cancel / a child-workflow task's due retry starts its next child
-    # run (no worker), or is buried when that child cannot be started
+    # promote a due retry (or an operator's retry-now) / cancel / an operator's bury / a
+    # child-workflow task's due retry starts its next child run (no worker), or is buried when
+    # that child cannot be started
     S.RETRYING: frozenset({S.READY, S.CANCELLED, S.RUNNING, S.DEAD}),
     # audited requeue (or an audited rerun of its finished run)
     S.DEAD: frozenset({S.PENDING}),

@@ -9,7 +9,8 @@ stays stuck stops beating and the supervisor replaces the process (``liveness_ti
 leases then lapse with it.
 
 Two paths set a held task's ``ctx.cancelled``: :class:`CancelWatch` (a thread LISTENing on
-``flowforge_cancel``, which the cancelling transaction NOTIFYs with the run id) within
+``flowforge_cancel``, which the cancelling transaction NOTIFYs with the run id, or with
+``task:`` and the task run id when an operator stops one task) within
 milliseconds, and the lease renewal every ``heartbeat_s`` (the renewal returns each task's
 ``cancel_requested``), which stays the fallback when a notification is missed.
 """
@@ -35,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: After a renewal failed for lack of a database, try again this soon (seconds).
 RENEW_RETRY_S = 1.0
+#: A ``flowforge_cancel`` payload that names one task run (queries.sql notify_task_cancel).
+TASK_PREFIX = "task:"
 #: The cancel listener checks whether it should stop at least this often (seconds).
 LISTEN_POLL_S = 1.0
 
@@ -129,17 +132,25 @@ class Leases:
     def cancel_run(self, run_id: UUID) -> int:
         """Set ``ctx.cancelled`` of every held task of ``run_id`` (its run was asked to stop);
         return how many were newly asked. Safe from any thread."""
+        return self._ask(lambda held_id, claim: claim.run_id == run_id)
+
+    def cancel_task(self, task_run_id: UUID) -> int:
+        """Set ``ctx.cancelled`` of the held task ``task_run_id`` (an operator stopped that
+        task alone); return 1 if it was newly asked, else 0. Safe from any thread."""
+        return self._ask(lambda held_id, claim: held_id == task_run_id)
+
+    def _ask(self, chosen: Callable[[UUID, Claim], bool]) -> int:
         with self._lock:
             asked = [
-                (task_run_id, ctx)
-                for task_run_id, (claim, ctx) in self._held.items()
-                if claim.run_id == run_id and not ctx.cancelled.is_set()
+                (held_id, ctx)
+                for held_id, (claim, ctx) in self._held.items()
+                if chosen(held_id, claim) and not ctx.cancelled.is_set()
             ]
-        for task_run_id, ctx in asked:
+        for held_id, ctx in asked:
             ctx.cancelled.set()
             logger.info(
                 "task run %s was asked to stop",
-                task_run_id,
+                held_id,
                 extra={"action": "cancel_requested", "via": "notify"},
             )
         return len(asked)
@@ -274,8 +285,12 @@ class CancelWatch:
                 listener.close()
 
     def _deliver(self, payload: str) -> None:
+        one_task = payload.startswith(TASK_PREFIX)
         try:
-            run_id = UUID(payload)
+            target = UUID(payload[len(TASK_PREFIX) :] if one_task else payload)
         except ValueError:  # not ours: anyone may NOTIFY the channel
             return
-        self._leases.cancel_run(run_id)
+        if one_task:
+            self._leases.cancel_task(target)
+        else:
+            self._leases.cancel_run(target)

@@ -89,10 +89,11 @@ class Claims(Part):
 
         The attempt is un-counted. RUNNING → READY with a new outbox row, so the task is
         dispatched again (to any worker); RUNNING → CANCELLED instead when its run asked it to
-        stop meanwhile. A pair whose token is no longer current is left alone.
+        stop meanwhile (DEAD ``operator`` when an operator buried it). A pair whose token is no
+        longer current is left alone.
         """
-        transitions.check(TaskState.RUNNING, TaskState.READY)
-        transitions.check(TaskState.RUNNING, TaskState.CANCELLED)
+        for target in (TaskState.READY, TaskState.CANCELLED, TaskState.DEAD):
+            transitions.check(TaskState.RUNNING, target)
         if not claims:
             return 0
         return len(self._query("release_claims", rows.pair_params(claims)))

@@ -181,7 +181,7 @@ SELECT (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM queued
 
 -- name: lock_failed
 SELECT id, fencing_token, attempt, budget_start, max_attempts, base_delay_s, max_delay_s,
-       jitter, crash_streak, cancel_requested, failure_reason
+       jitter, crash_streak, cancel_requested, failure_reason, bury_requested
   FROM task_runs
  WHERE state = 'FAILED'
  ORDER BY updated_at
@@ -206,7 +206,7 @@ RETURNING t.id, t.state, t.run_id, t.name, t.attempt,
 
 -- name: lock_expired_leases
 SELECT id, fencing_token, attempt, budget_start, max_attempts, base_delay_s, max_delay_s,
-       jitter, crash_streak, cancel_requested
+       jitter, crash_streak, cancel_requested, bury_requested
   FROM task_runs
  WHERE state = 'RUNNING' AND lease_expires_at < now()
  ORDER BY lease_expires_at
@@ -664,13 +664,16 @@ SELECT id, cancel_requested FROM renewed;
 -- claimed behind it back. The attempt is un-counted (its row deleted) and the token bumped.
 -- RUNNING → READY with a fresh outbox row, so another worker takes the task; or, when its run
 -- asked it to stop meanwhile, RUNNING → CANCELLED (cancellation skipped it while it was
--- RUNNING, so nothing else would).
+-- RUNNING, so nothing else would) — DEAD 'operator' when an operator buried it meanwhile.
 WITH unstarted AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS u(id, token)
 ), released AS (
     UPDATE task_runs t
-       SET state = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'READY' END,
-           failure_reason = CASE WHEN t.cancel_requested THEN 'cancelled' END,
+       SET state = CASE WHEN t.bury_requested THEN 'DEAD'
+                        WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'READY' END,
+           failure_reason = CASE WHEN t.bury_requested THEN 'operator'
+                                 WHEN t.cancel_requested THEN 'cancelled' END,
+           cancel_cause = CASE WHEN t.bury_requested THEN NULL ELSE t.cancel_cause END,
            finished_at = CASE WHEN t.cancel_requested THEN now() END,
            propagated = CASE WHEN t.cancel_requested THEN false ELSE t.propagated END,
            attempt = t.attempt - 1, fencing_token = t.fencing_token + 1,
@@ -702,7 +705,8 @@ SELECT id, state,
 
 -- name: finish
 -- RUNNING → SUCCEEDED / FAILED / CANCELLED for each outcome whose token is current; a stale
--- token matches nothing (and is counted). Attempts are closed, idempotency keys settled,
+-- token matches nothing (and is counted). A task an operator buried while it ran ends DEAD
+-- 'operator' where its stop would have ended it CANCELLED. Attempts are closed, idempotency keys settled,
 -- dependents released (PENDING → READY with an outbox row when nothing else holds them) and
 -- the scheduler and publisher notified in the same statement: one round trip for a batch.
 WITH outcome AS (
@@ -713,14 +717,16 @@ WITH outcome AS (
            AS o(id, token, state, result, reason, error, traceback, outcome)
 ), done AS (
     UPDATE task_runs t
-       SET state = o.state,
+       SET state = CASE WHEN o.state = 'CANCELLED' AND t.bury_requested THEN 'DEAD'
+                        ELSE o.state END,
            result = o.result,
-           failure_reason = o.reason,
+           failure_reason = CASE WHEN o.state = 'CANCELLED' AND t.bury_requested
+                                 THEN 'operator' ELSE o.reason END,
            last_error = coalesce(o.error, t.last_error),
            lease_owner = NULL,
            lease_expires_at = NULL,
            crash_streak = 0,
-           cancel_cause = CASE WHEN o.state = 'CANCELLED'
+           cancel_cause = CASE WHEN o.state = 'CANCELLED' AND NOT t.bury_requested
                                THEN coalesce(t.cancel_cause, 'operator') END,
            finished_at = CASE WHEN o.state = 'FAILED' THEN NULL ELSE now() END,
            propagated = (o.state = 'FAILED'),
@@ -780,7 +786,7 @@ RETURNING id;
 UPDATE task_runs t
    SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
        failure_reason = NULL, retry_at = NULL, finished_at = NULL, crash_streak = 0,
-       cancel_requested = false, propagated = true, updated_at = now(),
+       cancel_requested = false, bury_requested = false, propagated = true, updated_at = now(),
        pending_deps = CASE
            WHEN t.run_if = 'all_succeeded' THEN
                (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
@@ -877,7 +883,8 @@ UPDATE task_runs t
    SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
        failure_reason = NULL, last_error = NULL, result = NULL, retry_at = NULL,
        finished_at = NULL, crash_streak = 0, cancel_requested = false, cancel_cause = NULL,
-       wake_at = NULL, start_gate = false, propagated = true, updated_at = now(),
+       wake_at = NULL, start_gate = false, propagated = true, bury_requested = false,
+       updated_at = now(),
        pending_deps = (SELECT count(*) FROM task_edges e
                         WHERE e.downstream_id = t.id
                           AND e.upstream_id IN (SELECT id FROM chosen))
@@ -1032,10 +1039,17 @@ SELECT r.workflow, r.state AS run_state, r.input,
  WHERE t.id = %(id)s;
 
 -- name: get_audit
-SELECT requested_by, reason, previous_reason, attempt, requested_at
+-- Every operator action on the task, oldest first, in one shape: its requeues (requeue_audit)
+-- and its cancels, retries-now and burials (task_audit).
+SELECT requested_by, reason, previous_reason, attempt, requested_at, 'requeue' AS action,
+       'DEAD' AS previous_state, 'PENDING' AS new_state
   FROM requeue_audit
  WHERE task_run_id = %(id)s
- ORDER BY id;
+UNION ALL
+SELECT requested_by, reason, NULL, attempt, requested_at, action, previous_state, new_state
+  FROM task_audit
+ WHERE task_run_id = %(id)s
+ ORDER BY requested_at;
 
 -- ------------------------------------------------------------------ publisher
 
@@ -1908,3 +1922,78 @@ SELECT c.id AS run_id, c.workflow, c.state, c.parent_task_id AS task_run_id,
   LEFT JOIN task_runs t ON t.id = c.parent_task_id
  WHERE c.parent_run_id = %(id)s
  ORDER BY c.created_at, c.id;
+-- ------------------------------------------------------------------ control of single tasks
+-- (SPEC 7.4; flowforge/store/control.py). Each change names the state and the fencing token
+-- the operator's transaction read: a task that moved meanwhile (claimed, finished, reaped,
+-- promoted) matches nothing, and the action is refused with nothing changed or audited.
+
+-- name: control_facts
+SELECT id, run_id, state, fencing_token, attempt, cancel_requested, needs_worker,
+       for_each IS NOT NULL AS is_map, retry_at, child_run_id
+  FROM task_runs
+ WHERE id = %(id)s;
+
+-- name: end_task
+-- Cancel (CANCELLED, cause operator) or bury (DEAD, reason operator) a task nothing executes:
+-- not started, or a sleeping timer or an event wait. The token is bumped (a message already
+-- sent for it is stale); propagate then treats it as any cancellation or death: dependents
+-- cancelled (cause upstream), run_if dependents counted, fail-fast, on_dead.
+UPDATE task_runs
+   SET state = %(target)s, failure_reason = %(reason)s,
+       cancel_cause = CASE WHEN %(target)s = 'CANCELLED' THEN 'operator' END,
+       fencing_token = fencing_token + 1, retry_at = NULL, finished_at = now(),
+       propagated = false, updated_at = now()
+ WHERE id = %(id)s AND state = %(state)s AND fencing_token = %(token)s
+RETURNING id;
+
+-- name: request_task_stop
+-- A task a worker executes is asked to stop, as a run's cancel asks (cancel_requested, heard
+-- through notify_task_cancel or at the next lease renewal); a bury also marks it, so the stop
+-- ends it DEAD 'operator' (finish, release_claims, routing and reaping read the mark).
+UPDATE task_runs
+   SET cancel_requested = true, cancel_cause = 'operator', bury_requested = %(bury)s,
+       updated_at = now()
+ WHERE id = %(id)s AND state = 'RUNNING' AND fencing_token = %(token)s AND NOT cancel_requested
+RETURNING id;
+
+-- name: notify_task_cancel
+-- Tells the workers that LISTEN (roles/lease.py CancelWatch) which one task was asked to stop
+-- ('task:' and its id: a run id alone would stop its siblings too); at the commit, if any.
+SELECT pg_notify('flowforge_cancel', 'task:' || %(id)s::text);
+
+-- name: retry_task_now
+-- RETRYING → READY with its outbox row, its backoff skipped: the attempt it waited to make is
+-- made now (no attempt is added or refunded). A child-workflow task (no worker executes it)
+-- stays RETRYING with its retry due now: the scheduler's start_children starts its next child.
+WITH promoted AS (
+    UPDATE task_runs
+       SET state = CASE WHEN needs_worker THEN 'READY' ELSE state END,
+           retry_at = CASE WHEN needs_worker THEN NULL ELSE now() END,
+           ready_at = CASE WHEN needs_worker THEN now() ELSE ready_at END, updated_at = now()
+     WHERE id = %(id)s AND state = 'RETRYING' AND fencing_token = %(token)s
+    RETURNING id, state, fencing_token
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token)
+    SELECT id, fencing_token FROM promoted WHERE state = 'READY'
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+)
+SELECT id, state FROM promoted;
+
+-- name: insert_task_audit
+INSERT INTO task_audit (task_run_id, run_id, action, requested_by, reason, previous_state,
+                        new_state, attempt, details)
+VALUES (%(id)s, %(run_id)s, %(action)s, %(by)s, %(reason)s, %(previous_state)s, %(new_state)s,
+        %(attempt)s, %(details)s);
+
+-- name: key_stream
+-- The tasks of an ordering key's stream that hold it or wait on it, in stream order: those
+-- promote_ready counts as not done (not SUCCEEDED or CANCELLED, and not DEAD with on_dead:
+-- release). The first holds the stream; n counts them all. Reads task_runs_stream_idx.
+SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
+       t.created_at, t.pending_deps, t.cancel_requested, count(*) OVER () AS n
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.ordering_key = %(key)s AND t.state NOT IN ('SUCCEEDED', 'CANCELLED')
+   AND NOT (t.state = 'DEAD' AND t.on_dead = 'release')
+ ORDER BY t.seq
+ LIMIT %(limit)s;

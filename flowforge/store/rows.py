@@ -15,6 +15,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from flowforge.domain.conditions import RunIf
+from flowforge.domain.control import KeyTask
 from flowforge.domain.model import (
     Attempt,
     AuditEntry,
@@ -199,6 +200,9 @@ def audit_entry(row: Row) -> AuditEntry:
         previous_reason=row["previous_reason"],
         attempt=row["attempt"],
         requested_at=row["requested_at"],
+        action=row["action"],
+        previous_state=row["previous_state"],
+        new_state=row["new_state"],
     )
 
 
@@ -268,6 +272,7 @@ def failure_facts(row: Row, *, lease_expired: bool = False) -> FailureFacts:
         attempts_used=row["attempt"] - row["budget_start"],
         crash_streak=row["crash_streak"] + (1 if lease_expired else 0),
         cancel_requested=row["cancel_requested"],
+        bury_requested=row["bury_requested"],
     )
 
 
@@ -572,4 +577,19 @@ def event_sent(name: str, key: str, found: Sequence[Row]) -> EventSent:
             for r in found
             if r["task_run_id"] is not None
         ),
+    )
+
+
+def key_task(row: Row, why: str) -> KeyTask:
+    """A ``key_stream`` row: a task of an ordering key's stream, with why it holds or waits."""
+    return KeyTask(
+        id=row["id"],
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        name=row["name"],
+        state=TaskState(row["state"]),
+        failure_reason=row["failure_reason"],
+        on_dead=row["on_dead"],
+        created_at=row["created_at"],
+        why=why,
     )

@@ -30,9 +30,16 @@ def stop_runs(tx: Tx, run_ids: Sequence[UUID], cause: CancelCause, depth: int = 
     if stopping:  # their workers hear it at the commit; lease renewal stays the fallback
         stopped_runs = sorted({row["run_id"] for row in stopping})
         tx.all("notify_cancel", {"run_ids": stopped_runs})
-    if children and depth <= MAX_CHILD_DEPTH:  # task rows first, then the runs, level by level
-        stop_runs(tx, children, CancelCause.OPERATOR, depth + 1)
-        asked = tx.all("cancel_child_runs", {"ids": children})
+    cancel_child_runs(tx, children, depth + 1)
+
+
+def cancel_child_runs(tx: Tx, child_run_ids: Sequence[UUID], depth: int) -> None:
+    """Cancel the child runs of child-workflow tasks just cancelled or buried, as an operator's
+    cancel does (their tasks first, then the runs, level by level; ``depth``: their level below
+    the first caller's, a bound on the descent). A child that has finished is left as it ended."""
+    if child_run_ids and depth <= MAX_CHILD_DEPTH + 1:
+        stop_runs(tx, child_run_ids, CancelCause.OPERATOR, depth)
+        asked = tx.all("cancel_child_runs", {"ids": list(child_run_ids)})
         derive_states(tx, [r["id"] for r in asked])
 
 

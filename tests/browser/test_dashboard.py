@@ -1082,3 +1082,47 @@ def test_a_run_links_to_its_child_run_and_the_child_back(
     screenshot("child")
     back.click()
     expect(page).to_have_url(re.compile(rf"/ui/runs/{parent}(?:[/?#].*)?$"))
+
+
+def test_bury_a_running_task_from_its_panel_with_a_reason(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    """The task panel's Bury asks for a reason, the running handler is stopped (it never
+    finishes its gate), the task is DEAD ``operator``, what it fed CANCELLED, the run FAILED;
+    the panel lists the audited action and offers no more actions on a finished task."""
+    run_id = dashboard.trigger("ui-mixed", {"gate": str(dashboard.gate)})
+    tid = wait_task(sql, run_id, "gated", "RUNNING")
+    reason = f"stuck on a partner ({uuid.uuid4().hex[:8]})"
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    save_token(page, dashboard.token)
+    dag_node(page, "gated").click()
+    panel = page.locator("[data-testid=task-panel]")
+    expect(panel.locator("[data-testid=task-state]")).to_have_text("RUNNING")
+    expect(panel.locator("[data-testid=task-retry-now]")).to_be_hidden()
+    prompts: list[str] = []
+
+    def answer(dialog: Dialog) -> None:
+        prompts.append(dialog.type)
+        dialog.accept(reason)
+
+    page.on("dialog", answer)
+    buries = posts_to(page, rf"/api/v1/task-runs/{tid}/bury$")
+    panel.locator("[data-testid=task-bury]").click()
+
+    wait_task(sql, run_id, "gated", "DEAD")
+    wait_run(sql, run_id, "FAILED")
+    expect(panel.locator("[data-testid=task-state]")).to_have_text("DEAD")
+    expect(panel.locator("[data-testid=audit-entry]")).to_contain_text(reason)
+    expect(panel.locator("[data-testid=task-bury]")).to_be_hidden()
+    expect(panel.locator("[data-testid=task-cancel]")).to_be_hidden()
+    screenshot("task-buried")
+    assert prompts == ["prompt"] and len(buries) == 1
+    assert task_states(sql, run_id) == {"first": "SUCCEEDED", "gated": "DEAD", "last": "CANCELLED"}
+    row = sql.execute(
+        "SELECT t.failure_reason, a.requested_by, a.reason, a.previous_state"
+        " FROM task_runs t JOIN task_audit a ON a.task_run_id = t.id WHERE t.id = %s",
+        (tid,),
+    ).fetchall()
+    assert row == [("operator", "dashboard", reason, "RUNNING")]
+    # one execution, stopped at its gate (which never opened): nothing ran it again
+    assert executions(sql, tid) == 1

@@ -8,8 +8,6 @@ it saw it; the heartbeat is 30 s, so a cancel seen within a second came by notif
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -20,27 +18,14 @@ import pytest
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
-from tests.e2e import REPO, Stack
+from tests.cancel_probes import PROMPT_S, SLOW_RENEWAL, cli, listeners, seen_at
+from tests.e2e import Stack
 from tests.helpers import single, wait_for
 from tests.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 
 Sql = psycopg.Connection[tuple[Any, ...]]
-
-#: Renewal far away: only a notification can deliver a cancel within a second.
-SLOW_RENEWAL = {"lease_s": 90.0, "heartbeat_s": 30.0}
-#: The promise: a cancel reaches the handler within this (seconds, database clock).
-PROMPT_S = 1.0
-LISTENER_APP = "flowforge-listen-flowforge_cancel"
-
-
-def _seen_at(sql: Sql, task_id: UUID) -> datetime | None:
-    row = sql.execute(
-        "SELECT at FROM test_executions WHERE task_run_id = %s AND handler = %s",
-        (task_id, "e2e.cancel_seen:seen"),
-    ).fetchone()
-    return None if row is None else row[0]
 
 
 def _started(sql: Sql, task_id: UUID) -> bool:
@@ -49,17 +34,6 @@ def _started(sql: Sql, task_id: UUID) -> bool:
         (task_id,),
     ).fetchone()
     return found is not None
-
-
-def _listeners(sql: Sql) -> int:
-    """Cancel listeners connected to this test's database, LISTENing."""
-    row = sql.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name = %s AND query ILIKE 'LISTEN%%'",
-        (LISTENER_APP,),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _lease_expiry(sql: Sql, task_id: UUID) -> datetime:
@@ -72,7 +46,7 @@ def _wait_listening(sql: Sql, task_id: UUID) -> None:
     """Until the worker LISTENs and has made the renewal its listener asks for on connecting:
     the next renewal is then a heartbeat (30 s) away, so only a notification is prompt."""
     claimed = _lease_expiry(sql, task_id)
-    wait_for(lambda: _listeners(sql) >= 1, timeout=10, what="the worker to LISTEN")
+    wait_for(lambda: listeners(sql) >= 1, timeout=10, what="the worker to LISTEN")
     wait_for(
         lambda: _lease_expiry(sql, task_id) > claimed,
         timeout=10,
@@ -81,23 +55,7 @@ def _wait_listening(sql: Sql, task_id: UUID) -> None:
 
 
 def _cancel_by_cli(stack: Stack, run_id: UUID) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flowforge.cli",
-            "-c",
-            str(stack.config_path()),
-            "cancel",
-            str(run_id),
-        ],
-        cwd=REPO,
-        env=stack.env(),
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr.decode()
+    cli(stack, "cancel", str(run_id))
 
 
 def _task_of(repo: Store, run_id: UUID, name: str = "only") -> UUID:
@@ -114,7 +72,7 @@ def test_flowforge_cancel_reaches_a_running_handler_within_a_second(
     _wait_listening(sql, task_id)
 
     _cancel_by_cli(stack, run_id)
-    seen = wait_for(lambda: _seen_at(sql, task_id), timeout=20, what="the handler to see it")
+    seen = wait_for(lambda: seen_at(sql, task_id), timeout=20, what="the handler to see it")
     row = sql.execute(
         "SELECT cancel_requested_at FROM workflow_runs WHERE id = %s", (run_id,)
     ).fetchone()
@@ -145,7 +103,7 @@ def test_fail_fast_stopping_a_running_sibling_reaches_it_within_a_second(
     _wait_listening(sql, slow_id)
     gate.touch()  # the sibling now dies; fail-fast stops the slow one
 
-    seen = wait_for(lambda: _seen_at(sql, slow_id), timeout=20, what="the sibling to be stopped")
+    seen = wait_for(lambda: seen_at(sql, slow_id), timeout=20, what="the sibling to be stopped")
     dead = sql.execute("SELECT finished_at FROM task_runs WHERE id = %s", (bad_id,)).fetchone()
     assert dead is not None and dead[0] is not None
     # from its death to the stop: a scheduler pass (0.2 s here), then the notification
@@ -164,8 +122,8 @@ def test_with_the_listener_off_renewal_still_delivers_the_cancel(
     wait_for(lambda: _started(sql, task_id), timeout=20, what="the handler to start")
 
     _cancel_by_cli(stack, run_id)
-    seen = wait_for(lambda: _seen_at(sql, task_id), timeout=20, what="the handler to see it")
-    assert _listeners(sql) == 0, "the listener was off: renewal delivered it"
+    seen = wait_for(lambda: seen_at(sql, task_id), timeout=20, what="the handler to see it")
+    assert listeners(sql) == 0, "the listener was off: renewal delivered it"
     row = sql.execute(
         "SELECT cancel_requested_at FROM workflow_runs WHERE id = %s", (run_id,)
     ).fetchone()

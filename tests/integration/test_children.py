@@ -412,3 +412,64 @@ def test_a_rerun_of_the_parent_starts_a_new_child_and_keeps_the_old_one(
     drain(repo)
     assert repo.get_task(call).result == {"only": "ok"}
     assert repo.get_run(run_id).state is RunState.SUCCEEDED
+
+
+@pytest.mark.parametrize("action", ["cancel", "bury"])
+def test_an_operator_ending_a_running_child_task_cancels_its_child_run(
+    repo: Store, sql: Sql, action: str
+) -> None:
+    """`flowforge task cancel|bury` of a child-workflow task that is RUNNING (no worker holds
+    it) ends it at once and cancels its child run, as a cancel of the parent run would."""
+    register(repo, INVOICING)
+    run_id = repo.trigger(ORDER, {"order": {"id": 1}}).run_id
+    ids = task_ids(repo, run_id)
+    succeed(repo, sql, ids["approve"], {"amount": 1})
+    drain(repo)
+    [(child, _)] = children_of(sql, ids["invoice"])
+    assert repo.get_task(ids["invoice"]).state is TaskState.RUNNING
+    done = (repo.cancel_task if action == "cancel" else repo.bury_task)(
+        ids["invoice"], "alice", "wrong invoice"
+    )
+    assert done.previous_state is TaskState.RUNNING
+    drain(repo)
+    invoice = repo.get_task(ids["invoice"])
+    if action == "cancel":
+        assert invoice.state is TaskState.CANCELLED
+    else:
+        assert invoice.state is TaskState.DEAD
+        assert invoice.failure_reason is FailureReason.OPERATOR
+    assert repo.get_run(child).state is RunState.CANCELLED
+    states = sql.execute("SELECT DISTINCT state FROM task_runs WHERE run_id = %s", (child,))
+    assert [r[0] for r in states.fetchall()] == ["CANCELLED"]
+    assert repo.get_task(ids["ship"]).state is TaskState.CANCELLED
+    assert (
+        scalar(sql, "SELECT count(*) FROM task_audit WHERE task_run_id = %s", ids["invoice"]) == 1
+    )
+
+
+def test_retry_now_of_a_retrying_child_task_starts_its_next_child_at_once(
+    repo: Store, sql: Sql
+) -> None:
+    """A child-workflow task waiting out its backoff is not made READY (no worker executes it):
+    retry-now makes its retry due, and the scheduler's next pass starts attempt 2's child."""
+    register(repo, FLAKY_CHILD)
+    hour = RetryPolicy(max_attempts=2, base_delay=3600.0, max_delay=3600.0, jitter=Jitter.NONE)
+    slow = WorkflowDef("slow-retry", (TaskDef("call", workflow="flaky", retry=hour),))
+    call = task_ids(repo, repo.trigger(slow, {}).run_id)["call"]
+    drain(repo)
+    [(first, _)] = children_of(sql, call)
+    bury(repo, sql, task_ids(repo, first)["only"])
+    drain(repo)
+    assert repo.get_task(call).state is TaskState.RETRYING
+    assert len(children_of(sql, call)) == 1  # its backoff is an hour
+    done = repo.retry_task_now(call, "alice", "the child's fix is out")
+    assert done.task.state is TaskState.RETRYING and done.task.retry_at is not None
+    assert scalar(sql, "SELECT retry_at <= now() FROM task_runs WHERE id = %s", call) is True
+    drain(repo)
+    task = repo.get_task(call)
+    assert task.state is TaskState.RUNNING and task.attempt == 2
+    assert [a for _, a in children_of(sql, call)] == [1, 2]
+    assert scalar(sql, "SELECT count(*) FROM outbox WHERE task_run_id = %s", call) == 0
+    assert (
+        scalar(sql, "SELECT new_state FROM task_audit WHERE task_run_id = %s", call) == "RETRYING"
+    )

@@ -166,4 +166,5 @@ def test_config_flag_is_accepted_after_the_subcommand(clean_database_url: str) -
     env["FLOWFORGE_DATABASE_URL"] = clean_database_url
     result = cli_runner.run(["workflows", "list", "--json", "-c", str(EXAMPLE)], env)
     assert result.returncode == 0, result.stderr
-    assert {w["name"] for w in json.loads(result.stdout)} == {"catalogue-import", "hello", "order-fulfilment"}
+    names = {w["name"] for w in json.loads(result.stdout)}
+    assert names == {"catalogue-import", "hello", "order-fulfilment"}

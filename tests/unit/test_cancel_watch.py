@@ -155,3 +155,24 @@ def test_the_watch_reconnects_after_a_failure_and_asks_for_a_renewal_again(
         assert leases.due_in() == 0.0
     finally:
         watch.stop()
+
+
+def test_a_task_notification_stops_that_held_task_only() -> None:
+    """``task:<id>`` (an operator's cancel or bury of one task) stops that task, not its
+    siblings of the same run; a malformed one is ignored."""
+    leases = _leases(_Repo())
+    run = uuid4()
+    claim, named = _held(leases, run)
+    _, sibling = _held(leases, run)
+    assert leases.cancel_task(uuid4()) == 0  # not held here
+    watch = _watch(leases)
+    watch.start()
+    try:
+        wait_for(lambda: _FakeListener.opened, timeout=5, what="the listener to connect")
+        _FakeListener.payloads.put(f"{lease.TASK_PREFIX}not a uuid")
+        _FakeListener.payloads.put(f"{lease.TASK_PREFIX}{claim.task_run_id}")
+        wait_for(named.cancelled.is_set, timeout=5, what="the named task to be asked to stop")
+        assert not sibling.cancelled.is_set()
+    finally:
+        watch.stop()
+    assert leases.cancel_task(claim.task_run_id) == 0  # asked once

@@ -106,6 +106,7 @@ def test_the_parts_share_no_name() -> None:
         "Maps",
         "Events",
         "Children",
+        "Control",
     }
     owners: dict[str, list[str]] = {}
     for part in parts:

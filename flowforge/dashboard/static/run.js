@@ -6,7 +6,9 @@
 // succeed) posts to /rerun with the reason the operator gives. A map task's panel lists its
 // items a page at a time (GET /api/v1/task-runs/{id}/items: counts by state, then a page in
 // item order; a state filter, previous/next by cursor), so a map of 10,000 items is never
-// loaded whole.
+// loaded whole. The task panel's buttons act on that one task, each with the reason the
+// operator gives (audited; listed under "Operator actions"): retry now (a RETRYING task), cancel
+// and bury (an unfinished one; a running one is asked to stop).
 
 import {
   $,
@@ -33,7 +35,14 @@ const REFRESH_MS = 2000;
 const STATES = ["PENDING", "READY", "RUNNING", "RETRYING", "FAILED", "SUCCEEDED", "DEAD", "CANCELLED"];
 
 const runId = decodeURIComponent(location.pathname.replace(/\/+$/, "").split("/").pop());
-const view = { shape: null, nodes: new Map(), selected: null, attempt: null, state: null };
+const view = {
+  shape: null,
+  nodes: new Map(),
+  selected: null,
+  attempt: null,
+  state: null,
+  task: null, // the task shown in the panel (its actions act on it)
+};
 // the map whose items are shown, the state they are filtered by, and the pages: a stack of
 // cursors whose top is the page shown (null: the first), next the cursor of the next one
 const ITEMS_PAGE = 50;
@@ -274,13 +283,35 @@ function drawTask(detail) {
       ? detail.audit.map((entry) =>
           el(
             "li",
-            {},
-            `${when(entry.requested_at)} by ${entry.requested_by}: ${entry.reason || "(no reason)"}` +
-              ` — was ${entry.previous_reason || "?"} after attempt ${entry.attempt}`,
+            { "data-testid": "audit-entry" },
+            `${entry.action} ${when(entry.requested_at)} by ${entry.requested_by}: ` +
+              `${entry.reason || "(no reason)"} — ${auditChange(entry)} at attempt ${entry.attempt}`,
           ),
         )
-      : [el("li", { class: "empty" }, "never requeued")]),
+      : [el("li", { class: "empty" }, "no operator action yet")]),
   );
+  drawActions(task);
+}
+
+/** What an audited action changed: a requeue the reason it had died with, the others their
+ * states (a running task asked to stop stays RUNNING until it stops). */
+function auditChange(entry) {
+  if (entry.action === "requeue") return `was ${entry.previous_reason || "?"}`;
+  if (entry.previous_state === entry.new_state) return `${entry.new_state}, asked to stop`;
+  return `${entry.previous_state} → ${entry.new_state}`;
+}
+
+const UNFINISHED = ["PENDING", "READY", "RETRYING", "FAILED", "RUNNING"];
+
+/** The task actions its state allows (the server decides; a refusal is flashed). */
+function drawActions(task) {
+  view.task = task;
+  const running = task.state === "RUNNING";
+  const stoppable =
+    UNFINISHED.includes(task.state) && !(running && (task.cancel_requested || task.for_each));
+  $("[data-testid=task-retry-now]").hidden = task.state !== "RETRYING";
+  $("[data-testid=task-cancel]").hidden = !stoppable;
+  $("[data-testid=task-bury]").hidden = !stoppable;
 }
 
 async function loadTask() {
@@ -399,6 +430,49 @@ async function rerunRun() {
   poll.now();
 }
 
+const TASK_ACTIONS = {
+  "retry-now": {
+    ask: (t) => `Retry task ${t.name} now, skipping its backoff (no attempt is added)?`,
+    done: (d) => `Retried now: ${d.task.name} is ${d.task.state}.`,
+  },
+  cancel: {
+    ask: (t) =>
+      `Cancel task ${t.name}? What only it feeds is cancelled too` +
+      (t.state === "RUNNING" ? "; it is running: it is asked to stop." : "."),
+    done: (d) =>
+      d.effect === "stop"
+        ? `${d.task.name} is asked to stop: CANCELLED once its worker stops.`
+        : `Cancelled: ${d.task.name} is ${d.task.state}.`,
+  },
+  bury: {
+    ask: (t) =>
+      `Bury task ${t.name} (DEAD, reason operator)?` +
+      (t.state === "RUNNING" ? " It is running: it is asked to stop first." : ""),
+    done: (d) =>
+      d.effect === "stop"
+        ? `${d.task.name} is asked to stop: DEAD (operator) once its worker stops.`
+        : `Buried: ${d.task.name} is ${d.task.state}.`,
+  },
+};
+
+async function actOnTask(action) {
+  const task = view.task;
+  if (!task) return;
+  const spec = TASK_ACTIONS[action];
+  const reason = window.prompt(`${spec.ask(task)} Why (recorded in the audit)?`);
+  if (reason === null) return;
+  try {
+    const done = await postJSON(`/api/v1/task-runs/${encodeURIComponent(task.id)}/${action}`, {
+      reason: reason || null,
+      requested_by: "dashboard",
+    });
+    flash(spec.done(done), "ok");
+  } catch (err) {
+    flash(describe(err), "error");
+  }
+  poll.now();
+}
+
 function legend() {
   $("#dag-legend").replaceChildren(...STATES.map((s) => stateBadge(s)));
 }
@@ -407,6 +481,9 @@ initChrome();
 legend();
 $("[data-testid=cancel-run]").addEventListener("click", cancelRun);
 $("[data-testid=rerun-run]").addEventListener("click", rerunRun);
+for (const action of Object.keys(TASK_ACTIONS)) {
+  $(`[data-testid=task-${action}]`).addEventListener("click", () => actOnTask(action));
+}
 wirePager(items, poll, $("[data-testid=items-next]"), $("[data-testid=items-prev]"));
 $("[data-testid=item-state-filter]").addEventListener("change", (event) => {
   Object.assign(items, { state: event.target.value, cursors: [null], next: null });
