@@ -6,6 +6,10 @@ drives pika's ``SelectConnection`` itself instead: it sends a whole batch (persi
 batch, so one round trip covers many messages. A message the broker returned as unroutable,
 or nacked, is not reported as confirmed, so its outbox row stays pending.
 
+Each message goes to its dispatch's queue (the task's, migration 0014; a row without one to
+``broker.queue``); a queue is declared, as the same quorum queue the consumers declare, the
+first time this connection publishes to it.
+
 Everything here runs in the calling thread; the I/O loop only runs inside :meth:`publish`,
 :meth:`connect` and :meth:`idle` — call :meth:`idle` while waiting so heartbeats flow.
 """
@@ -44,7 +48,7 @@ NACK_STREAK_LIMIT = 3
 
 
 class ConfirmingPublisher:
-    """One connection and one confirm-mode channel to the task queue."""
+    """One connection and one confirm-mode channel to the task queues."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self._config = config
@@ -60,6 +64,8 @@ class ConfirmingPublisher:
         self._returned: set[int] = set()
         self._nacked = 0  # messages of the current batch the broker nacked
         self._nack_streak = 0  # batches in a row the broker nacked whole
+        self._declared: set[str] = set()  # queues declared on the current channel
+        self._declaring = config.queue  # the queue a declaration in flight is for
 
     # ------------------------------------------------------------------ connection
 
@@ -124,11 +130,13 @@ class ConfirmingPublisher:
         self._confirmed.clear()
         self._returned.clear()
         self._nacked = 0
+        default = self._config.queue
+        self._declare_all({d.queue or default for d in batch})
         try:
             for dispatch in batch:
                 self._channel.basic_publish(
                     exchange="",
-                    routing_key=self._config.queue,
+                    routing_key=dispatch.queue or default,
                     body=messages.encode(dispatch),
                     properties=pika.BasicProperties(
                         delivery_mode=PERSISTENT,
@@ -153,6 +161,17 @@ class ConfirmingPublisher:
             )
         self._judge_nacks(len(batch))
         return self._confirmed - self._returned
+
+    def _declare_all(self, queues: set[str]) -> None:
+        """Declare each of ``queues`` this channel has not declared yet (one round trip
+        each, once per connection), so a message is never returned for a queue no consumer
+        has declared yet. Raises as :meth:`connect` does (a queue of another type, an outage)."""
+        for queue in sorted(queues - self._declared):
+            if self._channel is None:
+                raise BrokerUnavailableError("publisher is not connected")
+            self._declare(self._channel, queue)
+            if not self._run_until(lambda q=queue: q in self._declared, CONNECT_TIMEOUT_S):
+                raise BrokerUnavailableError(f"declaring queue {queue!r} timed out")
 
     def _judge_nacks(self, sent: int) -> None:
         """Count a batch the broker nacked whole; give the channel up at the limit."""
@@ -247,19 +266,25 @@ class ConfirmingPublisher:
         self._channel = channel
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
-        channel.confirm_delivery(self._on_confirm, callback=lambda _frame: self._declare(channel))
-
-    def _declare(self, channel: Channel) -> None:
-        channel.queue_declare(
-            self._config.queue,
-            durable=True,
-            arguments=queue_arguments(self._config),
-            callback=self._on_declared,
+        channel.confirm_delivery(
+            self._on_confirm, callback=lambda _frame: self._declare(channel, self._config.queue)
         )
 
-    def _on_declared(self, _frame: Any) -> None:
-        self._ready = True
-        self._next_tag = 0
+    def _declare(self, channel: Channel, queue: str) -> None:
+        self._declaring = queue
+        channel.queue_declare(
+            queue,
+            durable=True,
+            arguments=queue_arguments(self._config),
+            callback=lambda _frame: self._on_declared(queue),
+        )
+
+    def _on_declared(self, queue: str) -> None:
+        if not self._ready:  # the channel's first declaration: broker.queue's
+            self._declared.clear()
+            self._ready = True
+            self._next_tag = 0
+        self._declared.add(queue)
         self._check_done()
 
     def _on_channel_closed(self, _channel: Channel, reason: BaseException) -> None:
@@ -267,7 +292,7 @@ class ConfirmingPublisher:
         if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and is_type_mismatch(
             reason.reply_code, reason.reply_text
         ):
-            self._error = type_mismatch_error(self._config.queue, reason.reply_text)
+            self._error = type_mismatch_error(self._declaring, reason.reply_text)
         elif self._error is None:
             self._error = BrokerUnavailableError(f"channel closed: {reason!r}")
         self._check_done()

@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.names import NAME_PATTERN
+from flowforge.domain.names import NAME_PATTERN, queue_problem
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
@@ -78,6 +78,8 @@ class TaskDef:
     matching event (whose data becomes its result) or its timeout.
     ``run_if`` (``domain/conditions.py``): ``all_done`` runs once every dependency finished
     whatever its outcome, ``any_failed`` only if one ended DEAD (else it is skipped).
+    ``queue`` (SPEC 7.4): the broker queue its messages (a map's: its items') go to; None: the
+    ``broker.queue`` of the config that triggers the run (docs/flow-control.md).
     """
 
     name: str
@@ -93,9 +95,11 @@ class TaskDef:
     max_parallel: int | None = None  # a map's items running at once; None: no limit
     wait_for_event: EventWait | None = None  # waits for an event (no handler)
     run_if: RunIf = RunIf.ALL_SUCCEEDED
+    queue: str | None = None  # the queue its messages go to; None: the triggering config's
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
+        self._check_queue()
         self._check_depends_on()
         self._check_map()
         if not isinstance(self.run_if, RunIf):  # a string from Python code: its enum, or refused
@@ -198,6 +202,14 @@ class TaskDef:
             )
         self._check_no_execution("a wait_for_event task")
 
+    def _check_queue(self) -> None:
+        """``queue`` is a name RabbitMQ accepts (:func:`~flowforge.domain.names.queue_problem`)."""
+        if self.queue is None:
+            return
+        problem = queue_problem(self.queue)
+        if problem is not None:
+            raise DefinitionError(f"task {self.name!r}: queue {problem}")
+
     def _check_no_execution(self, kind: str) -> None:
         """Refuse what only an execution would use on a task that never executes."""
         label = f"task {self.name!r}"
@@ -207,6 +219,7 @@ class TaskDef:
             "ordering_key": self.ordering_key is not None,
             "retry": self.retry != RetryPolicy(),
             "on_dead": self.on_dead is not OnDead.RELEASE,
+            "queue": self.queue is not None,
         }
         for key, given in extras.items():
             if given:
@@ -354,8 +367,8 @@ class WorkflowDef:
         """A JSON-ready canonical form (the inverse of the YAML/mapping parser).
 
         Keys added after the first release (``deadline``, ``max_items``, a task's ``sleep``,
-        ``for_each``, ``max_parallel``, ``wait_for_event``) appear only when set, so the digests
-        of definitions that do not use them never change.
+        ``for_each``, ``max_parallel``, ``wait_for_event``, ``run_if``, ``queue``) appear only
+        when set, so the digests of definitions that do not use them never change.
         """
         data: dict[str, Any] = {
             "name": self.name,
@@ -379,6 +392,8 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
     data = _task_keys(task)
     if task.run_if is not RunIf.ALL_SUCCEEDED:  # only when set: existing digests stay
         data["run_if"] = str(task.run_if)
+    if task.queue is not None:  # the same
+        data["queue"] = task.queue
     return data
 
 

@@ -276,11 +276,13 @@ def parse_id(value: UUID | str, what: str = "id") -> UUID:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """One pending outbox row: publish a message naming this task run and generation."""
+    """One pending outbox row: publish a message naming this task run and generation to
+    ``queue`` (None: a row from before migration 0014: the publisher's own ``broker.queue``)."""
 
     outbox_id: int
     task_run_id: UUID
     fencing_token: int
+    queue: str | None = None
 
 
 @dataclass(frozen=True)

@@ -271,7 +271,7 @@ def routed(row: Row, source: TaskState, delay_s: float, reason: str) -> Routed:
 
 def dispatch(row: Row) -> Dispatch:
     """A ``lock_outbox`` row."""
-    return Dispatch(row["id"], row["task_run_id"], row["fencing_token"])
+    return Dispatch(row["id"], row["task_run_id"], row["fencing_token"], row["queue"])
 
 
 def process_info(row: Row) -> ProcessInfo:
@@ -412,6 +412,7 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "event_keys": [t.event_key for t in tasks],
         "event_timeouts": [t.event_timeout_s for t in tasks],
         "run_ifs": [t.run_if for t in tasks],
+        "queues": [t.queue for t in tasks],
     }
 
 

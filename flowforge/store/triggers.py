@@ -35,6 +35,7 @@ class Triggers(Part):
         start_at: datetime | None = None,
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        queue: str | None = None,
     ) -> TriggerResult:
         """Create a run and its task runs in one transaction.
 
@@ -50,6 +51,7 @@ class Triggers(Part):
             start_at=start_at,
             delay=delay,
             deadline=deadline,
+            queue=queue,
         )[0]
 
     def trigger_many(
@@ -61,6 +63,7 @@ class Triggers(Part):
         start_at: datetime | None = None,
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        queue: str | None = None,
     ) -> list[TriggerResult]:
         """Create one run per input in one transaction (a few array inserts, not one per run).
 
@@ -69,10 +72,18 @@ class Triggers(Part):
         datetime, refused more than a minute in the past by the *database's* clock) or
         ``delay`` (seconds, or a timedelta, added to the database's now) makes them SCHEDULED
         until then; ``deadline`` (seconds, or a timedelta) replaces the workflow's deadline.
+        ``queue`` is the queue of every task that names none: the triggering config's
+        ``broker.queue`` (None: unassigned, see :func:`~flowforge.domain.plan.plan_runs`).
         Bad values raise :class:`InputError` before anything is stored.
         """
         plan = plan_runs(
-            workflow, inputs, idempotency_keys, start_at=start_at, delay=delay, deadline=deadline
+            workflow,
+            inputs,
+            idempotency_keys,
+            start_at=start_at,
+            delay=delay,
+            deadline=deadline,
+            queue=queue,
         )
         if not plan.run_ids:
             return []

@@ -193,7 +193,11 @@ def test_placeholder_guard_catches_string_building() -> None:
 def test_available_migrations_are_numbered_from_one_without_gaps() -> None:
     migrations = available_migrations()
     assert migrations, "no migration shipped"
-    assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
+    versions = [m.version for m in migrations]
+    # 13 is part 5's sub-workflows (branch p5-sw), merged on its own: drop it once it is in
+    reserved = {13}
+    assert versions == sorted(versions)
+    assert sorted(set(versions) | reserved) == list(range(1, max(versions) + 1))
 
 
 def test_available_migrations_have_names_sql_and_distinct_checksums() -> None:
