@@ -17,7 +17,9 @@ Everything here runs in the calling thread; the I/O loop only runs inside :meth:
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import pika
@@ -170,7 +172,9 @@ class ConfirmingPublisher:
             if self._channel is None:
                 raise BrokerUnavailableError("publisher is not connected")
             self._declare(self._channel, queue)
-            if not self._run_until(lambda q=queue: q in self._declared, CONNECT_TIMEOUT_S):
+            if not self._run_until(
+                partial(operator.contains, self._declared, queue), CONNECT_TIMEOUT_S
+            ):
                 raise BrokerUnavailableError(f"declaring queue {queue!r} timed out")
 
     def _judge_nacks(self, sent: int) -> None:

@@ -52,6 +52,7 @@ class TaskRun:
     event_key: str | None = None  # ... and its key, rendered from the run input
     run_if: RunIf = RunIf.ALL_SUCCEEDED  # its condition on its dependencies (SPEC 7.3)
     cancel_cause: CancelCause | None = None  # why it was cancelled (condition_not_met: skipped)
+    queue: str | None = None  # the broker queue its messages go to (None: unassigned, 0014)
 
     @property
     def skipped(self) -> bool:
@@ -296,6 +297,7 @@ class ProcessInfo:
     started_at: datetime
     last_seen_at: datetime
     silent_s: float
+    queue: str | None = None  # a worker: the queue it consumes
 
 
 @dataclass(frozen=True)
@@ -415,6 +417,21 @@ class OutboxBacklog:
 
 
 @dataclass(frozen=True)
+class QueueLoad:
+    """One task queue: its READY task runs and the live workers consuming it. ``queue`` None
+    stands for task runs on no queue (migration 0014) and workers that record none."""
+
+    queue: str | None
+    ready: int
+    consumers: int
+
+    @property
+    def unserved(self) -> bool:
+        """READY tasks wait on a named queue that no live worker consumes (a warning)."""
+        return self.queue is not None and self.ready > 0 and self.consumers == 0
+
+
+@dataclass(frozen=True)
 class LiveProcesses:
     """How many processes of one role on one host were seen lately."""
 
@@ -451,6 +468,7 @@ class Overview:
     dead_by_reason: Mapping[str, int]
     outbox: OutboxBacklog
     processes: tuple[LiveProcesses, ...]
+    queues: tuple[QueueLoad, ...] = ()  # READY tasks and live consumers per queue
 
 
 @dataclass(frozen=True)
@@ -463,6 +481,7 @@ class Stats:
     retry_backlog: RetryBacklog
     poison_candidates: tuple[PoisonCandidate, ...]
     dead: tuple[DeadCount, ...]
+    queues: tuple[QueueLoad, ...] = ()  # READY tasks and live consumers per queue
 
 
 @dataclass(frozen=True)

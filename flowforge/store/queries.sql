@@ -917,7 +917,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        CASE WHEN t.for_each IS NOT NULL
             THEN (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
-                           WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts
+                           WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
+       t.queue
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
  ORDER BY t.seq;
@@ -931,7 +932,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
-       t.for_each, t.map_id, t.item_index
+       t.for_each, t.map_id, t.item_index, t.queue
   FROM task_runs t
  WHERE t.id = %(id)s;
 
@@ -1052,7 +1053,7 @@ DELETE FROM processes WHERE last_seen_at < now() - make_interval(secs => %(age_s
 
 -- name: list_processes
 SELECT id, host, pid, role, started_at, last_seen_at,
-       extract(epoch FROM now() - last_seen_at) AS silent_s
+       extract(epoch FROM now() - last_seen_at) AS silent_s, queue
   FROM processes
  ORDER BY host, role, pid;
 
@@ -1758,3 +1759,23 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 )
 DELETE FROM events e USING doomed WHERE e.id = doomed.id;
+
+-- ------------------------------------------------------------------ queues (issue 20)
+
+-- name: queue_load
+-- READY task runs per queue and the live workers consuming each (seen within %(fresh_s)s
+-- seconds), every queue that has either; NULL: task runs on no queue and workers that record
+-- none (migration 0014). '' stands for NULL in the join: no queue may be named ''.
+WITH ready AS (
+    SELECT queue, count(*) AS n FROM task_runs WHERE state = 'READY' GROUP BY queue
+), consumers AS (
+    SELECT queue, count(*) AS n
+      FROM processes
+     WHERE role = 'worker' AND last_seen_at > now() - make_interval(secs => %(fresh_s)s)
+     GROUP BY queue
+)
+SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
+       coalesce(c.n, 0) AS consumers
+  FROM ready r
+  FULL JOIN consumers c ON coalesce(r.queue, '') = coalesce(c.queue, '')
+ ORDER BY 1 NULLS FIRST;

@@ -34,6 +34,7 @@ from flowforge.domain.model import (
     Overview,
     PoisonCandidate,
     ProcessInfo,
+    QueueLoad,
     RerunEntry,
     RetryBacklog,
     Routed,
@@ -107,6 +108,7 @@ def task_run(row: Row) -> TaskRun:
         item_counts=row.get("item_counts"),
         map_id=row.get("map_id"),
         item_index=row.get("item_index"),
+        queue=row.get("queue"),
     )
 
 
@@ -333,6 +335,7 @@ def overview(
     dead: Sequence[Row],
     outbox: Row | None,
     processes: Sequence[Row],
+    queues: Sequence[Row] = (),
 ) -> Overview:
     """The overview from its statements' rows: ``run_state_counts``, ``task_state_counts``,
     ``finished_per_minute``, ``stats_retry_backlog``, ``stats_poison_candidates``,
@@ -349,7 +352,13 @@ def overview(
         dead_by_reason=tally(dead, "reason"),
         outbox=outbox_backlog(outbox),
         processes=tuple(LiveProcesses(r["host"], r["role"], int(r["n"])) for r in processes),
+        queues=queue_loads(queues),
     )
+
+
+def queue_loads(found: Sequence[Row]) -> tuple[QueueLoad, ...]:
+    """``queue_load`` rows."""
+    return tuple(QueueLoad(r["queue"], int(r["ready"]), int(r["consumers"])) for r in found)
 
 
 def stats(
@@ -359,6 +368,7 @@ def stats(
     backlog: Row | None,
     poison: Sequence[Row],
     dead: Sequence[Row],
+    queues: Sequence[Row] = (),
 ) -> Stats:
     """The stats from their statements' rows: ``stats_attempts``, ``stats_failure_reasons``,
     ``stats_retry_backlog``, ``stats_poison_candidates`` and ``stats_dead_by_workflow``."""
@@ -370,6 +380,7 @@ def stats(
         dead=tuple(
             DeadCount(r["workflow"], r["handler"], _reason(r["reason"]), int(r["n"])) for r in dead
         ),
+        queues=queue_loads(queues),
     )
 
 
