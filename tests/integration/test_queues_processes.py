@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -32,8 +31,8 @@ from flowforge.domain.dag import WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.reads import Reads
 from tests.e2e import HANDLERS_MODULE, Stack
-from tests.harness.resources import start_tree
 from tests.helpers import wait_for
+from tests.trees import Tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real trees
 
@@ -43,44 +42,6 @@ PARTNER_MODULE = "tests.e2e_queue_handlers"
 RUNS = 12
 READY_S = 60.0
 DONE_S = 120.0
-STOP_S = 30.0
-
-
-class Tree:
-    """One ``flowforge up`` with its stderr in a log file, stopped by pid at the end."""
-
-    def __init__(self, stack: Stack, config: Path, log: Path) -> None:
-        self.log_path = log
-        self.proc = start_tree(config, stack.env(), log)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def ready(self) -> None:
-        def probe() -> bool:
-            assert self.proc.poll() is None, f"the tree exited:\n{self.log()[-3000:]}"
-            return "tree ready" in self.log()
-
-        wait_for(probe, READY_S, 0.1, "the tree to be ready")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_S)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait(STOP_S)
-
-
-@pytest.fixture
-def trees() -> Iterator[list[Tree]]:
-    started: list[Tree] = []
-    try:
-        yield started
-    finally:
-        for tree in started:
-            tree.stop()
 
 
 def config_file(stack: Stack, name: str, **overrides: Any) -> Path:
@@ -166,7 +127,7 @@ def test_two_trees_on_one_database_keep_their_work_apart(
         ],
     )
     for i, config in enumerate((config_a, config_b)):
-        trees.append(Tree(stack, config, tmp_path / f"tree-{i}.log"))
+        trees.append(Tree(config, tmp_path / f"tree-{i}.log", env=stack.env()))
     for tree in trees:
         tree.ready()
     runs = run_all(config_a, wf_a, RUNS) + run_all(config_b, wf_b, RUNS)
@@ -216,7 +177,7 @@ def test_one_tree_with_two_pools_routes_by_queue_and_survives_a_pool_worker_kill
     try:
         unserved = [q.queue for q in Reads(db).queue_loads() if q.unserved]
         assert unserved == [main]
-        trees.append(Tree(stack, config, tmp_path / "tree.log"))
+        trees.append(Tree(config, tmp_path / "tree.log", env=stack.env()))
         trees[0].ready()
         # a partner worker SIGKILLed while runs are in flight (failure mode 71)
         pid = wait_for(lambda: _worker_pid(sql, partner), READY_S, 0.05, "a partner worker")
