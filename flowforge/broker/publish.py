@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -38,7 +39,7 @@ from flowforge.broker.topology import (
 )
 from flowforge.config import BrokerConfig
 from flowforge.domain.model import Dispatch
-from flowforge.errors import BrokerError, BrokerUnavailableError
+from flowforge.errors import BrokerError, BrokerUnavailableError, QueueTypeMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ CONFIRM_TIMEOUT_S = 10.0
 PERSISTENT = 2
 #: Batches in a row whose every message the broker nacked before the channel is given up.
 NACK_STREAK_LIMIT = 3
+#: How long a task queue the broker refused to declare (another type) is left alone before it
+#: is tried again (seconds): its rows stay pending meanwhile, the other queues' go out.
+REFUSED_RETRY_S = 60.0
 
 
 class ConfirmingPublisher:
@@ -68,6 +72,7 @@ class ConfirmingPublisher:
         self._nack_streak = 0  # batches in a row the broker nacked whole
         self._declared: set[str] = set()  # queues declared on the current channel
         self._declaring = config.queue  # the queue a declaration in flight is for
+        self._refused: dict[str, float] = {}  # task queue → when the broker refused it
 
     # ------------------------------------------------------------------ connection
 
@@ -126,6 +131,11 @@ class ConfirmingPublisher:
         go on refusing every publish after its queue's leader died (seen for over a minute in
         tests/chaos/test_failover.py) while a fresh channel publishes at once, so the role
         reconnects (``run_role``, with its backoff) instead of sweeping into the refusal.
+
+        A task queue (not ``broker.queue``) that exists with another type is refused by the
+        broker, which closes the channel: it is logged with the operator's steps, this call
+        raises :class:`BrokerUnavailableError` (the role reconnects), and for
+        :data:`REFUSED_RETRY_S` its rows are left pending while the other queues' go out.
         """
         if not self.is_open or self._channel is None:
             raise BrokerUnavailableError("publisher is not connected")
@@ -134,6 +144,7 @@ class ConfirmingPublisher:
         self._nacked = 0
         default = self._config.queue
         self._declare_all({d.queue or default for d in batch})
+        batch = [d for d in batch if (d.queue or default) in self._declared]
         try:
             for dispatch in batch:
                 self._channel.basic_publish(
@@ -164,17 +175,32 @@ class ConfirmingPublisher:
         self._judge_nacks(len(batch))
         return self._confirmed - self._returned
 
+    def refused(self) -> list[str]:
+        """The task queues the broker refused within :data:`REFUSED_RETRY_S`: their rows
+        are left out of the next batches (see :meth:`publish`)."""
+        now = time.monotonic()
+        return sorted(q for q, at in self._refused.items() if now - at < REFUSED_RETRY_S)
+
     def _declare_all(self, queues: set[str]) -> None:
         """Declare each of ``queues`` this channel has not declared yet (one round trip
         each, once per connection), so a message is never returned for a queue no consumer
         has declared yet. Raises as :meth:`connect` does (a queue of another type, an outage)."""
+        now = time.monotonic()
         for queue in sorted(queues - self._declared):
+            if now - self._refused.get(queue, -REFUSED_RETRY_S) < REFUSED_RETRY_S:
+                continue  # refused lately: its rows wait
             if self._channel is None:
                 raise BrokerUnavailableError("publisher is not connected")
             self._declare(self._channel, queue)
-            if not self._run_until(
-                partial(operator.contains, self._declared, queue), CONNECT_TIMEOUT_S
-            ):
+            try:
+                declared = self._run_until(
+                    partial(operator.contains, self._declared, queue), CONNECT_TIMEOUT_S
+                )
+            except QueueTypeMismatchError as exc:
+                self._refused[queue] = now
+                logger.error("%s", exc, extra={"action": "queue_refused"})
+                raise BrokerUnavailableError(f"queue {queue!r} refused; reconnecting") from exc
+            if not declared:
                 raise BrokerUnavailableError(f"declaring queue {queue!r} timed out")
 
     def _judge_nacks(self, sent: int) -> None:

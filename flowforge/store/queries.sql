@@ -1024,10 +1024,11 @@ SELECT requested_by, reason, previous_reason, attempt, requested_at
 -- ------------------------------------------------------------------ publisher
 
 -- name: lock_outbox
--- Pending dispatches, oldest first; SKIP LOCKED lets several publishers divide them.
+-- Pending dispatches, oldest first; SKIP LOCKED lets several publishers divide them. Rows of
+-- the queues in %(skip)s (ones the broker refused lately) wait, so they cannot hold up others.
 SELECT id, task_run_id, fencing_token, queue
   FROM outbox
- WHERE published_at IS NULL
+ WHERE published_at IS NULL AND (queue IS NULL OR queue <> ALL(%(skip)s::text[]))
  ORDER BY id
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED;

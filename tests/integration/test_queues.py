@@ -37,6 +37,7 @@ from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
+from flowforge.errors import BrokerUnavailableError
 from flowforge.roles.publisher import Publisher
 from tests.cli_runner import run_config
 from tests.delivery import broker_channel
@@ -325,18 +326,34 @@ def test_validate_refuses_a_task_whose_queue_pool_lacks_its_handler(
     assert run_config(config, "workflows", "validate").returncode == 0
 
 
-def test_a_rabbitmq_queue_declared_by_hand_with_other_arguments_stops_the_publisher(
-    stack: Stack, repo: Store, extra_queue: str
+def test_a_task_queue_of_another_type_holds_up_only_its_own_rows(
+    stack: Stack, repo: Store, sql: Sql, extra_queue: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with broker_channel(stack) as channel:
-        channel.queue_declare(extra_queue, durable=True)  # a classic queue
-    repo.trigger(WorkflowDef("one", (TaskDef("x", "tests.noop", queue=extra_queue),)))
-    publisher = Publisher(load_config(stack.config_path(), env={}))
+        channel.queue_declare(extra_queue, durable=True)  # a classic queue, declared by hand
+    # more rows than a sweep takes, oldest first: they must not hold up the one behind them
+    refused = WorkflowDef("refused", (TaskDef("x", "tests.noop", queue=extra_queue),))
+    repo.trigger_many(refused, [{}] * 4)
+    fine = repo.trigger(WorkflowDef("fine", (TaskDef("y", "tests.noop"),)), queue=stack.queue)
+    publisher = Publisher(load_config(stack.config_path(), env={}), batch_size=2)
     publisher.initialize()
     try:
-        from flowforge.errors import QueueTypeMismatchError
-
-        with pytest.raises(QueueTypeMismatchError, match=extra_queue):
-            publisher.sweep()
+        with pytest.raises(BrokerUnavailableError, match="refused; reconnecting"):
+            publisher.sweep()  # the broker closed the channel: the role reconnects
+        publisher.reset()
+        publisher.initialize()
+        assert publisher.sweep() == (1, 1)  # the other queue's row, past the refused ones
     finally:
         publisher.shutdown()
+    [logged] = [r for r in caplog.records if getattr(r, "action", None) == "queue_refused"]
+    assert extra_queue in logged.getMessage()
+    assert "rabbitmqctl delete_queue" in logged.getMessage()  # the operator's steps
+    pending = sql.execute(
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL AND queue = %s", (extra_queue,)
+    ).fetchone()
+    assert pending == (4,)
+    sent = sql.execute(
+        "SELECT published_at IS NOT NULL FROM outbox WHERE task_run_id = %s",
+        (task_ids(repo, fine.run_id)["y"],),
+    ).fetchone()
+    assert sent == (True,)
