@@ -15,9 +15,7 @@ Send = Callable[[Sequence[Dispatch]], Collection[int]]
 class Outbox(Part):
     """The transactional outbox, read and stamped by the publisher."""
 
-    def publish_outbox(
-        self, limit: int, send: Send, skip: Sequence[str] = ()
-    ) -> tuple[int, int]:
+    def publish_outbox(self, limit: int, send: Send, skip: Sequence[str] = ()) -> tuple[int, int]:
         """Lock up to ``limit`` pending outbox rows, but none bound for a queue in ``skip``,
         and hand them to ``send``.
 
