@@ -113,6 +113,7 @@ class Client:
         more than a minute in the past (by the database's clock) is refused. ``deadline``
         (seconds or a timedelta) replaces the workflow's: past it, the run ends FAILED with
         reason ``deadline_exceeded``. Bad values raise :class:`~flowforge.errors.InputError`.
+        A task whose workflow names no ``queue`` goes to this config's ``broker.queue``.
         """
         definition = self._definition(workflow)
         return self._store.trigger(
@@ -123,6 +124,7 @@ class Client:
             delay=delay,
             deadline=deadline,
             children=referenced(definition, self.workflows),
+            queue=self._config.broker.queue,
         )
 
     def trigger_many(
@@ -146,6 +148,7 @@ class Client:
             delay=delay,
             deadline=deadline,
             children=referenced(definition, self.workflows),
+            queue=self._config.broker.queue,
         )
 
     def _definition(self, workflow: str) -> WorkflowDef:
@@ -218,7 +221,7 @@ class Client:
 
     def trigger_schedule(self, name: str) -> ManualFire:
         """A run of schedule ``name`` now, outside its timetable (recorded as a manual fire)."""
-        return self._store.trigger_schedule(name, self.workflows)
+        return self._store.trigger_schedule(name, self.workflows, self._config.broker.queue)
 
     def send_event(self, name: str, key: str, data: Any = None) -> EventSent:
         """Send event ``name`` with ``key``: every task waiting for it (``wait_for_event``

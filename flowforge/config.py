@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from flowforge import tlsfiles, yamlfile
+from flowforge.domain.names import queue_problem
 from flowforge.durations import parse_duration
 from flowforge.errors import ConfigError
 from flowforge.redact import redact_url as redact_url  # README: flowforge.config.redact_url
@@ -126,6 +127,29 @@ class BrokerConfig:
         if not self.url:
             raise ValueError("url needs at least one broker URL")
         _positive(self.prefetch, "prefetch")
+        _check_queue(self.queue, "queue")
+
+
+def _check_queue(name: str, key: str) -> None:
+    problem = queue_problem(name)
+    if problem is not None:
+        raise ValueError(f"{key} {problem}")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One pool of workers of a tree (docs/flow-control.md, "Queues and pools"): ``workers``
+    processes consuming ``queue``, importing the ``handlers`` modules (None: every module of
+    the config's ``handlers``; a pool's list names modules of that list)."""
+
+    queue: str
+    workers: int = 1
+    handlers: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _check_queue(self.queue, "queue")
+        if isinstance(self.workers, bool) or self.workers < 1:
+            raise ValueError("workers must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -139,6 +163,8 @@ class ProcessesConfig:
     liveness_timeout_s: float = 60.0  # a child silent this long is hung
     restart_limit: int = 10  # more restarts than this within restart_period_s stops the tree
     restart_period_s: float = 60.0
+    # pools of workers by queue; () means one pool of `workers` on broker.queue (Config.pools)
+    pools: tuple[PoolConfig, ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -146,6 +172,10 @@ class ProcessesConfig:
         for name in ("drain_timeout_s", "liveness_timeout_s", "restart_period_s"):
             _positive(getattr(self, name), name)
         _positive(self.restart_limit, "restart_limit")
+        queues = [p.queue for p in self.pools]
+        twice = sorted({q for q in queues if queues.count(q) > 1})
+        if twice:  # one pool per queue: whose handlers a task of it needs would be ambiguous
+            raise ValueError(f"pools: queue {twice[0]!r} has more than one pool")
 
 
 class ReadAccess(Enum):
@@ -336,6 +366,28 @@ class Config:
     base_dir: str = "."
     #: What loading found worth a warning (a secret file others may read), for whoever logs.
     warnings: tuple[str, ...] = field(default=(), compare=False, metadata=DERIVED)
+
+    def __post_init__(self) -> None:
+        for i, pool in enumerate(self.processes.pools):
+            unknown = [m for m in pool.handlers or () if m not in self.handlers]
+            if unknown:
+                raise ValueError(
+                    f"processes.pools[{i}].handlers: {unknown[0]!r} is not a module of handlers"
+                )
+
+    def pools(self) -> tuple[PoolConfig, ...]:
+        """The tree's worker pools: ``processes.pools``, or one pool of
+        ``processes.workers`` on ``broker.queue`` (what a config without pools always meant)."""
+        if self.processes.pools:
+            return self.processes.pools
+        return (PoolConfig(self.broker.queue, self.processes.workers),)
+
+    def for_pool(self, pool: PoolConfig) -> Config:
+        """This config as a worker of ``pool`` sees it: ``broker.queue`` is the pool's queue,
+        ``handlers`` its modules."""
+        handlers = self.handlers if pool.handlers is None else pool.handlers
+        broker = dataclasses.replace(self.broker, queue=pool.queue)
+        return dataclasses.replace(self, broker=broker, handlers=handlers)
 
     def workflow_paths(self) -> tuple[Path, ...]:
         """``workflows`` entries as absolute paths (relative ones are under ``base_dir``)."""

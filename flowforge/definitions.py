@@ -192,3 +192,27 @@ def _raise_first(problems: list[str]) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DefinitionError(problems[0] + more)
+
+
+def pool_problems(
+    workflows: Mapping[str, WorkflowDef],
+    default_queue: str,
+    pools: Mapping[str, tuple[str, Collection[str]]],
+) -> list[str]:
+    """Every task of ``workflows`` whose queue (its own, else ``default_queue``) a pool of
+    this tree consumes but whose handler that pool does not import: its workers could only
+    bury it ``unknown_handler``. ``pools``: queue → (the pool's label, its handler names). A
+    queue no pool here consumes is another tree's to serve, and not judged."""
+    problems = []
+    for workflow in workflows.values():
+        for task in workflow.tasks:
+            if not task.handler:  # a timer or an event wait: no worker runs it
+                continue
+            queue = task.queue or default_queue
+            pool = pools.get(queue)
+            if pool is not None and task.handler not in pool[1]:
+                problems.append(
+                    f"workflow {workflow.name!r} task {task.name!r}: handler {task.handler!r}"
+                    f" goes to queue {queue!r}, whose pool ({pool[0]}) does not import it"
+                )
+    return problems

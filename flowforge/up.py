@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flowforge.broker import quiet_pika_logs
-from flowforge.config import Config, log_warnings, redact_url
+from flowforge.config import Config, PoolConfig, log_warnings, redact_url
 from flowforge.telemetry import METRICS_DIR_ENV
 from supervisor import logs
 from supervisor.child import ChildContext
@@ -41,14 +41,22 @@ def _role(name: str, config: Config) -> Callable[[ChildContext], int]:
     return target
 
 
+def pool_name(index: int, pool: PoolConfig) -> str:
+    """A worker pool's child name: ``worker`` for the first (the only one of a config without
+    ``processes.pools``, so its children keep their names), ``worker:QUEUE`` for the others."""
+    return "worker" if index == 0 else f"worker:{pool.queue}"
+
+
 def build_specs(config: Config) -> list[ChildSpec]:
-    """The tree: stop order scheduler (0) → workers (1) → publisher (2) → api (3)."""
+    """The tree: stop order scheduler (0) → workers (1) → publisher (2) → api (3). Each
+    worker pool is a spec of its own, whose children get the config as a worker of that pool
+    sees it (:meth:`~flowforge.config.Config.for_pool`: its queue, its handler modules)."""
     p = config.processes
 
     def role(name: str, stop_group: int, **more: Any) -> ChildSpec:
         return ChildSpec(
-            name,
-            _role(name, config),
+            more.pop("child_name", name),
+            _role(name, more.pop("config", config)),
             restart=Restart.PERMANENT,
             shutdown_timeout_s=more.pop("shutdown_timeout_s", ROLE_SHUTDOWN_S),
             stop_group=stop_group,
@@ -56,18 +64,20 @@ def build_specs(config: Config) -> list[ChildSpec]:
             **more,
         )
 
-    specs = [
-        role("scheduler", 0),
+    pools = [
         role(
             "worker",
             1,
-            count=p.workers,
+            child_name=pool_name(i, pool),
+            config=config.for_pool(pool),
+            count=pool.workers,
             shutdown_timeout_s=p.drain_timeout_s,
             scalable=True,
             rolling=True,
-        ),
-        role("publisher", 2),
+        )
+        for i, pool in enumerate(config.pools())
     ]
+    specs = [role("scheduler", 0), *pools, role("publisher", 2)]
     if config.api is not None:
         specs.append(role("api", 3))
     return specs
@@ -113,10 +123,18 @@ def banner(config: Config) -> str:
     """What ``flowforge up`` runs and where it connects; passwords are never shown."""
     api = f"api on http://{config.api.listen}" if config.api else "no api"
     nodes = ", ".join(redact_url(u) for u in config.broker.url)
+    pools = config.pools()
+    workers = sum(pool.workers for pool in pools)
+    queues = ", ".join(f"{pool.queue}: {pool.workers}" for pool in pools)
+    line = (
+        f"(queue {config.broker.queue})"
+        if not config.processes.pools
+        else f"(triggers to {config.broker.queue}; workers on {queues})"
+    )
     return (
-        f"flowforge up: 1 scheduler, 1 publisher, {config.processes.workers} worker(s); {api}\n"
+        f"flowforge up: 1 scheduler, 1 publisher, {workers} worker(s); {api}\n"
         f"  database {redact_url(config.database.url)}\n"
-        f"  broker   {nodes} (queue {config.broker.queue})\n"
+        f"  broker   {nodes} {line}\n"
     )
 
 

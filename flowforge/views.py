@@ -19,6 +19,7 @@ from flowforge.domain.model import (
     MapPage,
     Overview,
     PoisonCandidate,
+    QueueLoad,
     RetryBacklog,
     Run,
     ScheduleInfo,
@@ -107,6 +108,16 @@ def overview_dict(overview: Overview) -> dict[str, Any]:
         "dead_by_reason": dict(overview.dead_by_reason),
         "outbox": {"pending": overview.outbox.pending, "oldest_s": overview.outbox.oldest_s},
         "processes": [{"host": p.host, "role": p.role, "n": p.n} for p in overview.processes],
+        **queues_dict(overview.queues),
+    }
+
+
+def queues_dict(queues: Sequence[QueueLoad]) -> dict[str, Any]:
+    """``queues``: READY tasks and live consumers per queue; ``unserved_queues``: the named
+    queues among them with READY tasks and no live consumer (a warning, not an error)."""
+    return {
+        "queues": [{"queue": q.queue, "ready": q.ready, "consumers": q.consumers} for q in queues],
+        "unserved_queues": [q.queue for q in queues if q.unserved],
     }
 
 
@@ -121,6 +132,7 @@ def stats_dict(stats: Stats) -> dict[str, Any]:
             {"workflow": d.workflow, "handler": d.handler, "reason": d.reason, "n": d.n}
             for d in stats.dead
         ],
+        **queues_dict(stats.queues),
     }
 
 

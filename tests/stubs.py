@@ -222,6 +222,7 @@ class FakeStore:
         outcomes: Sequence[tuple[UUID, int, Finish]],
         offer: int | None = None,
         then: Continuation | None = None,
+        queue: str | None = None,  # every fake task is on the worker's queue
     ) -> Finished:
         self._called("finish_many", len(outcomes))
         if any(self.refuse(finish) for _, _, finish in outcomes):
@@ -266,7 +267,9 @@ class FakeStore:
             if self.tasks[t].state is TaskState.RUNNING and self.tasks[t].token == token
         }
 
-    def register_process(self, process_id: UUID, host: str, pid: int, role: str) -> None:
+    def register_process(
+        self, process_id: UUID, host: str, pid: int, role: str, queue: str | None = None
+    ) -> None:
         self.processes.add(process_id)
 
     def deregister_process(self, process_id: UUID) -> None:

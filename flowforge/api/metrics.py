@@ -33,6 +33,7 @@ class DatabaseCollector(Collector):
             states = self._reads.task_state_counts()
             outbox = self._reads.outbox_backlog()
             processes = self._reads.live_process_counts(FRESH_S)
+            queues = self._reads.queue_loads(FRESH_S)
         except FlowForgeError:
             up.add_metric([], 0)
             yield up
@@ -57,6 +58,17 @@ class DatabaseCollector(Collector):
         for role, n in sorted(processes.items()):
             live.add_metric([role], n)
         yield live
+        ready = GaugeMetricFamily(
+            "flowforge_queue_ready", "READY task runs per queue ('': on no queue)", labels=["queue"]
+        )
+        consumers = GaugeMetricFamily(
+            "flowforge_queue_consumers", "Live workers consuming each queue", labels=["queue"]
+        )
+        for q in queues:
+            ready.add_metric([q.queue or ""], q.ready)
+            consumers.add_metric([q.queue or ""], q.consumers)
+        yield ready
+        yield consumers
 
 
 class Metrics:

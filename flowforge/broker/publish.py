@@ -6,6 +6,10 @@ drives pika's ``SelectConnection`` itself instead: it sends a whole batch (persi
 batch, so one round trip covers many messages. A message the broker returned as unroutable,
 or nacked, is not reported as confirmed, so its outbox row stays pending.
 
+Each message goes to its dispatch's queue (the task's, migration 0014; a row without one to
+``broker.queue``); a queue is declared, as the same quorum queue the consumers declare, the
+first time this connection publishes to it.
+
 Everything here runs in the calling thread; the I/O loop only runs inside :meth:`publish`,
 :meth:`connect` and :meth:`idle` — call :meth:`idle` while waiting so heartbeats flow.
 """
@@ -13,7 +17,10 @@ Everything here runs in the calling thread; the I/O loop only runs inside :meth:
 from __future__ import annotations
 
 import logging
+import operator
+import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import pika
@@ -32,7 +39,7 @@ from flowforge.broker.topology import (
 )
 from flowforge.config import BrokerConfig
 from flowforge.domain.model import Dispatch
-from flowforge.errors import BrokerError, BrokerUnavailableError
+from flowforge.errors import BrokerError, BrokerUnavailableError, QueueTypeMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +48,13 @@ CONFIRM_TIMEOUT_S = 10.0
 PERSISTENT = 2
 #: Batches in a row whose every message the broker nacked before the channel is given up.
 NACK_STREAK_LIMIT = 3
+#: How long a task queue the broker refused to declare (another type) is left alone before it
+#: is tried again (seconds): its rows stay pending meanwhile, the other queues' go out.
+REFUSED_RETRY_S = 60.0
 
 
 class ConfirmingPublisher:
-    """One connection and one confirm-mode channel to the task queue."""
+    """One connection and one confirm-mode channel to the task queues."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self._config = config
@@ -60,6 +70,9 @@ class ConfirmingPublisher:
         self._returned: set[int] = set()
         self._nacked = 0  # messages of the current batch the broker nacked
         self._nack_streak = 0  # batches in a row the broker nacked whole
+        self._declared: set[str] = set()  # queues declared on the current channel
+        self._declaring = config.queue  # the queue a declaration in flight is for
+        self._refused: dict[str, float] = {}  # task queue → when the broker refused it
 
     # ------------------------------------------------------------------ connection
 
@@ -118,17 +131,25 @@ class ConfirmingPublisher:
         go on refusing every publish after its queue's leader died (seen for over a minute in
         tests/chaos/test_failover.py) while a fresh channel publishes at once, so the role
         reconnects (``run_role``, with its backoff) instead of sweeping into the refusal.
+
+        A task queue (not ``broker.queue``) that exists with another type is refused by the
+        broker, which closes the channel: it is logged with the operator's steps, this call
+        raises :class:`BrokerUnavailableError` (the role reconnects), and for
+        :data:`REFUSED_RETRY_S` its rows are left pending while the other queues' go out.
         """
         if not self.is_open or self._channel is None:
             raise BrokerUnavailableError("publisher is not connected")
         self._confirmed.clear()
         self._returned.clear()
         self._nacked = 0
+        default = self._config.queue
+        self._declare_all({d.queue or default for d in batch})
+        batch = [d for d in batch if (d.queue or default) in self._declared]
         try:
             for dispatch in batch:
                 self._channel.basic_publish(
                     exchange="",
-                    routing_key=self._config.queue,
+                    routing_key=dispatch.queue or default,
                     body=messages.encode(dispatch),
                     properties=pika.BasicProperties(
                         delivery_mode=PERSISTENT,
@@ -153,6 +174,34 @@ class ConfirmingPublisher:
             )
         self._judge_nacks(len(batch))
         return self._confirmed - self._returned
+
+    def refused(self) -> list[str]:
+        """The task queues the broker refused within :data:`REFUSED_RETRY_S`: their rows
+        are left out of the next batches (see :meth:`publish`)."""
+        now = time.monotonic()
+        return sorted(q for q, at in self._refused.items() if now - at < REFUSED_RETRY_S)
+
+    def _declare_all(self, queues: set[str]) -> None:
+        """Declare each of ``queues`` this channel has not declared yet (one round trip
+        each, once per connection), so a message is never returned for a queue no consumer
+        has declared yet. Raises as :meth:`connect` does (a queue of another type, an outage)."""
+        now = time.monotonic()
+        for queue in sorted(queues - self._declared):
+            if now - self._refused.get(queue, -REFUSED_RETRY_S) < REFUSED_RETRY_S:
+                continue  # refused lately: its rows wait
+            if self._channel is None:
+                raise BrokerUnavailableError("publisher is not connected")
+            self._declare(self._channel, queue)
+            try:
+                declared = self._run_until(
+                    partial(operator.contains, self._declared, queue), CONNECT_TIMEOUT_S
+                )
+            except QueueTypeMismatchError as exc:
+                self._refused[queue] = now
+                logger.error("%s", exc, extra={"action": "queue_refused"})
+                raise BrokerUnavailableError(f"queue {queue!r} refused; reconnecting") from exc
+            if not declared:
+                raise BrokerUnavailableError(f"declaring queue {queue!r} timed out")
 
     def _judge_nacks(self, sent: int) -> None:
         """Count a batch the broker nacked whole; give the channel up at the limit."""
@@ -247,19 +296,25 @@ class ConfirmingPublisher:
         self._channel = channel
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
-        channel.confirm_delivery(self._on_confirm, callback=lambda _frame: self._declare(channel))
-
-    def _declare(self, channel: Channel) -> None:
-        channel.queue_declare(
-            self._config.queue,
-            durable=True,
-            arguments=queue_arguments(self._config),
-            callback=self._on_declared,
+        channel.confirm_delivery(
+            self._on_confirm, callback=lambda _frame: self._declare(channel, self._config.queue)
         )
 
-    def _on_declared(self, _frame: Any) -> None:
-        self._ready = True
-        self._next_tag = 0
+    def _declare(self, channel: Channel, queue: str) -> None:
+        self._declaring = queue
+        channel.queue_declare(
+            queue,
+            durable=True,
+            arguments=queue_arguments(self._config),
+            callback=lambda _frame: self._on_declared(queue),
+        )
+
+    def _on_declared(self, queue: str) -> None:
+        if not self._ready:  # the channel's first declaration: broker.queue's
+            self._declared.clear()
+            self._ready = True
+            self._next_tag = 0
+        self._declared.add(queue)
         self._check_done()
 
     def _on_channel_closed(self, _channel: Channel, reason: BaseException) -> None:
@@ -267,7 +322,7 @@ class ConfirmingPublisher:
         if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and is_type_mismatch(
             reason.reply_code, reason.reply_text
         ):
-            self._error = type_mismatch_error(self._config.queue, reason.reply_text)
+            self._error = type_mismatch_error(self._declaring, reason.reply_text)
         elif self._error is None:
             self._error = BrokerUnavailableError(f"channel closed: {reason!r}")
         self._check_done()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
 from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
-from flowforge.definitions import check_paths
+from flowforge.definitions import check_paths, pool_problems
 from flowforge.domain import maps
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
@@ -178,7 +178,7 @@ def status(args: argparse.Namespace) -> int:
     if run.compensated:
         output.line(f"compensated: {', '.join(run.compensated)}")
     output.table(
-        ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID"),
+        ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID", "QUEUE"),
         [
             (
                 t.name,
@@ -189,6 +189,7 @@ def status(args: argparse.Namespace) -> int:
                 t.finished_at,
                 output.task_dict(t)["duration_s"],
                 t.id,
+                t.queue,
             )
             for t in run.tasks
         ],
@@ -373,7 +374,8 @@ def workflows_validate(args: argparse.Namespace) -> int:
     """Every problem of every file, one line each on stderr (exit 2), or a one-line summary.
 
     Task handlers are checked against what the configured ``handlers`` modules register:
-    they are imported, as a worker would.
+    they are imported, as a worker would; and each task against the pool of this tree that
+    consumes its queue, if one does (:func:`~flowforge.definitions.pool_problems`).
     """
     config = _config(args)
     paths = tuple(Path(p) for p in args.paths) or config.workflow_paths()
@@ -385,6 +387,15 @@ def workflows_validate(args: argparse.Namespace) -> int:
         problems.append(str(exc))
     found, more = check_paths(paths, handlers)
     problems += more
+    if handlers is not None and config.processes.pools:
+        pools = {
+            pool.queue: (
+                f"processes.pools[{i}]",
+                collect(pool.handlers, config.base_dir) if pool.handlers is not None else handlers,
+            )
+            for i, pool in enumerate(config.processes.pools)
+        }
+        problems += pool_problems(found, config.broker.queue, pools)
     for problem in problems:
         output.line(f"flowforge: {problem}", sys.stderr)
     if problems:
@@ -427,6 +438,15 @@ def stats(args: argparse.Namespace) -> int:
         ("WORKFLOW", "HANDLER", "REASON", "COUNT"),
         [(d.workflow, d.handler, d.reason, d.n) for d in data.dead],
     )
+    print()
+    output.line("queues (READY tasks, live workers consuming):")
+    output.table(
+        ("QUEUE", "READY", "CONSUMERS", "WARNING"),
+        [
+            (q.queue, q.ready, q.consumers, "no live consumer" if q.unserved else None)
+            for q in data.queues
+        ],
+    )
     return exitcodes.OK
 
 
@@ -437,9 +457,9 @@ def ps(args: argparse.Namespace) -> int:
         output.emit_json([output.to_dict(p) for p in found])
         return exitcodes.OK
     output.table(
-        ("HOST", "PID", "ROLE", "STARTED", "LAST SEEN", "SILENT S"),
+        ("HOST", "PID", "ROLE", "STARTED", "LAST SEEN", "SILENT S", "QUEUE"),
         [
-            (p.host, p.pid, p.role, p.started_at, p.last_seen_at, round(p.silent_s, 1))
+            (p.host, p.pid, p.role, p.started_at, p.last_seen_at, round(p.silent_s, 1), p.queue)
             for p in found
         ],
     )

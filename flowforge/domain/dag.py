@@ -18,7 +18,7 @@ from typing import Any
 
 from flowforge.domain import children
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.names import NAME_PATTERN
+from flowforge.domain.names import NAME_PATTERN, queue_problem
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
@@ -83,6 +83,8 @@ class TaskDef:
     child run of that workflow, with ``input`` (a JSON mapping whose strings may be templates
     over the run input and ``upstream``: ``domain/children.py``; None: the run's own input),
     and succeeds with the child's result or fails with its failure (its ``retry`` applies).
+    ``queue`` (SPEC 7.4): the broker queue its messages (a map's: its items') go to; None: the
+    ``broker.queue`` of the config that triggers the run (docs/flow-control.md).
     """
 
     name: str
@@ -100,9 +102,11 @@ class TaskDef:
     run_if: RunIf = RunIf.ALL_SUCCEEDED
     workflow: str | None = None  # a child-workflow task: the workflow each attempt starts
     input: Mapping[str, Any] | None = field(default=None, hash=False)  # the child's input
+    queue: str | None = None  # the queue its messages go to; None: the triggering config's
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
+        self._check_queue()
         self._check_depends_on()
         self._check_map()
         if self.workflow is not None or self.input is not None:
@@ -250,6 +254,14 @@ class TaskDef:
                     f"its dependencies ({', '.join(self.depends_on) or 'none'})"
                 )
 
+    def _check_queue(self) -> None:
+        """``queue`` is a name RabbitMQ accepts (:func:`~flowforge.domain.names.queue_problem`)."""
+        if self.queue is None:
+            return
+        problem = queue_problem(self.queue)
+        if problem is not None:
+            raise DefinitionError(f"task {self.name!r}: queue {problem}")
+
     def _check_no_execution(self, kind: str, allow_retry: bool = False) -> None:
         """Refuse what only an execution would use on a task that never executes (a child
         task's attempts are child runs: its ``retry`` applies to them)."""
@@ -260,6 +272,7 @@ class TaskDef:
             "ordering_key": self.ordering_key is not None,
             "retry": self.retry != RetryPolicy() and not allow_retry,
             "on_dead": self.on_dead is not OnDead.RELEASE,
+            "queue": self.queue is not None,
         }
         for key, given in extras.items():
             if given:
@@ -412,8 +425,8 @@ class WorkflowDef:
         """A JSON-ready canonical form (the inverse of the YAML/mapping parser).
 
         Keys added after the first release (``deadline``, ``max_items``, a task's ``sleep``,
-        ``for_each``, ``max_parallel``, ``wait_for_event``) appear only when set, so the digests
-        of definitions that do not use them never change.
+        ``for_each``, ``max_parallel``, ``wait_for_event``, ``run_if``, ``queue``) appear only
+        when set, so the digests of definitions that do not use them never change.
         """
         data: dict[str, Any] = {
             "name": self.name,
@@ -437,6 +450,8 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
     data = _task_keys(task)
     if task.run_if is not RunIf.ALL_SUCCEEDED:  # only when set: existing digests stay
         data["run_if"] = str(task.run_if)
+    if task.queue is not None:  # the same
+        data["queue"] = task.queue
     return data
 
 

@@ -54,6 +54,7 @@ class TaskRun:
     cancel_cause: CancelCause | None = None  # why it was cancelled (condition_not_met: skipped)
     child_workflow: str | None = None  # a child-workflow task: the workflow it starts
     child_run_id: UUID | None = None  # ... and the child run of its latest attempt
+    queue: str | None = None  # the broker queue its messages go to (None: unassigned, 0014)
 
     @property
     def skipped(self) -> bool:
@@ -295,11 +296,13 @@ def parse_id(value: UUID | str, what: str = "id") -> UUID:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """One pending outbox row: publish a message naming this task run and generation."""
+    """One pending outbox row: publish a message naming this task run and generation to
+    ``queue`` (None: a row from before migration 0014: the publisher's own ``broker.queue``)."""
 
     outbox_id: int
     task_run_id: UUID
     fencing_token: int
+    queue: str | None = None
 
 
 @dataclass(frozen=True)
@@ -313,6 +316,7 @@ class ProcessInfo:
     started_at: datetime
     last_seen_at: datetime
     silent_s: float
+    queue: str | None = None  # a worker: the queue it consumes
 
 
 @dataclass(frozen=True)
@@ -437,6 +441,21 @@ class OutboxBacklog:
 
 
 @dataclass(frozen=True)
+class QueueLoad:
+    """One task queue: its READY task runs and the live workers consuming it. ``queue`` None
+    stands for task runs on no queue (migration 0014) and workers that record none."""
+
+    queue: str | None
+    ready: int
+    consumers: int
+
+    @property
+    def unserved(self) -> bool:
+        """READY tasks wait on a named queue that no live worker consumes (a warning)."""
+        return self.queue is not None and self.ready > 0 and self.consumers == 0
+
+
+@dataclass(frozen=True)
 class LiveProcesses:
     """How many processes of one role on one host were seen lately."""
 
@@ -473,6 +492,7 @@ class Overview:
     dead_by_reason: Mapping[str, int]
     outbox: OutboxBacklog
     processes: tuple[LiveProcesses, ...]
+    queues: tuple[QueueLoad, ...] = ()  # READY tasks and live consumers per queue
 
 
 @dataclass(frozen=True)
@@ -485,6 +505,7 @@ class Stats:
     retry_backlog: RetryBacklog
     poison_candidates: tuple[PoisonCandidate, ...]
     dead: tuple[DeadCount, ...]
+    queues: tuple[QueueLoad, ...] = ()  # READY tasks and live consumers per queue
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class PlannedTask:
     ``run_if``: a conditional task
     (not ``all_succeeded``) counts one more "dependency" in ``pending``, its condition gate,
     which only the scheduler's ``evaluate_conditions`` opens (or it skips the task).
+    ``queue``: the broker queue its messages go to (its workflow's, else the trigger's default;
+    None: unassigned, see :func:`plan_runs`).
     """
 
     run_id: UUID
@@ -61,6 +63,7 @@ class PlannedTask:
     event_timeout_s: float | None = None
     run_if: str = "all_succeeded"
     child_workflow: str | None = None
+    queue: str | None = None
 
 
 @dataclass
@@ -125,8 +128,13 @@ def plan_runs(
     start_at: Any = None,
     delay: Any = None,
     deadline: Any = None,
+    queue: str | None = None,
 ) -> RunPlan:
     """Rows for one run of ``workflow`` per input; :class:`InputError` names the bad one.
+
+    ``queue`` is the default of every task that names none (the triggering config's
+    ``broker.queue``); None leaves those unassigned: the publisher that takes their messages
+    sends them to its own ``broker.queue``, as before queues routed (migration 0014).
 
     ``start_at`` (an aware datetime) or ``delay`` (seconds or a timedelta) makes the runs
     delayed: their root tasks carry a closed start gate. ``deadline`` (seconds or a timedelta)
@@ -183,6 +191,7 @@ def plan_runs(
                 max_parallel=task.max_parallel,
                 run_if=str(task.run_if),
                 child_workflow=task.workflow,
+                queue=task.queue or queue,
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event

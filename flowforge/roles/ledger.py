@@ -139,7 +139,10 @@ class Ledger:
                 with self._leases.settling():
                     # only what one window can take comes back; the rest go out as messages
                     finished = self._store.finish_many(
-                        batch, offer=self._config.broker.prefetch, then=continuation
+                        batch,
+                        offer=self._config.broker.prefetch,
+                        then=continuation,
+                        queue=self._config.broker.queue,
                     )
                     self._leases.drop([task_run_id for task_run_id, _, _ in batch])
                 return finished

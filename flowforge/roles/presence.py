@@ -19,15 +19,19 @@ TOUCH_INTERVAL_S = 5.0
 class Presence:
     """Registers on :meth:`announce`, refreshes on :meth:`tick`, deregisters on :meth:`leave`."""
 
-    def __init__(self, repo: Registry, role: str) -> None:
+    def __init__(self, repo: Registry, role: str, queue: str | None = None) -> None:
+        """``queue``: the queue a worker consumes, recorded with its row (None: not a worker)."""
         self.id = uuid.uuid4()
         self._repo = repo
         self._role = role
+        self._queue = queue
         self._last_touch = 0.0
         self._announced = False
 
     def announce(self) -> None:
-        self._repo.register_process(self.id, socket.gethostname(), os.getpid(), self._role)
+        self._repo.register_process(
+            self.id, socket.gethostname(), os.getpid(), self._role, self._queue
+        )
         self._last_touch = time.monotonic()
         self._announced = True
 

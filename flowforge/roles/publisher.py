@@ -70,7 +70,9 @@ class Publisher:
 
     def sweep(self) -> tuple[int, int]:
         """Publish one batch; return (rows handed to the broker, rows stamped)."""
-        handed, stamped = self._repo.publish_outbox(self._batch_size, self.send)
+        handed, stamped = self._repo.publish_outbox(
+            self._batch_size, self.send, self._broker.refused()
+        )
         if handed != stamped:
             logger.warning(
                 "%d of %d outbox row(s) not confirmed; they stay pending",

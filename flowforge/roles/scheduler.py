@@ -169,7 +169,7 @@ class Scheduler:
 
     def _fire(self, batch: int) -> int:
         """Decide the due schedules (up to ``batch``); how many schedules were decided."""
-        decided = self._repo.fire_due(self._workflows, batch)
+        decided = self._repo.fire_due(self._workflows, batch, self._config.broker.queue)
         for record in decided:
             _log_fire(record)
         return len({r.schedule for r in decided})

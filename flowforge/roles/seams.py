@@ -19,7 +19,9 @@ from flowforge.domain.model import ClaimResult, Continuation, Finish, Finished
 class Registry(Protocol):
     """The process registry a role's :class:`~flowforge.roles.presence.Presence` writes."""
 
-    def register_process(self, process_id: UUID, host: str, pid: int, role: str) -> None: ...
+    def register_process(
+        self, process_id: UUID, host: str, pid: int, role: str, queue: str | None = None
+    ) -> None: ...
 
     def deregister_process(self, process_id: UUID) -> None: ...
 
@@ -42,6 +44,7 @@ class WorkerStore(Registry, Protocol):
         outcomes: Sequence[tuple[UUID, int, Finish]],
         offer: int | None = None,
         then: Continuation | None = None,
+        queue: str | None = None,
     ) -> Finished: ...
 
     def release_claims(self, claims: Sequence[tuple[UUID, int]]) -> int: ...

@@ -104,7 +104,7 @@ class Worker:
         builtin = [Metrics(telemetry or Telemetry()), TaskLog(), TimeLimit(), recycling]
         self._hooks = Hooks([*builtin, *hooks])
         self._intake = Intake(broker or Consumer(config.broker), config.broker.prefetch)
-        self._presence = Presence(repo, "worker")
+        self._presence = Presence(repo, "worker", config.broker.queue)
         self._leases = Leases(repo, config.worker.lease_s, config.worker.heartbeat_s)
         self._cancels = CancelWatch(config.database, self._leases)
         self._ledger = Ledger(

@@ -115,12 +115,15 @@ class Claims(Part):
         outcomes: Sequence[tuple[UUID, int, Finish]],
         offer: int | None = None,
         then: Continuation | None = None,
+        queue: str | None = None,
     ) -> Finished:
         """Finish each (task run, token, outcome) whose token is current, in one statement.
 
         Reports the ids that committed (the others were stale: reaped, or finished elsewhere,
         and are counted as stale completions) and up to ``offer`` (None: all) of the
-        dependents the successes made READY. With ``then``, the same transaction also claims
+        dependents the successes made READY on ``queue`` (the finishing worker's; None: only
+        those on no queue): a dependent bound for another queue goes out as a message, to be
+        run by that queue's workers. With ``then``, the same transaction also claims
         the first ``then.limit`` of those (keyless ones; see :meth:`claim_many` with
         ``local``): their outbox rows are stamped before any publisher can see them, so the
         next step of a chain cannot be published and claimed by another worker first.
@@ -128,7 +131,7 @@ class Claims(Part):
         if not outcomes:
             return Finished(frozenset(), ())
         transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
-        params = {**_finish_columns(outcomes), "offer": offer}
+        params = {**_finish_columns(outcomes), "offer": offer, "queue": queue}
         if then is None or then.limit <= 0:
             return rows.finished(self._query("finish", params))
         transitions.check(TaskState.READY, TaskState.RUNNING)
@@ -155,7 +158,7 @@ def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
         raise _KeyBusyError
     reused = Finish(TaskState.SUCCEEDED, result=held["result"])
     columns = _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused")
-    tx.all("finish", {**columns, "offer": 0})
+    tx.all("finish", {**columns, "offer": 0, "queue": None})
     return ClaimResult(ClaimOutcome.REUSED, claim)
 
 

@@ -12,9 +12,13 @@ from flowforge.store.part import Part, Tx
 class Processes(Part):
     """Rows of ``processes``: who runs where, last seen when."""
 
-    def register_process(self, process_id: UUID, host: str, pid: int, role: str) -> None:
-        """Insert or refresh this process's row (its ``last_seen_at`` is the database's now)."""
-        self._query("register_process", {"id": process_id, "host": host, "pid": pid, "role": role})
+    def register_process(
+        self, process_id: UUID, host: str, pid: int, role: str, queue: str | None = None
+    ) -> None:
+        """Insert or refresh this process's row (its ``last_seen_at`` is the database's now);
+        ``queue``: the queue a worker consumes (None for the other roles)."""
+        params = {"id": process_id, "host": host, "pid": pid, "role": role, "queue": queue}
+        self._query("register_process", params)
 
     def deregister_process(self, process_id: UUID) -> None:
         """Remove this process's row (a clean exit)."""

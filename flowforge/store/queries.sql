@@ -30,10 +30,10 @@ released AS (
              WHERE s.state = 'SUCCEEDED'
              GROUP BY e.downstream_id) AS x
      WHERE t.id = x.id AND (t.state = 'PENDING') IS TRUE  -- by primary key (see claim)
-    RETURNING t.id, t.state, t.fencing_token
+    RETURNING t.id, t.state, t.fencing_token, t.queue
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    INSERT INTO outbox (task_run_id, fencing_token, queue)
+    SELECT id, fencing_token, queue FROM released WHERE state = 'READY'
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
     RETURNING id
 )
@@ -91,13 +91,14 @@ WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
                            on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
-                           max_parallel, event_name, event_key, event_timeout_s, child_workflow)
+                           max_parallel, event_name, event_key, event_timeout_s, child_workflow,
+                           queue)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
            CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END, CASE WHEN k.ready THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
-           t.child_workflow
+           t.child_workflow, t.queue
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
@@ -105,19 +106,19 @@ WITH inserted AS (
                   %(start_gates)s::bool[], %(sleeps)s::float8[], %(run_ifs)s::text[],
                   %(for_each)s::text[], %(max_parallel)s::int[], %(event_names)s::text[],
                   %(event_keys)s::text[], %(event_timeouts)s::float8[],
-                  %(child_workflows)s::text[])
+                  %(child_workflows)s::text[], %(queues)s::text[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
-                child_workflow)
+                child_workflow, queue)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
                   AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
                   AND t.child_workflow IS NULL) AS k(ready)
-    RETURNING id, state, fencing_token
+    RETURNING id, state, fencing_token, queue
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM inserted WHERE state = 'READY'
+    INSERT INTO outbox (task_run_id, fencing_token, queue)
+    SELECT id, fencing_token, queue FROM inserted WHERE state = 'READY'
     RETURNING id
 )
 SELECT (SELECT count(*) FROM inserted) - (SELECT count(*) FROM queued) AS waiting,
@@ -168,10 +169,10 @@ WITH eligible AS (
        SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
       FROM candidates c
      WHERE t.id = c.id AND t.state IN ('PENDING', 'RETRYING')
-    RETURNING t.id, t.fencing_token
+    RETURNING t.id, t.fencing_token, t.queue
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM promoted
+    INSERT INTO outbox (task_run_id, fencing_token, queue)
+    SELECT id, fencing_token, queue FROM promoted
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
     RETURNING id
 )
@@ -683,7 +684,7 @@ WITH unstarted AS (
            updated_at = now()
       FROM unstarted u
      WHERE t.id = u.id AND t.state = 'RUNNING' AND t.fencing_token = u.token
-    RETURNING t.id, t.state, t.attempt, t.fencing_token, t.idempotency_key
+    RETURNING t.id, t.state, t.attempt, t.fencing_token, t.idempotency_key, t.queue
 ), forgotten AS (
     DELETE FROM task_attempts a
      USING released r
@@ -694,8 +695,8 @@ WITH unstarted AS (
      WHERE k.key = r.idempotency_key AND k.task_run_id = r.id
        AND k.fencing_token = r.fencing_token - 1 AND k.state = 'RUNNING'
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM released WHERE state = 'READY'
+    INSERT INTO outbox (task_run_id, fencing_token, queue)
+    SELECT id, fencing_token, queue FROM released WHERE state = 'READY'
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
 )
 SELECT id, state,
@@ -765,12 +766,14 @@ WITH outcome AS (
 -- level).
 -- use: release_dependents(done)
 -- one row per finished task (ready_token NULL), then up to %(offer)s of the dependents made
--- READY (NULL: all), which the finishing worker may claim itself; the rest go out as messages
+-- READY (NULL: all) on the finishing worker's queue %(queue)s (or on none: see migration
+-- 0014), which it may claim itself; the rest go out as messages, to their own queues
 SELECT id, NULL::bigint AS ready_token, pg_notify('flowforge_scheduler', '')::text AS notified,
        (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
   FROM done
 UNION ALL
-(SELECT id, fencing_token, NULL, NULL FROM released WHERE state = 'READY' LIMIT %(offer)s);
+(SELECT id, fencing_token, NULL, NULL FROM released
+  WHERE state = 'READY' AND (queue IS NULL OR queue = %(queue)s) LIMIT %(offer)s);
 
 -- ------------------------------------------------------------------ operator actions
 
@@ -940,7 +943,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
             THEN (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
                            WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
-       t.child_workflow, t.child_run_id
+       t.child_workflow, t.child_run_id, t.queue
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
  ORDER BY t.seq;
@@ -954,7 +957,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
-       t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id
+       t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id, t.queue
   FROM task_runs t
  WHERE t.id = %(id)s;
 
@@ -1054,10 +1057,11 @@ SELECT requested_by, reason, NULL, attempt, requested_at, action, previous_state
 -- ------------------------------------------------------------------ publisher
 
 -- name: lock_outbox
--- Pending dispatches, oldest first; SKIP LOCKED lets several publishers divide them.
-SELECT id, task_run_id, fencing_token
+-- Pending dispatches, oldest first; SKIP LOCKED lets several publishers divide them. Rows of
+-- the queues in %(skip)s (ones the broker refused lately) wait, so they cannot hold up others.
+SELECT id, task_run_id, fencing_token, queue
   FROM outbox
- WHERE published_at IS NULL
+ WHERE published_at IS NULL AND (queue IS NULL OR queue <> ALL(%(skip)s::text[]))
  ORDER BY id
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED;
@@ -1070,8 +1074,8 @@ UPDATE outbox SET published_at = now()
 -- ------------------------------------------------------------------ process registry
 
 -- name: register_process
-INSERT INTO processes (id, host, pid, role)
-VALUES (%(id)s, %(host)s, %(pid)s, %(role)s)
+INSERT INTO processes (id, host, pid, role, queue)
+VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, %(queue)s)
 ON CONFLICT (id) DO UPDATE SET last_seen_at = now();
 
 -- name: deregister_process
@@ -1083,7 +1087,7 @@ DELETE FROM processes WHERE last_seen_at < now() - make_interval(secs => %(age_s
 
 -- name: list_processes
 SELECT id, host, pid, role, started_at, last_seen_at,
-       extract(epoch FROM now() - last_seen_at) AS silent_s
+       extract(epoch FROM now() - last_seen_at) AS silent_s, queue
   FROM processes
  ORDER BY host, role, pid;
 
@@ -1185,7 +1189,8 @@ SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
 -- name: redispatch_lost
 -- A READY task whose message was confirmed long ago, while dispatches published after it have
 -- already been claimed (the FIFO queue moved past it), was lost by the broker — e.g. a node
--- killed right after confirming, or a queue deleted by hand. It gets a new dispatch generation
+-- killed right after confirming, or a queue deleted by hand. Only dispatches of its own queue
+-- count: another queue moving on says nothing about this one (a queue with no consumer). It gets a new dispatch generation
 -- (token + 1) with its own outbox row; should the old message still turn up, it is stale and
 -- claims nothing.
 WITH lost AS (
@@ -1199,7 +1204,7 @@ WITH lost AS (
                      FROM outbox later
                      JOIN task_attempts a ON a.task_run_id = later.task_run_id
                                          AND a.fencing_token = later.fencing_token + 1
-                    WHERE later.id > o.id)
+                    WHERE later.id > o.id AND later.queue IS NOT DISTINCT FROM o.queue)
      ORDER BY t.ready_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -1208,10 +1213,10 @@ WITH lost AS (
        SET fencing_token = t.fencing_token + 1, ready_at = now(), updated_at = now()
       FROM lost l
      WHERE t.id = l.id AND t.state = 'READY'
-    RETURNING t.id, t.fencing_token
+    RETURNING t.id, t.fencing_token, t.queue
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM renewed
+    INSERT INTO outbox (task_run_id, fencing_token, queue)
+    SELECT id, fencing_token, queue FROM renewed
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
     RETURNING id
 )
@@ -1498,11 +1503,11 @@ WITH map AS (
 ), items AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
-                           on_dead, map_id, item_index, item)
+                           on_dead, map_id, item_index, item, queue)
     SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
            CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
-           m.id, s.idx, s.item
+           m.id, s.idx, s.item, m.queue
       FROM map m
      CROSS JOIN source s
       LEFT JOIN keys k ON k.idx = s.idx
@@ -1802,11 +1807,12 @@ ON CONFLICT (name, digest) DO NOTHING;
 -- name: lock_child_starts
 -- Child-workflow tasks whose dependencies are met (PENDING) or whose retry is due (RETRYING),
 -- with what starting a child needs: the run input, the parent run's nesting depth, the task's
--- stored definition (its input template) and its dependencies' results. Locked until the child
+-- stored definition (its input template), its dependencies' results and its queue (the child
+-- run's tasks that name none go there: where the parent run's go). Locked until the child
 -- run is inserted and the task moved on, in the same transaction: SKIP LOCKED and begin_child's
 -- state test divide the tasks among schedulers, so each attempt starts one child.
 SELECT t.id, t.run_id, t.name, t.state, t.fencing_token, t.attempt, t.child_workflow,
-       r.input, r.depth, r.workflow,
+       t.queue, r.input, r.depth, r.workflow,
        (SELECT x FROM jsonb_array_elements(d.definition -> 'tasks') AS x
          WHERE x ->> 'name' = t.name) AS definition,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
@@ -1971,10 +1977,10 @@ WITH promoted AS (
            retry_at = CASE WHEN needs_worker THEN NULL ELSE now() END,
            ready_at = CASE WHEN needs_worker THEN now() ELSE ready_at END, updated_at = now()
      WHERE id = %(id)s AND state = 'RETRYING' AND fencing_token = %(token)s
-    RETURNING id, state, fencing_token
+    RETURNING id, state, fencing_token, queue
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token)
-    SELECT id, fencing_token FROM promoted WHERE state = 'READY'
+    INSERT INTO outbox (task_run_id, fencing_token, queue)
+    SELECT id, fencing_token, queue FROM promoted WHERE state = 'READY'
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
 )
 SELECT id, state FROM promoted;
@@ -1997,3 +2003,23 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
    AND NOT (t.state = 'DEAD' AND t.on_dead = 'release')
  ORDER BY t.seq
  LIMIT %(limit)s;
+
+-- ------------------------------------------------------------------ queues (issue 20)
+
+-- name: queue_load
+-- READY task runs per queue and the live workers consuming each (seen within %(fresh_s)s
+-- seconds), every queue that has either; NULL: task runs on no queue and workers that record
+-- none (migration 0014). '' stands for NULL in the join: no queue may be named ''.
+WITH ready AS (
+    SELECT queue, count(*) AS n FROM task_runs WHERE state = 'READY' GROUP BY queue
+), consumers AS (
+    SELECT queue, count(*) AS n
+      FROM processes
+     WHERE role = 'worker' AND last_seen_at > now() - make_interval(secs => %(fresh_s)s)
+     GROUP BY queue
+)
+SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
+       coalesce(c.n, 0) AS consumers
+  FROM ready r
+  FULL JOIN consumers c ON coalesce(r.queue, '') = coalesce(c.queue, '')
+ ORDER BY 1 NULLS FIRST;

@@ -16,6 +16,7 @@ from flowforge.domain.model import (
     DeadTask,
     OutboxBacklog,
     Overview,
+    QueueLoad,
     RerunEntry,
     Run,
     Stats,
@@ -29,6 +30,10 @@ from flowforge.errors import NotFoundError
 from flowforge.store import rows
 from flowforge.store.db import Row
 from flowforge.store.part import Part, Tx
+
+#: A registered process seen within this many seconds counts as alive (the api's probes and
+#: gauges use the same).
+LIVE_S = 15.0
 
 
 class Reads(Part):
@@ -114,10 +119,15 @@ class Reads(Part):
         """
         return self._transaction(_overview, poison_threshold, fresh_s, limit)
 
-    def stats(self, poison_threshold: int, limit: int = 20) -> Stats:
+    def stats(self, poison_threshold: int, limit: int = 20, fresh_s: float = LIVE_S) -> Stats:
         """Retry distribution, failure reasons, retry backlog, poison candidates (as in
-        :meth:`overview`) and dead tasks by workflow, handler and reason, in one transaction."""
-        return self._transaction(_stats, poison_threshold, limit)
+        :meth:`overview`), dead tasks by workflow, handler and reason, and READY tasks and
+        live consumers (seen within ``fresh_s`` seconds) per queue, in one transaction."""
+        return self._transaction(_stats, poison_threshold, limit, fresh_s)
+
+    def queue_loads(self, fresh_s: float = LIVE_S) -> tuple[QueueLoad, ...]:
+        """READY task runs and live consumers (seen within ``fresh_s`` seconds) per queue."""
+        return rows.queue_loads(self._query("queue_load", {"fresh_s": fresh_s}))
 
     def ping(self) -> None:
         """Raise :class:`DatabaseUnavailableError` unless PostgreSQL answers."""
@@ -198,16 +208,18 @@ def _overview(tx: Tx, poison_threshold: int, fresh_s: float, limit: int) -> Over
         dead=tx.all("dead_by_reason"),
         outbox=tx.one("outbox_backlog"),
         processes=tx.all("live_processes_by_host", {"fresh_s": fresh_s}),
+        queues=tx.all("queue_load", {"fresh_s": fresh_s}),
     )
 
 
-def _stats(tx: Tx, poison_threshold: int, limit: int) -> Stats:
+def _stats(tx: Tx, poison_threshold: int, limit: int, fresh_s: float) -> Stats:
     return rows.stats(
         attempts=tx.all("stats_attempts"),
         reasons=tx.all("stats_failure_reasons"),
         backlog=tx.one("stats_retry_backlog"),
         poison=tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit}),
         dead=tx.all("stats_dead_by_workflow"),
+        queues=tx.all("queue_load", {"fresh_s": fresh_s}),
     )
 
 

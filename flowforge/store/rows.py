@@ -36,6 +36,7 @@ from flowforge.domain.model import (
     Overview,
     PoisonCandidate,
     ProcessInfo,
+    QueueLoad,
     RerunEntry,
     RetryBacklog,
     Routed,
@@ -111,6 +112,7 @@ def task_run(row: Row) -> TaskRun:
         item_index=row.get("item_index"),
         child_workflow=row.get("child_workflow"),
         child_run_id=row.get("child_run_id"),
+        queue=row.get("queue"),
     )
 
 
@@ -294,7 +296,7 @@ def routed(row: Row, source: TaskState, delay_s: float, reason: str) -> Routed:
 
 def dispatch(row: Row) -> Dispatch:
     """A ``lock_outbox`` row."""
-    return Dispatch(row["id"], row["task_run_id"], row["fencing_token"])
+    return Dispatch(row["id"], row["task_run_id"], row["fencing_token"], row["queue"])
 
 
 def process_info(row: Row) -> ProcessInfo:
@@ -356,6 +358,7 @@ def overview(
     dead: Sequence[Row],
     outbox: Row | None,
     processes: Sequence[Row],
+    queues: Sequence[Row] = (),
 ) -> Overview:
     """The overview from its statements' rows: ``run_state_counts``, ``task_state_counts``,
     ``finished_per_minute``, ``stats_retry_backlog``, ``stats_poison_candidates``,
@@ -372,7 +375,13 @@ def overview(
         dead_by_reason=tally(dead, "reason"),
         outbox=outbox_backlog(outbox),
         processes=tuple(LiveProcesses(r["host"], r["role"], int(r["n"])) for r in processes),
+        queues=queue_loads(queues),
     )
+
+
+def queue_loads(found: Sequence[Row]) -> tuple[QueueLoad, ...]:
+    """``queue_load`` rows."""
+    return tuple(QueueLoad(r["queue"], int(r["ready"]), int(r["consumers"])) for r in found)
 
 
 def stats(
@@ -382,6 +391,7 @@ def stats(
     backlog: Row | None,
     poison: Sequence[Row],
     dead: Sequence[Row],
+    queues: Sequence[Row] = (),
 ) -> Stats:
     """The stats from their statements' rows: ``stats_attempts``, ``stats_failure_reasons``,
     ``stats_retry_backlog``, ``stats_poison_candidates`` and ``stats_dead_by_workflow``."""
@@ -393,6 +403,7 @@ def stats(
         dead=tuple(
             DeadCount(r["workflow"], r["handler"], _reason(r["reason"]), int(r["n"])) for r in dead
         ),
+        queues=queue_loads(queues),
     )
 
 
@@ -436,6 +447,7 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "event_timeouts": [t.event_timeout_s for t in tasks],
         "run_ifs": [t.run_if for t in tasks],
         "child_workflows": [t.child_workflow for t in tasks],
+        "queues": [t.queue for t in tasks],
     }
 
 

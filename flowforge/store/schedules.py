@@ -64,13 +64,16 @@ class Schedules(Part):
         retired. Schedules of other workflows are left alone (another tree's files)."""
         return self._transaction(_sync, workflows)
 
-    def fire_due(self, workflows: Mapping[str, WorkflowDef], limit: int) -> list[FireRecord]:
+    def fire_due(
+        self, workflows: Mapping[str, WorkflowDef], limit: int, queue: str | None = None
+    ) -> list[FireRecord]:
         """Decide the due fire times of up to ``limit`` due schedules of ``workflows`` in one
-        transaction (catch-up and overlap per each schedule's policy), creating their runs;
-        the decisions made (empty when nothing was due)."""
+        transaction (catch-up and overlap per each schedule's policy), creating their runs,
+        whose tasks that name no queue go to ``queue`` (the firing scheduler's
+        ``broker.queue``); the decisions made (empty when nothing was due)."""
         if not workflows:
             return []
-        return self._transaction(_fire_due, workflows, limit)
+        return self._transaction(_fire_due, workflows, limit, queue)
 
     def list_schedules(
         self, after: str | None = None, limit: int | None = None
@@ -105,10 +108,13 @@ class Schedules(Part):
         that passed while it was paused are recorded as one skipped span (reason paused)."""
         return self._transaction(_resume, _name(name))
 
-    def trigger_schedule(self, name: str, workflows: Mapping[str, WorkflowDef]) -> ManualFire:
+    def trigger_schedule(
+        self, name: str, workflows: Mapping[str, WorkflowDef], queue: str | None = None
+    ) -> ManualFire:
         """A run of schedule ``name`` now, outside its timetable (paused or not): recorded as a
-        manual fire at the database's clock, which never takes a timetable fire time."""
-        return self._transaction(_trigger, _name(name), workflows)
+        manual fire at the database's clock, which never takes a timetable fire time. Its
+        tasks that name no queue go to ``queue`` (the caller's ``broker.queue``)."""
+        return self._transaction(_trigger, _name(name), workflows, queue)
 
     def purge_fires(self, age_s: float, limit: int) -> int:
         """Delete up to ``limit`` decisions older than ``age_s`` seconds (database clock)."""
@@ -174,12 +180,14 @@ def _now(tx: Tx) -> datetime:
 Decided = Sequence[tuple[Mapping[str, Any], ScheduleDef, Decision]]
 
 
-def _fire_due(tx: Tx, workflows: Mapping[str, WorkflowDef], limit: int) -> list[FireRecord]:
+def _fire_due(
+    tx: Tx, workflows: Mapping[str, WorkflowDef], limit: int, queue: str | None
+) -> list[FireRecord]:
     due = tx.all("lock_due_schedules", {"workflows": list(workflows), "limit": limit})
     decided = _decide_all(due)
     if not decided:
         return []
-    plans = _plan(workflows, decided)
+    plans = _plan(workflows, decided, queue)
     fires = _with_runs(decided, plans)
     inserted = tx.all("insert_fires", rows.fire_columns(fires))
     created = {
@@ -254,6 +262,7 @@ class _Plans:
 def _plan(
     workflows: Mapping[str, WorkflowDef],
     decided: Decided,
+    queue: str | None,
 ) -> _Plans:
     """Plan every created fire's run, a workflow's in one plan; a schedule whose input the
     workflow refuses (its file changed under another tree's spec) plans nothing."""
@@ -272,7 +281,7 @@ def _plan(
                 )
     plans = _Plans()
     for name, entries in wanted.items():
-        plan = plan_runs(workflows[name], [run_input for _, _, run_input in entries])
+        plan = plan_runs(workflows[name], [run_input for _, _, run_input in entries], queue=queue)
         plans.by_workflow[name] = plan
         for (schedule_name, fire_time, _), run_id in zip(entries, plan.run_ids, strict=True):
             plans.run_of[(schedule_name, fire_time)] = run_id
@@ -378,7 +387,9 @@ def _resume(tx: Tx, name: str) -> ScheduleInfo:
     return _info(tx, name)
 
 
-def _trigger(tx: Tx, name: str, workflows: Mapping[str, WorkflowDef]) -> ManualFire:
+def _trigger(
+    tx: Tx, name: str, workflows: Mapping[str, WorkflowDef], queue: str | None
+) -> ManualFire:
     row = _locked(tx, name)
     workflow = workflows.get(row["workflow"])
     if workflow is None:
@@ -386,7 +397,7 @@ def _trigger(tx: Tx, name: str, workflows: Mapping[str, WorkflowDef]) -> ManualF
             f"schedule {name!r} runs workflow {row['workflow']!r}, which is not configured here"
         )
     schedule = ScheduleDef.from_spec(row["spec"])
-    plan = plan_runs(workflow, [schedule.input])
+    plan = plan_runs(workflow, [schedule.input], queue=queue)
     run_id = plan.run_ids[0]
     fired = tx.one("insert_manual_fire", {"schedule": name, "run_id": run_id})
     assert fired is not None

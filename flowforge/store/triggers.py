@@ -36,6 +36,7 @@ class Triggers(Part):
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
         children: Sequence[WorkflowDef] = (),
+        queue: str | None = None,
     ) -> TriggerResult:
         """Create a run and its task runs in one transaction.
 
@@ -52,6 +53,7 @@ class Triggers(Part):
             delay=delay,
             deadline=deadline,
             children=children,
+            queue=queue,
         )[0]
 
     def trigger_many(
@@ -64,6 +66,7 @@ class Triggers(Part):
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
         children: Sequence[WorkflowDef] = (),
+        queue: str | None = None,
     ) -> list[TriggerResult]:
         """Create one run per input in one transaction (a few array inserts, not one per run).
 
@@ -75,9 +78,17 @@ class Triggers(Part):
         Bad values raise :class:`InputError` before anything is stored. ``children``: the
         workflows the runs may start as child runs (sub-workflows), registered with the
         workflow's definition so that the scheduler finds them.
+        ``queue`` is the queue of every task that names none: the triggering config's
+        ``broker.queue`` (None: unassigned, see :func:`~flowforge.domain.plan.plan_runs`).
         """
         plan = plan_runs(
-            workflow, inputs, idempotency_keys, start_at=start_at, delay=delay, deadline=deadline
+            workflow,
+            inputs,
+            idempotency_keys,
+            start_at=start_at,
+            delay=delay,
+            deadline=deadline,
+            queue=queue,
         )
         if not plan.run_ids:
             return []

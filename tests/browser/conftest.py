@@ -51,6 +51,9 @@ HTTP_TIMEOUT_S = 30.0
 
 expect.set_options(timeout=UI_TIMEOUT_MS)
 
+#: A queue no worker of a dashboard stack consumes (ui-elsewhere's second task goes there; the
+#: test that triggers it deletes the queue).
+UNSERVED = "flowforge.ui.unserved"
 #: The workflows every dashboard stack knows (written as YAML files into its config folder).
 WORKFLOWS: dict[str, list[dict[str, Any]]] = {
     # two quick tasks, first -> second
@@ -89,6 +92,11 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
     ],
     # a child run (sub-workflows) of ui-gate: its task runs until input.gate exists
     "ui-parent": [{"name": "call", "workflow": "ui-gate"}],
+    # a quick task, then one on a queue no worker of the stack consumes: it stays READY
+    "ui-elsewhere": [
+        {"name": "here", "handler": "e2e.record"},
+        {"name": "away", "handler": "e2e.record", "depends_on": ["here"], "queue": UNSERVED},
+    ],
 }
 #: Workflow keys besides ``tasks`` (by workflow name).
 WORKFLOW_KEYS: dict[str, dict[str, Any]] = {"ui-map": {"fail_fast": False}}

@@ -26,6 +26,8 @@ against the database. Proven here:
   is cancelled from its page before anything of it ran; a sleeping timer shows when it wakes;
 - a run past its deadline shows FAILED with ``deadline_exceeded`` and its deadline, in the
   list and on its page;
+- a task's queue shows in its panel, and the overview's Queues card flags a queue with READY
+  tasks and no live consumer (issue 20; docs/flow-control.md);
 - a map task's node opens its items: the database's counts by state, then pages of 50 in item
   order (next, previous, a state filter), each item's state, attempts and failure reason, its
   markup shown as text; the page never asks for more than a page of items.
@@ -50,7 +52,14 @@ import pytest
 from playwright.sync_api import Dialog, Locator, Page, Request, expect
 
 from flowforge.domain.states import RunState, TaskState
-from tests.browser.conftest import SCHEDULE, SCHEDULE_MARKUP, UI_TIMEOUT_MS, Dashboard
+from tests.browser.conftest import (
+    SCHEDULE,
+    SCHEDULE_MARKUP,
+    UI_TIMEOUT_MS,
+    UNSERVED,
+    Dashboard,
+)
+from tests.delivery import broker_channel
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
@@ -760,6 +769,28 @@ def test_the_processes_page_lists_the_stack_processes(
         for shown in (role, str(pid), host(pid)):
             expect(row).to_contain_text(shown)
     screenshot("processes")
+
+
+def test_a_task_shows_its_queue_and_the_overview_flags_an_unserved_queue(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    dashboard.sign_in(page)
+    run_id = dashboard.trigger("ui-elsewhere")
+    try:
+        wait_task(sql, run_id, "away", "READY")  # published to a queue nobody consumes
+        page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+        dag_node(page, "away").click()
+        panel = page.locator("[data-testid=task-panel]")
+        expect(panel.locator("[data-testid=task-queue]")).to_have_text(UNSERVED)
+        page.goto(dashboard.url("/ui/"))
+        row = page.locator(f'[data-testid=queues-summary] tr[data-queue="{UNSERVED}"]')
+        expect(row).to_have_class("warn")
+        expect(row).to_contain_text("no live consumer")
+        expect(row.locator("td").nth(1)).to_have_text("1")  # READY
+        screenshot("queues")
+    finally:
+        with broker_channel(dashboard.stack) as channel:
+            channel.queue_delete(UNSERVED)
 
 
 # ------------------------------------------------------------------ time

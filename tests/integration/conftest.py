@@ -11,6 +11,7 @@ import pytest
 from tests.api_client import TOKEN, Api, StartApi, serve_here
 from tests.api_here import ApiHere
 from tests.e2e import Stack
+from tests.trees import Tree
 
 
 @pytest.fixture
@@ -40,3 +41,14 @@ def api_stack(tmp_path: Path, clean_database_url: str, broker_url: str) -> Itera
     finally:
         running.stop_all()
         running.delete_queue()
+
+
+@pytest.fixture
+def trees() -> Iterator[list[Tree]]:
+    """The ``flowforge up`` trees a test starts (tests/trees.py), stopped at the end."""
+    started: list[Tree] = []
+    try:
+        yield started
+    finally:
+        for tree in started:
+            tree.stop()

@@ -473,3 +473,27 @@ def test_retry_now_of_a_retrying_child_task_starts_its_next_child_at_once(
     assert (
         scalar(sql, "SELECT new_state FROM task_audit WHERE task_run_id = %s", call) == "RETRYING"
     )
+
+
+def test_a_child_runs_tasks_that_name_no_queue_go_where_the_parents_go(
+    repo: Store, sql: Sql
+) -> None:
+    """Queues (SPEC 7.4) meet sub-workflows: the child run is triggered by a scheduler, not by
+    a config, so its unnamed tasks take the parent's child task's queue — the queue the
+    parent run's unnamed tasks got from the config that triggered it; a named one keeps its."""
+    named = WorkflowDef(
+        "named", (TaskDef("a", "tests.noop"), TaskDef("b", "tests.noop", queue="partner"))
+    )
+    register(repo, named)
+    parent = WorkflowDef("p", (TaskDef("call", workflow="named"),))
+    call = task_ids(repo, repo.trigger(parent, {}, queue="tenant-a").run_id)["call"]
+    drain(repo)
+    [(child, _)] = children_of(sql, call)
+    queues = dict(sql.execute("SELECT name, queue FROM task_runs WHERE run_id = %s", (child,)))
+    assert queues == {"a": "tenant-a", "b": "partner"}
+    outbox = sql.execute(
+        "SELECT t.name, o.queue FROM outbox o JOIN task_runs t ON t.id = o.task_run_id"
+        " WHERE t.run_id = %s ORDER BY t.name",
+        (child,),
+    ).fetchall()
+    assert outbox == [("a", "tenant-a"), ("b", "partner")]  # each dispatched to its queue

@@ -180,6 +180,8 @@ def test_stats_on_an_empty_database(clean_database_url: str, config: Path) -> No
         "retry_backlog": {"n": 0, "next_at": None, "latest_at": None},
         "poison_candidates": [],
         "dead": [],
+        "queues": [],
+        "unserved_queues": [],
     }
     text = ok(flowforge("stats", url=clean_database_url, config=config))
     assert "retry backlog: 0 waiting, next -, latest -" in text
@@ -196,6 +198,8 @@ def test_stats_reports_retries_reasons_backlog_poison_and_dead(
         "retry_backlog",
         "poison_candidates",
         "dead",
+        "queues",
+        "unserved_queues",
     }
     # attempts used: ok, soon, later and both permanent ones 1; poison and exhaust 3
     assert data["attempts"] == {"1": 5, "3": 2}
@@ -302,7 +306,7 @@ def test_ps_lists_the_registered_processes(
         )
         assert 0 <= process["silent_s"] < 30
     rows = table_rows(ok(flowforge("ps", url=url, config=config)))
-    assert rows[0] == ["HOST", "PID", "ROLE", "STARTED", "LAST SEEN", "SILENT S"]
+    assert rows[0] == ["HOST", "PID", "ROLE", "STARTED", "LAST SEEN", "SILENT S", "QUEUE"]
     assert sorted((int(r[1]), r[2]) for r in rows[1:]) == sorted(wanted)
 
     scheduler.leave()  # a clean stop deregisters

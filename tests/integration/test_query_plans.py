@@ -122,6 +122,7 @@ def test_finish_releasing_a_wide_fanout_reads_tasks_by_primary_key(
         "tracebacks": [None],
         "outcomes": ["succeeded"],
         "offer": 16,
+        "queue": None,
     }
     assert _bad_scans(sql, queries.load()["finish"], params) == []
     # and the statement really releases the whole fan-out

@@ -16,11 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,17 +25,15 @@ import psycopg
 import pytest
 import yaml
 
-from tests.e2e import REPO, Stack
-from tests.harness.resources import child_pids
+from tests.e2e import Stack
 from tests.helpers import wait_for
+from tests.trees import Tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real trees
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 
-READY_S = 60.0
 FIRES_S = 60.0
-STOP_S = 30.0
 SKEW = "+5h"
 NOOP_MODULE = "tests.harness.bench_handlers"
 
@@ -51,66 +45,6 @@ WORKFLOW = {
         {"every": "1s", "catch_up": "latest", "overlap": "allow", "name": "every-latest"},
     ],
 }
-
-
-class Tree:
-    """One ``flowforge up`` (optionally under ``faketime``) with its stderr in a log file."""
-
-    def __init__(self, config: Path, log: Path, prefix: Sequence[str] = ()) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
-        self.log_path = log
-        with log.open("ab") as stderr:
-            self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "flowforge.cli", "-c", str(config), "up"],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def ready(self) -> None:
-        def probe() -> bool:
-            assert self.proc.poll() is None, f"the tree exited:\n{self.log()[-3000:]}"
-            return "tree ready" in self.log()
-
-        wait_for(probe, READY_S, 0.1, "the tree to be ready")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(STOP_S)
-
-    def kill(self) -> None:
-        """SIGKILL the supervisor; its children die with it (PR_SET_PDEATHSIG)."""
-        children = child_pids(self.proc.pid, recursive=True)
-        self.proc.kill()
-        self.proc.wait(STOP_S)
-        wait_for(lambda: not any(_alive(p) for p in children), STOP_S, 0.05, "children to die")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
-@pytest.fixture
-def trees() -> Iterator[list[Tree]]:
-    started: list[Tree] = []
-    try:
-        yield started
-    finally:
-        for tree in started:
-            tree.stop()
 
 
 def config_for(stack: Stack, tmp_path: Path) -> Path:

@@ -12,7 +12,9 @@ class Recording:
     def __init__(self) -> None:
         self.calls: list[tuple[str, UUID]] = []
 
-    def register_process(self, process_id: UUID, host: str, pid: int, role: str) -> None:
+    def register_process(
+        self, process_id: UUID, host: str, pid: int, role: str, queue: str | None = None
+    ) -> None:
         self.calls.append(("register", process_id))
 
     def deregister_process(self, process_id: UUID) -> None:

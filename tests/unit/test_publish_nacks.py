@@ -34,6 +34,7 @@ def publisher(answers: list[Answer]) -> ConfirmingPublisher:
     found._conn = SimpleNamespace(is_open=True)  # type: ignore[assignment]
     found._channel = Channel()  # type: ignore[assignment]
     found._ready = True
+    found._declared = {found._config.queue}  # connected: its queue declared
     batches = iter(answers)
 
     def answer(done: Callable[[], bool], _timeout_s: float, _failure: bool = True) -> bool:

@@ -190,19 +190,11 @@ def test_placeholder_guard_catches_string_building() -> None:
     assert "%" in PLACEHOLDER.sub("", bad)
 
 
-#: Versions handed to branches not merged yet (issue 19/20 helpers work in parallel, each with
-#: its own number): a gap there is expected until they land. Empty it once they have.
-RESERVED_ELSEWHERE = frozenset({14})
-
-
 def test_available_migrations_are_numbered_from_one_without_gaps() -> None:
     migrations = available_migrations()
     assert migrations, "no migration shipped"
     versions = [m.version for m in migrations]
-    expected = [
-        v for v in range(1, versions[-1] + 1) if v not in RESERVED_ELSEWHERE or v in versions
-    ]
-    assert versions == expected
+    assert versions == list(range(1, len(versions) + 1))
 
 
 def test_available_migrations_have_names_sql_and_distinct_checksums() -> None:

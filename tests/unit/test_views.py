@@ -36,6 +36,14 @@ POISON_JSON = (
     '"7fb7eb2c-fc85-44b9-9b88-1eb8476cb529", "name": "only", "handler": "h.x", "state": '
     '"RETRYING", "attempt": 5, "failure_reason": "handler_error", "workflow": "golden"}]'
 )
+QUEUE_ROWS = [
+    {"queue": None, "ready": 1, "consumers": 0},
+    {"queue": "partner", "ready": 3, "consumers": 0},
+]
+QUEUES_JSON = (
+    '"queues": [{"queue": null, "ready": 1, "consumers": 0}, '
+    '{"queue": "partner", "ready": 3, "consumers": 0}], "unserved_queues": ["partner"]'
+)
 BACKLOG_JSON = (
     '{"n": 1, "next_at": "2026-12-01T18:32:42.826314+00:00", '
     '"latest_at": "2026-12-01T18:32:42.826314+00:00"}'
@@ -52,6 +60,7 @@ def overview(**changed: object) -> Overview:
         "dead": [{"reason": "permanent_error", "n": 1}, {"reason": "unknown", "n": 2}],
         "outbox": {"pending": 9, "oldest_s": 47.5},
         "processes": [{"host": "host-a", "role": "worker", "n": 2}],
+        "queues": QUEUE_ROWS,
         **changed,
     }
     return rows.overview(**found)  # type: ignore[arg-type]
@@ -78,7 +87,8 @@ def test_the_overview_json_keeps_its_fields_in_order() -> None:
         f'"retry_backlog": {BACKLOG_JSON}, "poison_candidates": {POISON_JSON}, '
         '"dead_by_reason": {"permanent_error": 1, "unknown": 2}, '
         '"outbox": {"pending": 9, "oldest_s": 47.5}, '
-        '"processes": [{"host": "host-a", "role": "worker", "n": 2}]}'
+        '"processes": [{"host": "host-a", "role": "worker", "n": 2}], '
+        f"{QUEUES_JSON}}}"
     )
 
 
@@ -101,6 +111,7 @@ def stats() -> Stats:
         backlog=BACKLOG_ROW,
         poison=[POISON_ROW],
         dead=[{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}],
+        queues=QUEUE_ROWS,
     )
 
 
@@ -109,5 +120,6 @@ def test_the_stats_json_keeps_its_fields_in_order() -> None:
     assert dumps(stats_dict(stats())) == (
         '{"attempts": {"0": 3, "5": 1}, "failure_reasons": {"handler_error": 5}, '
         f'"retry_backlog": {BACKLOG_JSON}, "poison_candidates": {POISON_JSON}, '
-        '"dead": [{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}]}'
+        '"dead": [{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}], '
+        f"{QUEUES_JSON}}}"
     )

@@ -128,6 +128,24 @@ function drawProcesses(processes) {
   );
 }
 
+// READY tasks and live consumers per queue; a named queue with READY tasks and no live consumer
+// is flagged (the warning /health/ready reports as unserved_queues)
+function drawQueues(queues, unserved) {
+  const rows = queues.map((q) =>
+    el(
+      "tr",
+      { "data-queue": q.queue ?? "", class: unserved.includes(q.queue) ? "warn" : null },
+      el("td", {}, q.queue ?? "(none)"),
+      el("td", { class: "num" }, String(q.ready)),
+      el("td", { class: "num" }, String(q.consumers)),
+      el("td", {}, unserved.includes(q.queue) ? "no live consumer" : ""),
+    ),
+  );
+  $("[data-testid=queues-summary]").replaceChildren(
+    table(["Queue", "Ready", "Consumers", ""], rows, "No READY task, no live worker."),
+  );
+}
+
 async function refresh() {
   const data = await getJSON("/api/v1/overview");
   setCounts("run", data.runs);
@@ -144,6 +162,7 @@ async function refresh() {
   drawPoison(data.poison_candidates, data.poison_threshold);
   drawDead(data.dead_by_reason);
   drawProcesses(data.processes);
+  drawQueues(data.queues, data.unserved_queues);
 }
 
 initChrome();

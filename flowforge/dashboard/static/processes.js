@@ -14,6 +14,7 @@ function row(p) {
     timeCell(p.started_at),
     timeCell(p.last_seen_at),
     el("td", { class: "num" }, `${Number(p.silent_s).toFixed(1)} s`),
+    el("td", {}, p.queue ?? "—"),
   );
 }
 

@@ -250,6 +250,10 @@ function drawTask(detail) {
   );
   $("#task-attempts").textContent = `${task.attempt} of ${task.max_attempts}`;
   $("#task-reason").textContent = task.failure_reason || "—";
+  // the broker queue its messages go to (none: a task before queues routed, or no worker's)
+  fact("#task-queue-fact", task.queue, () => {
+    $("#task-queue").textContent = task.queue;
+  });
   const shown = shownAttempt(detail.attempts);
   $("#attempt-rows").replaceChildren(
     ...detail.attempts.map((a) => {
