@@ -30,7 +30,7 @@ released AS (
              WHERE s.state = 'SUCCEEDED'
              GROUP BY e.downstream_id) AS x
      WHERE t.id = x.id AND (t.state = 'PENDING') IS TRUE  -- by primary key (see claim)
-    RETURNING t.id, t.state, t.fencing_token, t.queue
+    RETURNING t.id, t.state, t.fencing_token, t.queue, t.idempotency_key IS NULL AS keyless
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token, queue)
     SELECT id, fencing_token, queue FROM released WHERE state = 'READY'
@@ -767,13 +767,15 @@ WITH outcome AS (
 -- use: release_dependents(done)
 -- one row per finished task (ready_token NULL), then up to %(offer)s of the dependents made
 -- READY (NULL: all) on the finishing worker's queue %(queue)s (or on none: see migration
--- 0014), which it may claim itself; the rest go out as messages, to their own queues
+-- 0014), which it may claim itself; the rest go out as messages, to their own queues. Keyless
+-- ones first: a continuation claims only those (finish_many), and up to its limit of them.
 SELECT id, NULL::bigint AS ready_token, pg_notify('flowforge_scheduler', '')::text AS notified,
        (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
   FROM done
 UNION ALL
 (SELECT id, fencing_token, NULL, NULL FROM released
-  WHERE state = 'READY' AND (queue IS NULL OR queue = %(queue)s) LIMIT %(offer)s);
+  WHERE state = 'READY' AND (queue IS NULL OR queue = %(queue)s)
+  ORDER BY keyless DESC LIMIT %(offer)s);
 
 -- ------------------------------------------------------------------ operator actions
 

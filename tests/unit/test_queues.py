@@ -67,7 +67,8 @@ def test_every_insert_into_task_runs_carries_a_queue() -> None:
 
 def test_a_worker_is_offered_only_the_dependents_of_its_own_queue() -> None:
     finish = queries.load()["finish"].decode()
-    assert "AND (queue IS NULL OR queue = %(queue)s) LIMIT %(offer)s" in finish
+    offered = "AND (queue IS NULL OR queue = %(queue)s)\n  ORDER BY keyless DESC LIMIT %(offer)s"
+    assert offered in finish
 
 
 def test_lost_dispatches_are_judged_within_their_own_queue() -> None:
