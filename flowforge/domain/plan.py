@@ -64,6 +64,8 @@ class PlannedTask:
     run_if: str = "all_succeeded"
     child_workflow: str | None = None
     queue: str | None = None
+    concurrency_key: str | None = None  # rendered; None: no concurrency limit
+    concurrency_limit: int | None = None
 
 
 @dataclass
@@ -193,6 +195,11 @@ def plan_runs(
                 child_workflow=task.workflow,
                 queue=task.queue or queue,
             )
+            if task.concurrency is not None:
+                planned.concurrency_key = _render(
+                    task.concurrency.key, run_input, f"{label} concurrency.key"
+                )
+                planned.concurrency_limit = task.concurrency.limit
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
                 planned.event_name = wait.name

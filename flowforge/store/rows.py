@@ -113,6 +113,9 @@ def task_run(row: Row) -> TaskRun:
         child_workflow=row.get("child_workflow"),
         child_run_id=row.get("child_run_id"),
         queue=row.get("queue"),
+        concurrency_key=row.get("concurrency_key"),
+        concurrency_limit=row.get("concurrency_limit"),
+        waiting_on=row.get("waiting_on"),
     )
 
 
@@ -448,6 +451,8 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "run_ifs": [t.run_if for t in tasks],
         "child_workflows": [t.child_workflow for t in tasks],
         "queues": [t.queue for t in tasks],
+        "concurrency_keys": [t.concurrency_key for t in tasks],
+        "concurrency_limits": [t.concurrency_limit for t in tasks],
     }
 
 
