@@ -188,7 +188,7 @@ def status(args: argparse.Namespace) -> int:
             "SECONDS",
             "ID",
             "QUEUE",
-            "WAITING ON",
+            "WAITING_ON",
         ),
         [
             (

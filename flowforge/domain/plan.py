@@ -17,7 +17,7 @@ from uuid import UUID
 
 from flowforge.domain import timing
 from flowforge.domain.conditions import is_conditional
-from flowforge.domain.dag import WorkflowDef, render_key
+from flowforge.domain.dag import TaskDef, WorkflowDef, render_key
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
 
@@ -194,12 +194,9 @@ def plan_runs(
                 run_if=str(task.run_if),
                 child_workflow=task.workflow,
                 queue=task.queue or queue,
+                concurrency_key=_concurrency_key(task, run_input, label),
+                concurrency_limit=None if task.concurrency is None else task.concurrency.limit,
             )
-            if task.concurrency is not None:
-                planned.concurrency_key = _render(
-                    task.concurrency.key, run_input, f"{label} concurrency.key"
-                )
-                planned.concurrency_limit = task.concurrency.limit
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
                 planned.event_name = wait.name
@@ -222,6 +219,13 @@ def _render(template: str | None, run_input: Mapping[str, Any], label: str) -> s
     if template is None:
         return None
     return check_text(render_key(template, run_input, label), label)
+
+
+def _concurrency_key(task: TaskDef, run_input: Mapping[str, Any], label: str) -> str | None:
+    """The task's concurrency key rendered over the run input (None: no limit)."""
+    if task.concurrency is None:
+        return None
+    return _render(task.concurrency.key, run_input, f"{label} concurrency.key")
 
 
 def _where(index: int, total: int) -> str:

@@ -29,9 +29,9 @@ from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
 from flowforge.store.children import Children
-from flowforge.store.limits import Limits
 from flowforge.store.db import Database
 from flowforge.store.events import Events
+from flowforge.store.limits import Limits
 from flowforge.store.maps import Maps
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
 from flowforge.store.passes import Passes

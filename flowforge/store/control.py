@@ -85,11 +85,7 @@ class Control(Reads):
         concurrency), with the task(s) holding it, why, and how many wait behind them. Empty
         when nothing holds it (an unknown key included)."""
         check_text(key, "the key", MAX_KEY_BYTES)
-        found = self._query("key_stream", {"key": key, "limit": 1 + KEY_NEXT_SHOWN})
-        slots = self._query(
-            "concurrency_holds", {"key": key, "limit": KEY_SLOTS_SHOWN + KEY_NEXT_SHOWN}
-        )
-        return _ordering_hold(key, found) + _concurrency_hold(key, slots)
+        return self._transaction(_key_holds, key)
 
     def _act(
         self, action: Action, task_run_id: UUID | str, requested_by: str, reason: str | None
@@ -181,6 +177,13 @@ def _control(
 _PAST = {Action.CANCEL: "cancelled", Action.RETRY_NOW: "retried", Action.BURY: "buried"}
 
 
+def _key_holds(tx: Tx, key: str) -> tuple[KeyHold, ...]:
+    """Both kinds of hold of ``key``, read in one transaction."""
+    found = tx.all("key_stream", {"key": key, "limit": 1 + KEY_NEXT_SHOWN})
+    slots = tx.all("concurrency_holds", {"key": key, "limit": KEY_SLOTS_SHOWN + KEY_NEXT_SHOWN})
+    return _ordering_hold(key, found) + _concurrency_hold(key, slots)
+
+
 def _ordering_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
     if not found:
         return ()
@@ -217,8 +220,7 @@ def _concurrency_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
     held = [r for r in found if r["holds"]]
     free = limit - int(found[0]["held"])
     holders = tuple(
-        rows.key_task(r, why_holds_slot(TaskState(r["state"]), r["cancel_requested"]))
-        for r in held
+        rows.key_task(r, why_holds_slot(TaskState(r["state"]), r["cancel_requested"])) for r in held
     )
     waiting = [r for r in found if not r["holds"]][:KEY_NEXT_SHOWN]
     return (

@@ -12,8 +12,8 @@ of its own on the same columns — and another value of :func:`~flowforge.domain
 
 from __future__ import annotations
 
-from flowforge.domain.states import TaskState
 from flowforge.domain import transitions
+from flowforge.domain.states import TaskState
 from flowforge.store.part import Part, Tx
 
 #: The advisory-lock namespace of concurrency keys ("CK"); ordering keys use "OR".

@@ -97,7 +97,8 @@ WITH inserted AS (
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
-           CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END, CASE WHEN k.ready THEN now() END,
+           CASE WHEN k.ready AND t.concurrency_key IS NULL THEN 'READY' ELSE 'PENDING' END,
+           CASE WHEN k.ready AND t.concurrency_key IS NULL THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
            t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
@@ -114,7 +115,7 @@ WITH inserted AS (
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
                 child_workflow, queue, concurrency_key, concurrency_limit)
      CROSS JOIN LATERAL (
-           SELECT t.pending_deps = 0 AND t.ordering_key IS NULL AND t.concurrency_key IS NULL
+           SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
                   AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
                   AND t.child_workflow IS NULL) AS k(ready)
     RETURNING id, state, fencing_token, queue
