@@ -84,7 +84,8 @@ SELECT id, idempotency_key, request_digest
 
 -- name: insert_tasks
 -- A task with nothing to wait for (no dependency, no closed start gate: both count in
--- pending_deps; no ordering key, no concurrency key) that a worker executes is created READY with its outbox row in
+-- pending_deps; no ordering key; no concurrency key, or one the trigger admitted it to:
+-- limits.admit_new, under the key's lock) that a worker executes is created READY with its outbox row in
 -- the same statement: the first step of a run needs no scheduler pass. (k.ready reads the
 -- expression of task_runs.needs_worker, migrations 0012 and 0013: the row does not exist yet
 -- here.)
@@ -97,8 +98,9 @@ WITH inserted AS (
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
-           CASE WHEN k.ready AND t.concurrency_key IS NULL THEN 'READY' ELSE 'PENDING' END,
-           CASE WHEN k.ready AND t.concurrency_key IS NULL THEN now() END,
+           CASE WHEN k.ready AND (t.concurrency_key IS NULL OR t.admitted)
+                THEN 'READY' ELSE 'PENDING' END,
+           CASE WHEN k.ready AND (t.concurrency_key IS NULL OR t.admitted) THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
            t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
@@ -109,11 +111,12 @@ WITH inserted AS (
                   %(for_each)s::text[], %(max_parallel)s::int[], %(event_names)s::text[],
                   %(event_keys)s::text[], %(event_timeouts)s::float8[],
                   %(child_workflows)s::text[], %(queues)s::text[],
-                  %(concurrency_keys)s::text[], %(concurrency_limits)s::int[])
+                  %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
+                  %(admitted)s::bool[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
-                child_workflow, queue, concurrency_key, concurrency_limit)
+                child_workflow, queue, concurrency_key, concurrency_limit, admitted)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
                   AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
@@ -2039,20 +2042,27 @@ SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
 
 -- ------------------------------------------------------------------ concurrency limits (issue 20)
 
+-- fragment: awaiting_admission(task)
+-- Whether a task of {task} waits for the admission pass: it has a concurrency key and a worker
+-- to execute it, and is PENDING with its dependencies met and its ordering stream free (as
+-- promote_ready judges it), or RETRYING with its backoff over.
+{task}.concurrency_key IS NOT NULL AND {task}.needs_worker
+AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0
+      AND ({task}.ordering_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM task_runs e
+              WHERE e.ordering_key = {task}.ordering_key AND e.seq < {task}.seq
+                AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
+                AND NOT (e.state = 'DEAD' AND e.on_dead = 'release'))))
+     OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
+
 -- name: concurrency_keys_waiting
 -- Keys with a task the admission pass could admit: PENDING with its dependencies met and its
 -- ordering stream free, or RETRYING with its backoff over — and a worker to execute it. Sorted:
 -- admit_concurrency's callers lock them in this order (two schedulers never deadlock).
 SELECT DISTINCT t.concurrency_key AS key
   FROM task_runs t
- WHERE t.concurrency_key IS NOT NULL AND t.needs_worker
-   AND ((t.state = 'PENDING' AND t.pending_deps = 0
-         AND (t.ordering_key IS NULL OR NOT EXISTS (
-                SELECT 1 FROM task_runs e
-                 WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
-                   AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
-                   AND NOT (e.state = 'DEAD' AND e.on_dead = 'release'))))
-        OR (t.state = 'RETRYING' AND t.retry_at <= now()))
+ WHERE
+-- use: awaiting_admission(t)
  ORDER BY 1
  LIMIT %(limit)s;
 
@@ -2078,14 +2088,8 @@ WITH held AS (
 ), waiting AS (
     SELECT t.id, t.concurrency_key, t.concurrency_limit, t.seq
       FROM task_runs t
-     WHERE t.concurrency_key = ANY(%(keys)s::text[]) AND t.needs_worker
-       AND ((t.state = 'PENDING' AND t.pending_deps = 0
-             AND (t.ordering_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM task_runs e
-                     WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
-                       AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
-                       AND NOT (e.state = 'DEAD' AND e.on_dead = 'release'))))
-            OR (t.state = 'RETRYING' AND t.retry_at <= now()))
+     WHERE t.concurrency_key = ANY(%(keys)s::text[]) AND
+-- use: awaiting_admission(t)
        FOR UPDATE OF t SKIP LOCKED
 ), ranked AS (
     SELECT w.id, h.n,
@@ -2135,3 +2139,19 @@ CASE WHEN {task}.state = 'PENDING' AND {task}.start_gate THEN 'start_at'
                OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
      THEN 'concurrency'
 END AS waiting_on
+
+-- name: concurrency_room
+-- For a trigger's keys (locked by lock_concurrency_keys): the tasks of each holding a slot
+-- (READY, RUNNING), those the admission pass would admit (awaiting_admission), and the
+-- smallest limit among the key's not-yet-admitted ones (NULL: none). A key with no unfinished
+-- task has no row.
+SELECT t.concurrency_key AS key,
+       count(*) FILTER (WHERE t.state IN ('READY', 'RUNNING')) AS held,
+       count(*) FILTER (WHERE
+-- use: awaiting_admission(t)
+       ) AS waiting,
+       min(t.concurrency_limit) FILTER (WHERE t.state IN ('PENDING', 'RETRYING')) AS waiting_limit
+  FROM task_runs t
+ WHERE t.concurrency_key = ANY(%(keys)s::text[])
+   AND t.state IN ('PENDING', 'READY', 'RUNNING', 'RETRYING')
+ GROUP BY t.concurrency_key;

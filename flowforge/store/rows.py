@@ -425,8 +425,11 @@ def stored_result(result: Any) -> Jsonb | None:
     return jsonb(result if isinstance(result, JsonText) else to_json(result, "the result"))
 
 
-def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
-    """``insert_tasks``'s parameter arrays."""
+def task_columns(
+    tasks: Sequence[PlannedTask], admitted: Sequence[bool] | None = None
+) -> dict[str, list[Any]]:
+    """``insert_tasks``'s parameter arrays; ``admitted``: which tasks with a concurrency key the
+    trigger admitted (limits.admit_new; None: none)."""
     return {
         "run_ids": [t.run_id for t in tasks],
         "ids": [t.id for t in tasks],
@@ -453,6 +456,7 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "queues": [t.queue for t in tasks],
         "concurrency_keys": [t.concurrency_key for t in tasks],
         "concurrency_limits": [t.concurrency_limit for t in tasks],
+        "admitted": list(admitted) if admitted is not None else [False] * len(tasks),
     }
 
 

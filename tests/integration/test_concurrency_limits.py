@@ -79,7 +79,8 @@ def test_admits_up_to_the_limit_oldest_first_without_using_an_attempt(
     repo: Store, sql: Sql
 ) -> None:
     runs = [repo.trigger(limited(3)).run_id for _ in range(10)]
-    assert by_state(sql, "partner") == {"PENDING": 10}  # created PENDING: nothing bypasses the gate
+    # the triggers admitted while the key had room (no scheduler hop), then left the rest
+    assert by_state(sql, "partner") == {"READY": 3, "PENDING": 7}
     drain(repo)
     assert by_state(sql, "partner") == {"READY": 3, "PENDING": 7}
     assert outbox_rows(sql, "partner") == 3
@@ -281,6 +282,9 @@ def test_a_second_scheduler_waits_for_the_firsts_admissions_and_counts_them(
     lock B would count from a snapshot without them and admit 3 more (6 READY)."""
     for _ in range(10):
         repo.trigger(limited(3))
+    # all ten waiting, none admitted (as dependents the release left PENDING would be)
+    sql.execute("UPDATE task_runs SET state = 'PENDING', ready_at = NULL")
+    sql.execute("DELETE FROM outbox")
     named = queries.load()
     with psycopg.connect(clean_database_url) as first:  # A: the product's statements, held open
         keys = [r[0] for r in first.execute(named["concurrency_keys_waiting"], {"limit": 10})]
@@ -311,3 +315,22 @@ def test_a_second_scheduler_waits_for_the_firsts_admissions_and_counts_them(
     assert not racer.is_alive()
     assert second == {"n": 0}
     assert by_state(sql, "partner") == {"READY": 3, "PENDING": 7}
+
+
+def test_a_trigger_admits_only_into_room_and_never_ahead_of_waiting_tasks(
+    repo: Store, sql: Sql
+) -> None:
+    first = [repo.trigger(limited(2)).run_id for _ in range(2)]
+    assert by_state(sql, "partner") == {"READY": 2}  # created READY: the key had room
+    later = [repo.trigger(limited(2)).run_id for _ in range(2)]
+    assert by_state(sql, "partner") == {"READY": 2, "PENDING": 2}
+    holder = repo.get_run(first[0]).tasks[0].id
+    claim = claim_task(repo, sql, holder)
+    assert repo.finish(holder, claim.fencing_token, TaskState.SUCCEEDED)  # a slot is free now
+    newest = repo.trigger(limited(2)).run_id
+    # the free slot is the oldest waiting task's: the trigger did not take it
+    assert repo.get_run(newest).tasks[0].state is TaskState.PENDING
+    drain(repo)
+    assert repo.get_run(later[0]).tasks[0].state is TaskState.READY
+    assert repo.get_run(newest).tasks[0].state is TaskState.PENDING
+    assert holders(sql, "partner") == 2

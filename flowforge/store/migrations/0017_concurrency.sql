@@ -9,6 +9,8 @@ ALTER TABLE task_runs ADD COLUMN concurrency_limit integer
     CHECK (concurrency_limit IS NULL OR concurrency_limit >= 1);
 
 -- The admission pass counts a key's holders (READY, RUNNING) and finds its waiting tasks
--- (PENDING, RETRYING) by key; tasks without a key are not in the index at all.
-CREATE INDEX task_runs_concurrency_idx ON task_runs (concurrency_key, state, seq)
-    WHERE concurrency_key IS NOT NULL;
+-- (PENDING, RETRYING) by key. Only tasks with a key that are not finished are in the index: the
+-- pass runs on every scheduler wake-up, and must cost nothing when nothing waits, however many
+-- limited tasks have finished.
+CREATE INDEX task_runs_concurrency_idx ON task_runs (concurrency_key, seq)
+    WHERE concurrency_key IS NOT NULL AND state IN ('PENDING', 'READY', 'RUNNING', 'RETRYING');
