@@ -108,3 +108,4 @@ def test_peak_concurrency_per_key_never_exceeds_its_limit_with_8_workers_on_2_tr
     extra = count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1")
     reaped = count(sql, "SELECT count(*) FROM task_attempts WHERE outcome = 'lease_expired'")
     assert extra == reaped
+    print(f"attempts reaped after the tree was killed: {reaped}")
