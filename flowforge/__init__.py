@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from flowforge.config import Config, load_config
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
+from flowforge.domain.dag import Concurrency, OnDead, TaskDef, WorkflowDef
 from flowforge.domain.model import Run, TaskRun
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Client",
+    "Concurrency",
     "Config",
     "FailureReason",
     "FlowForgeError",

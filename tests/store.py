@@ -21,6 +21,7 @@ from flowforge.store.children import Children
 from flowforge.store.claims import Claims
 from flowforge.store.control import Control
 from flowforge.store.events import Events
+from flowforge.store.limits import Limits
 from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
 from flowforge.store.outbox import Outbox
@@ -42,6 +43,7 @@ PARTS = (
     Events,
     Children,
     Control,
+    Limits,
 )
 
 
@@ -65,6 +67,7 @@ class Store(
     Events,
     Children,
     Control,
+    Limits,
 ):
     """Triggers, scheduler passes, claims, the outbox, the registry, operator actions and
     reads (``Operator`` answers with the read models) over one ``Database``.

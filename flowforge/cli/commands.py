@@ -178,7 +178,18 @@ def status(args: argparse.Namespace) -> int:
     if run.compensated:
         output.line(f"compensated: {', '.join(run.compensated)}")
     output.table(
-        ("TASK", "STATE", "ATTEMPT", "REASON", "STARTED", "FINISHED", "SECONDS", "ID", "QUEUE"),
+        (
+            "TASK",
+            "STATE",
+            "ATTEMPT",
+            "REASON",
+            "STARTED",
+            "FINISHED",
+            "SECONDS",
+            "ID",
+            "QUEUE",
+            "WAITING_ON",
+        ),
         [
             (
                 t.name,
@@ -190,6 +201,7 @@ def status(args: argparse.Namespace) -> int:
                 output.task_dict(t)["duration_s"],
                 t.id,
                 t.queue,
+                t.waiting_on,
             )
             for t in run.tasks
         ],

@@ -42,7 +42,7 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--reason", default=None, help="recorded in the audit row")
         p.add_argument("--by", default=None, help="who acts (default: the OS user)")
         p.add_argument("--json", action="store_true", help="print JSON")
-    keys = sub.add_parser("keys", help="ordering keys", parents=[common])
+    keys = sub.add_parser("keys", help="ordering and concurrency keys", parents=[common])
     shows = keys.add_subparsers(dest="action", required=True, parser_class=type(keys))
     p = shows.add_parser(
         "show", help="what holds a key: the task(s), their state and run, why", parents=[common]

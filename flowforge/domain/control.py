@@ -105,10 +105,11 @@ class Controlled:
 
 
 class HoldKind(StrEnum):
-    """What kind of limit a key is (SPEC 7.4). Only ordering keys exist yet; concurrency keys
-    (a limit of N per key) will be another kind in the same answer."""
+    """What kind of limit a key is (SPEC 7.4): an ordering stream (limit 1, in order) or a
+    concurrency key (``limit`` READY or RUNNING at once). One text may be both."""
 
     ORDERING = "ordering"
+    CONCURRENCY = "concurrency"
 
 
 @dataclass(frozen=True)
@@ -161,3 +162,21 @@ def why_holds(state: TaskState, on_dead: str, pending_deps: int, cancel_requeste
 def why_waits(holder: str) -> str:
     """Why a task behind the holder waits."""
     return f"behind {holder} in the stream"
+
+
+def why_holds_slot(state: TaskState, cancel_requested: bool) -> str:
+    """Why a task holds a slot of a concurrency key (it is READY or RUNNING)."""
+    if state is TaskState.RUNNING:
+        return "running; asked to stop" if cancel_requested else "running"
+    return "READY: admitted, waiting for a worker"
+
+
+def why_waits_slot(state: TaskState, pending_deps: int, free: int) -> str:
+    """Why a task of a concurrency key waits (it is PENDING or RETRYING); ``free``: the key's
+    slots not held now."""
+    if state is TaskState.PENDING and pending_deps:
+        return f"waiting for {pending_deps} dependenc{'y' if pending_deps == 1 else 'ies'}"
+    if free > 0:
+        return "next to run: the scheduler admits it"
+    what = "its retry waits" if state is TaskState.RETRYING else "waits"
+    return f"{what} for a free slot of the key"

@@ -41,6 +41,33 @@ class OnDead(StrEnum):
     BLOCK = "block"  # the stream waits until the dead task is requeued and finishes
 
 
+#: Largest concurrency limit accepted (a limit is a count of tasks READY or RUNNING at once).
+MAX_CONCURRENCY = 100_000
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """``concurrency: {key, limit}`` (SPEC 7.4): at most ``limit`` tasks whose ``key`` renders to
+    the same text are READY or RUNNING at once, across every run, workflow and tree. ``key`` is a
+    template over the run input like an ordering key; one without fields (``partner``) is a
+    global limit for every task that names it — the per-handler limit, when a handler's tasks
+    name it (docs/flow-control.md "Concurrency and rate limits")."""
+
+    key: str
+    limit: int
+
+    def __post_init__(self) -> None:
+        check_template(self.key, "concurrency.key")
+        if (
+            isinstance(self.limit, bool)
+            or not isinstance(self.limit, int)
+            or not 1 <= self.limit <= MAX_CONCURRENCY
+        ):
+            raise DefinitionError(
+                f"concurrency.limit must be a whole number from 1 to {MAX_CONCURRENCY}"
+            )
+
+
 @dataclass(frozen=True)
 class EventWait:
     """What a ``wait_for_event`` task waits for: an event called ``name`` whose key is
@@ -103,10 +130,12 @@ class TaskDef:
     workflow: str | None = None  # a child-workflow task: the workflow each attempt starts
     input: Mapping[str, Any] | None = field(default=None, hash=False)  # the child's input
     queue: str | None = None  # the queue its messages go to; None: the triggering config's
+    concurrency: Concurrency | None = None  # at most limit READY/RUNNING per rendered key
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         self._check_queue()
+        self._check_concurrency()
         self._check_depends_on()
         self._check_map()
         if self.workflow is not None or self.input is not None:
@@ -262,6 +291,19 @@ class TaskDef:
         if problem is not None:
             raise DefinitionError(f"task {self.name!r}: queue {problem}")
 
+    def _check_concurrency(self) -> None:
+        """A :class:`Concurrency` (checked when built); not on a map, whose items are bounded
+        by ``max_parallel`` (a map's items with a shared key: not built)."""
+        if self.concurrency is None:
+            return
+        if not isinstance(self.concurrency, Concurrency):
+            raise DefinitionError(f"task {self.name!r}: concurrency must be a Concurrency")
+        if self.for_each is not None:
+            raise DefinitionError(
+                f"task {self.name!r}: concurrency is not for a for_each task (bound its items "
+                "with max_parallel)"
+            )
+
     def _check_no_execution(self, kind: str, allow_retry: bool = False) -> None:
         """Refuse what only an execution would use on a task that never executes (a child
         task's attempts are child runs: its ``retry`` applies to them)."""
@@ -273,6 +315,7 @@ class TaskDef:
             "retry": self.retry != RetryPolicy() and not allow_retry,
             "on_dead": self.on_dead is not OnDead.RELEASE,
             "queue": self.queue is not None,
+            "concurrency": self.concurrency is not None,
         }
         for key, given in extras.items():
             if given:
@@ -384,6 +427,7 @@ class WorkflowDef:
                 for label, template in (
                     ("idempotency_key", task.idempotency_key),
                     ("ordering_key", task.ordering_key),
+                    ("concurrency.key", task.concurrency.key if task.concurrency else None),
                     (
                         "wait_for_event.key",
                         task.wait_for_event.key if task.wait_for_event else None,
@@ -452,6 +496,8 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
         data["run_if"] = str(task.run_if)
     if task.queue is not None:  # the same
         data["queue"] = task.queue
+    if task.concurrency is not None:  # the same
+        data["concurrency"] = {"key": task.concurrency.key, "limit": task.concurrency.limit}
     return data
 
 

@@ -55,6 +55,9 @@ class TaskRun:
     child_workflow: str | None = None  # a child-workflow task: the workflow it starts
     child_run_id: UUID | None = None  # ... and the child run of its latest attempt
     queue: str | None = None  # the broker queue its messages go to (None: unassigned, 0014)
+    concurrency_key: str | None = None  # its concurrency key, rendered (None: no limit)
+    concurrency_limit: int | None = None  # ... and the slots of that key
+    waiting_on: str | None = None  # why it waits (SPEC 7.4): start_at, timer, event, concurrency
 
     @property
     def skipped(self) -> bool:
@@ -249,6 +252,7 @@ class PassReport:
     events: int = 0  # event waits started (or delivered at once) or timed out
     conditions: int = 0  # run_if tasks decided (gate opened or skipped)
     children: int = 0  # child-workflow tasks started (or buried) or settled
+    admitted: int = 0  # tasks with a concurrency key admitted to READY
 
     @property
     def total(self) -> int:
@@ -265,6 +269,7 @@ class PassReport:
             + self.events
             + self.conditions
             + self.children
+            + self.admitted
         )
 
 

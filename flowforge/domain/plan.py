@@ -17,7 +17,7 @@ from uuid import UUID
 
 from flowforge.domain import timing
 from flowforge.domain.conditions import is_conditional
-from flowforge.domain.dag import WorkflowDef, render_key
+from flowforge.domain.dag import TaskDef, WorkflowDef, render_key
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
 
@@ -64,6 +64,8 @@ class PlannedTask:
     run_if: str = "all_succeeded"
     child_workflow: str | None = None
     queue: str | None = None
+    concurrency_key: str | None = None  # rendered; None: no concurrency limit
+    concurrency_limit: int | None = None
 
 
 @dataclass
@@ -192,6 +194,8 @@ def plan_runs(
                 run_if=str(task.run_if),
                 child_workflow=task.workflow,
                 queue=task.queue or queue,
+                concurrency_key=_concurrency_key(task, run_input, label),
+                concurrency_limit=None if task.concurrency is None else task.concurrency.limit,
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
@@ -215,6 +219,13 @@ def _render(template: str | None, run_input: Mapping[str, Any], label: str) -> s
     if template is None:
         return None
     return check_text(render_key(template, run_input, label), label)
+
+
+def _concurrency_key(task: TaskDef, run_input: Mapping[str, Any], label: str) -> str | None:
+    """The task's concurrency key rendered over the run input (None: no limit)."""
+    if task.concurrency is None:
+        return None
+    return _render(task.concurrency.key, run_input, f"{label} concurrency.key")
 
 
 def _where(index: int, total: int) -> str:

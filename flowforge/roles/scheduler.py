@@ -31,6 +31,7 @@ from flowforge.roles.presence import Presence
 from flowforge.store.children import Children
 from flowforge.store.db import Database
 from flowforge.store.events import Events
+from flowforge.store.limits import Limits
 from flowforge.store.maps import Maps
 from flowforge.store.notify import SCHEDULER_CHANNEL, Listener
 from flowforge.store.passes import Passes
@@ -47,7 +48,7 @@ SECONDS_PER_DAY = 86_400.0
 MIN_WAIT_S = 0.01
 
 
-class SchedulerStatements(Passes, Processes, Schedules, Maps, Events, Children):
+class SchedulerStatements(Passes, Processes, Schedules, Maps, Events, Children, Limits):
     """The scheduler's part of the store: its passes, the process registry, the schedules, the
     map tasks, the event waits, the child-workflow tasks."""
 
@@ -152,6 +153,7 @@ class Scheduler:
             children = self._repo.settle_children(batch) + self._repo.start_children(batch)
             conditions = self._repo.evaluate_conditions(batch)  # opened gates: promoted now
             promoted = self._repo.promote_ready(batch)
+            admitted = self._repo.admit_concurrency(batch)  # tasks with a concurrency key
             return PassReport(
                 propagated=propagated,
                 promoted=promoted,
@@ -165,6 +167,7 @@ class Scheduler:
                 events=events,
                 conditions=conditions,
                 children=children,
+                admitted=admitted,
             )
 
     def _fire(self, batch: int) -> int:

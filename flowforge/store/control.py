@@ -26,7 +26,9 @@ from flowforge.domain.control import (
     TaskFacts,
     plan,
     why_holds,
+    why_holds_slot,
     why_waits,
+    why_waits_slot,
 )
 from flowforge.domain.model import parse_id
 from flowforge.domain.reasons import FailureReason
@@ -43,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: ``flowforge keys show`` lists at most this many of the tasks waiting behind a holder.
 KEY_NEXT_SHOWN = 20
+#: Most holders of a concurrency key listed (its limit may be larger; the count is exact).
+KEY_SLOTS_SHOWN = 100
 
 
 class Control(Reads):
@@ -77,12 +81,11 @@ class Control(Reads):
         return self._act(Action.BURY, task_run_id, requested_by, reason)
 
     def key_holds(self, key: str) -> tuple[KeyHold, ...]:
-        """What holds ``key``: one :class:`KeyHold` per kind of limit the key is (ordering
-        only, today), with the task(s) holding it, why, and how many wait behind them. Empty
+        """What holds ``key``: one :class:`KeyHold` per kind of limit the key is (ordering,
+        concurrency), with the task(s) holding it, why, and how many wait behind them. Empty
         when nothing holds it (an unknown key included)."""
         check_text(key, "the key", MAX_KEY_BYTES)
-        found = self._query("key_stream", {"key": key, "limit": 1 + KEY_NEXT_SHOWN})
-        return _ordering_hold(key, found)
+        return self._transaction(_key_holds, key)
 
     def _act(
         self, action: Action, task_run_id: UUID | str, requested_by: str, reason: str | None
@@ -174,6 +177,13 @@ def _control(
 _PAST = {Action.CANCEL: "cancelled", Action.RETRY_NOW: "retried", Action.BURY: "buried"}
 
 
+def _key_holds(tx: Tx, key: str) -> tuple[KeyHold, ...]:
+    """Both kinds of hold of ``key``, read in one transaction."""
+    found = tx.all("key_stream", {"key": key, "limit": 1 + KEY_NEXT_SHOWN})
+    slots = tx.all("concurrency_holds", {"key": key, "limit": KEY_SLOTS_SHOWN + KEY_NEXT_SHOWN})
+    return _ordering_hold(key, found) + _concurrency_hold(key, slots)
+
+
 def _ordering_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
     if not found:
         return ()
@@ -196,5 +206,33 @@ def _ordering_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
             holders=(holder,),
             waiting=int(first["n"]) - 1,
             next=tuple(rows.key_task(r, behind) for r in found[1:]),
+        ),
+    )
+
+
+def _concurrency_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
+    """``concurrency_holds`` rows (holders first) as a hold: its limit is the smallest of its
+    tasks' (what admit_concurrency applies), at most KEY_SLOTS_SHOWN holders and
+    KEY_NEXT_SHOWN waiting ones listed."""
+    if not found:
+        return ()
+    limit = min(int(r["concurrency_limit"]) for r in found)
+    held = [r for r in found if r["holds"]]
+    free = limit - int(found[0]["held"])
+    holders = tuple(
+        rows.key_task(r, why_holds_slot(TaskState(r["state"]), r["cancel_requested"])) for r in held
+    )
+    waiting = [r for r in found if not r["holds"]][:KEY_NEXT_SHOWN]
+    return (
+        KeyHold(
+            kind=HoldKind.CONCURRENCY,
+            key=key,
+            limit=limit,
+            holders=holders,
+            waiting=int(found[0]["waiting"]),
+            next=tuple(
+                rows.key_task(r, why_waits_slot(TaskState(r["state"]), r["pending_deps"], free))
+                for r in waiting
+            ),
         ),
     )

@@ -10,8 +10,8 @@
 -- fragment: release_dependents(source)
 -- The CTEs released and queued: every dependent of a task in {source} (columns id, state) that
 -- SUCCEEDED counts one dependency off. A dependent whose last dependency that was, with no
--- ordering key to wait on and a worker to execute it, becomes READY with its outbox row in the
--- same statement; one no worker executes (a timer, a map, an event wait, a child-workflow task)
+-- ordering key to wait on, no concurrency key (admit_concurrency admits those) and a worker to
+-- execute it, becomes READY with its outbox row in the same statement; one no worker executes (a timer, a map, an event wait, a child-workflow task)
 -- stays PENDING for its scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
 -- timer waking, a map settling, an event delivered or found at the start of its wait, a child
 -- run's success handed to its task.
@@ -19,9 +19,10 @@ released AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
            state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.needs_worker
+                             AND t.concurrency_key IS NULL
                         THEN 'READY' ELSE t.state END,
            ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.needs_worker
+                                AND t.needs_worker AND t.concurrency_key IS NULL
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
       FROM (SELECT e.downstream_id AS id, count(*) AS n
@@ -83,7 +84,8 @@ SELECT id, idempotency_key, request_digest
 
 -- name: insert_tasks
 -- A task with nothing to wait for (no dependency, no closed start gate: both count in
--- pending_deps; no ordering key) that a worker executes is created READY with its outbox row in
+-- pending_deps; no ordering key; no concurrency key, or one the trigger admitted it to:
+-- limits.admit_new, under the key's lock) that a worker executes is created READY with its outbox row in
 -- the same statement: the first step of a run needs no scheduler pass. (k.ready reads the
 -- expression of task_runs.needs_worker, migrations 0012 and 0013: the row does not exist yet
 -- here.)
@@ -92,13 +94,15 @@ WITH inserted AS (
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
                            on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
                            max_parallel, event_name, event_key, event_timeout_s, child_workflow,
-                           queue)
+                           queue, concurrency_key, concurrency_limit)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
-           CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END, CASE WHEN k.ready THEN now() END,
+           CASE WHEN k.ready AND (t.concurrency_key IS NULL OR t.admitted)
+                THEN 'READY' ELSE 'PENDING' END,
+           CASE WHEN k.ready AND (t.concurrency_key IS NULL OR t.admitted) THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
-           t.child_workflow, t.queue
+           t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
@@ -106,11 +110,13 @@ WITH inserted AS (
                   %(start_gates)s::bool[], %(sleeps)s::float8[], %(run_ifs)s::text[],
                   %(for_each)s::text[], %(max_parallel)s::int[], %(event_names)s::text[],
                   %(event_keys)s::text[], %(event_timeouts)s::float8[],
-                  %(child_workflows)s::text[], %(queues)s::text[])
+                  %(child_workflows)s::text[], %(queues)s::text[],
+                  %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
+                  %(admitted)s::bool[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
-                child_workflow, queue)
+                child_workflow, queue, concurrency_key, concurrency_limit, admitted)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
                   AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
@@ -142,11 +148,12 @@ SELECT pg_notify('flowforge_outbox', '');
 -- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
 -- (A task no worker executes is never READY: start_timers takes a durable timer, expand_map a
 -- map, start_event_waits an event wait, start_children a child-workflow task — its due retry
--- too.)
+-- too. A task with a concurrency key is admit_concurrency's.)
 WITH eligible AS (
     SELECT t.id
       FROM task_runs t
      WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.needs_worker
+       AND t.concurrency_key IS NULL
        AND (t.ordering_key IS NULL OR NOT EXISTS (
                SELECT 1 FROM task_runs e
                 WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
@@ -159,6 +166,7 @@ WITH eligible AS (
     SELECT t.id
       FROM task_runs t
      WHERE t.state = 'RETRYING' AND t.retry_at <= now() AND t.needs_worker
+       AND t.concurrency_key IS NULL
      ORDER BY t.retry_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -945,7 +953,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
             THEN (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
                            WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
-       t.child_workflow, t.child_run_id, t.queue
+       t.child_workflow, t.child_run_id, t.queue, t.concurrency_key, t.concurrency_limit,
+-- use: waiting_on(t)
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
  ORDER BY t.seq;
@@ -959,7 +968,9 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
-       t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id, t.queue
+       t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id, t.queue,
+       t.concurrency_key, t.concurrency_limit,
+-- use: waiting_on(t)
   FROM task_runs t
  WHERE t.id = %(id)s;
 
@@ -1973,11 +1984,14 @@ SELECT pg_notify('flowforge_cancel', 'task:' || %(id)s::text);
 -- RETRYING → READY with its outbox row, its backoff skipped: the attempt it waited to make is
 -- made now (no attempt is added or refunded). A child-workflow task (no worker executes it)
 -- stays RETRYING with its retry due now: the scheduler's start_children starts its next child.
+-- So does a task with a concurrency key: admit_concurrency makes it READY when a slot is free.
 WITH promoted AS (
     UPDATE task_runs
-       SET state = CASE WHEN needs_worker THEN 'READY' ELSE state END,
-           retry_at = CASE WHEN needs_worker THEN NULL ELSE now() END,
-           ready_at = CASE WHEN needs_worker THEN now() ELSE ready_at END, updated_at = now()
+       SET state = CASE WHEN needs_worker AND concurrency_key IS NULL THEN 'READY' ELSE state END,
+           retry_at = CASE WHEN needs_worker AND concurrency_key IS NULL THEN NULL ELSE now() END,
+           ready_at = CASE WHEN needs_worker AND concurrency_key IS NULL THEN now()
+                           ELSE ready_at END,
+           updated_at = now()
      WHERE id = %(id)s AND state = 'RETRYING' AND fencing_token = %(token)s
     RETURNING id, state, fencing_token, queue
 ), queued AS (
@@ -2025,3 +2039,119 @@ SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
   FROM ready r
   FULL JOIN consumers c ON coalesce(r.queue, '') = coalesce(c.queue, '')
  ORDER BY 1 NULLS FIRST;
+
+-- ------------------------------------------------------------------ concurrency limits (issue 20)
+
+-- fragment: awaiting_admission(task)
+-- Whether a task of {task} waits for the admission pass: it has a concurrency key and a worker
+-- to execute it, and is PENDING with its dependencies met and its ordering stream free (as
+-- promote_ready judges it), or RETRYING with its backoff over.
+{task}.concurrency_key IS NOT NULL AND {task}.needs_worker
+AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0
+      AND ({task}.ordering_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM task_runs e
+              WHERE e.ordering_key = {task}.ordering_key AND e.seq < {task}.seq
+                AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
+                AND NOT (e.state = 'DEAD' AND e.on_dead = 'release'))))
+     OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
+
+-- name: concurrency_keys_waiting
+-- Keys with a task the admission pass could admit: PENDING with its dependencies met and its
+-- ordering stream free, or RETRYING with its backoff over — and a worker to execute it. Sorted:
+-- admit_concurrency's callers lock them in this order (two schedulers never deadlock).
+SELECT DISTINCT t.concurrency_key AS key
+  FROM task_runs t
+ WHERE
+-- use: awaiting_admission(t)
+ ORDER BY 1
+ LIMIT %(limit)s;
+
+-- name: lock_concurrency_keys
+-- One transaction-scoped advisory lock per key, in key order: two schedulers admitting for one
+-- key take turns, so each counts the slots the other's admissions took (its statement snapshot
+-- is taken after the lock is granted).
+SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
+  FROM unnest(%(keys)s::text[]) AS k
+ ORDER BY k;
+
+-- name: admit_concurrency
+-- For each key (locked by lock_concurrency_keys): its waiting tasks (as concurrency_keys_waiting
+-- finds them) become READY with an outbox row, oldest first (seq), as many as its free slots:
+-- the limit less the tasks with the key that are READY or RUNNING now. A slot frees when its
+-- task leaves READY/RUNNING (a finish, a reap, a defer, a cancel), so a dead worker's slot frees
+-- with its lease. Tasks of one key that declare different limits: the smallest of the waiting
+-- ones' applies.
+WITH held AS (
+    SELECT k.key, (SELECT count(*) FROM task_runs h
+                    WHERE h.concurrency_key = k.key AND h.state IN ('READY', 'RUNNING')) AS n
+      FROM unnest(%(keys)s::text[]) AS k(key)
+), waiting AS (
+    SELECT t.id, t.concurrency_key, t.concurrency_limit, t.seq
+      FROM task_runs t
+     WHERE t.concurrency_key = ANY(%(keys)s::text[]) AND
+-- use: awaiting_admission(t)
+       FOR UPDATE OF t SKIP LOCKED
+), ranked AS (
+    SELECT w.id, h.n,
+           row_number() OVER (PARTITION BY w.concurrency_key ORDER BY w.seq) AS rn,
+           min(w.concurrency_limit) OVER (PARTITION BY w.concurrency_key) AS lim
+      FROM waiting w
+      JOIN held h ON h.key = w.concurrency_key
+), admitted AS (
+    UPDATE task_runs t
+       SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
+      FROM ranked r
+     WHERE t.id = r.id AND r.rn <= r.lim - r.n AND t.state IN ('PENDING', 'RETRYING')
+    RETURNING t.id, t.fencing_token, t.queue
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token, queue)
+    SELECT id, fencing_token, queue FROM admitted
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM admitted) AS admitted, (SELECT count(*) FROM queued) AS queued;
+
+-- name: concurrency_holds
+-- A concurrency key's tasks that hold a slot (READY, RUNNING) and those that wait for one
+-- (PENDING, RETRYING), holders first, each group oldest first; waiting and held count them all.
+SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
+       t.created_at, t.pending_deps, t.cancel_requested, t.concurrency_limit,
+       t.state IN ('READY', 'RUNNING') AS holds,
+       count(*) FILTER (WHERE t.state IN ('PENDING', 'RETRYING')) OVER () AS waiting,
+       count(*) FILTER (WHERE t.state IN ('READY', 'RUNNING')) OVER () AS held
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.concurrency_key = %(key)s AND t.state IN ('PENDING', 'RETRYING', 'READY', 'RUNNING')
+ ORDER BY t.state IN ('READY', 'RUNNING') DESC, t.seq
+ LIMIT %(limit)s;
+
+-- fragment: waiting_on(task)
+-- Why a task of {task} that is not executing waits (SPEC 7.4 `waiting_on`), NULL when nothing
+-- named holds it: `start_at` (its run's start time: the start gate is closed), `timer` (a
+-- sleeping durable timer), `event` (an event wait), `concurrency` (dependencies met, or its
+-- backoff over, and no free slot of its concurrency key yet). A new gate (a breaker, a pause)
+-- adds its branch before `concurrency`'s.
+CASE WHEN {task}.state = 'PENDING' AND {task}.start_gate THEN 'start_at'
+     WHEN {task}.state = 'RUNNING' AND {task}.sleep_s IS NOT NULL THEN 'timer'
+     WHEN {task}.state = 'RUNNING' AND {task}.event_name IS NOT NULL THEN 'event'
+     WHEN {task}.concurrency_key IS NOT NULL AND {task}.needs_worker
+          AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0)
+               OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
+     THEN 'concurrency'
+END AS waiting_on
+
+-- name: concurrency_room
+-- For a trigger's keys (locked by lock_concurrency_keys): the tasks of each holding a slot
+-- (READY, RUNNING), those the admission pass would admit (awaiting_admission), and the
+-- smallest limit among the key's not-yet-admitted ones (NULL: none). A key with no unfinished
+-- task has no row.
+SELECT t.concurrency_key AS key,
+       count(*) FILTER (WHERE t.state IN ('READY', 'RUNNING')) AS held,
+       count(*) FILTER (WHERE
+-- use: awaiting_admission(t)
+       ) AS waiting,
+       min(t.concurrency_limit) FILTER (WHERE t.state IN ('PENDING', 'RETRYING')) AS waiting_limit
+  FROM task_runs t
+ WHERE t.concurrency_key = ANY(%(keys)s::text[])
+   AND t.state IN ('PENDING', 'READY', 'RUNNING', 'RETRYING')
+ GROUP BY t.concurrency_key;

@@ -113,6 +113,9 @@ def task_run(row: Row) -> TaskRun:
         child_workflow=row.get("child_workflow"),
         child_run_id=row.get("child_run_id"),
         queue=row.get("queue"),
+        concurrency_key=row.get("concurrency_key"),
+        concurrency_limit=row.get("concurrency_limit"),
+        waiting_on=row.get("waiting_on"),
     )
 
 
@@ -422,8 +425,11 @@ def stored_result(result: Any) -> Jsonb | None:
     return jsonb(result if isinstance(result, JsonText) else to_json(result, "the result"))
 
 
-def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
-    """``insert_tasks``'s parameter arrays."""
+def task_columns(
+    tasks: Sequence[PlannedTask], admitted: Sequence[bool] | None = None
+) -> dict[str, list[Any]]:
+    """``insert_tasks``'s parameter arrays; ``admitted``: which tasks with a concurrency key the
+    trigger admitted (limits.admit_new; None: none)."""
     return {
         "run_ids": [t.run_id for t in tasks],
         "ids": [t.id for t in tasks],
@@ -448,6 +454,9 @@ def task_columns(tasks: Sequence[PlannedTask]) -> dict[str, list[Any]]:
         "run_ifs": [t.run_if for t in tasks],
         "child_workflows": [t.child_workflow for t in tasks],
         "queues": [t.queue for t in tasks],
+        "concurrency_keys": [t.concurrency_key for t in tasks],
+        "concurrency_limits": [t.concurrency_limit for t in tasks],
+        "admitted": list(admitted) if admitted is not None else [False] * len(tasks),
     }
 
 

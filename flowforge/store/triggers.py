@@ -16,7 +16,7 @@ from flowforge.domain.plan import RunPlan, plan_runs
 from flowforge.domain.states import TaskState
 from flowforge.domain.timing import judge_start_at
 from flowforge.errors import TriggerConflictError
-from flowforge.store import rows
+from flowforge.store import limits, rows
 from flowforge.store.part import Part, Tx
 
 #: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
@@ -145,7 +145,8 @@ def _insert_plan(
     tasks = plan.tasks_of(inserted)
     if tasks:
         transitions.check(TaskState.PENDING, TaskState.READY)  # created READY when free
-        counts = tx.one("insert_tasks", rows.task_columns(tasks))
+        admitted = limits.admit_new(tx, tasks)  # tasks with a concurrency key: READY if room
+        counts = tx.one("insert_tasks", rows.task_columns(tasks, admitted))
         upstream, downstream = plan.edges_of({t.id for t in tasks})
         if upstream:
             tx.all("insert_edges", {"upstream": upstream, "downstream": downstream})

@@ -30,7 +30,7 @@ import psycopg
 import yaml
 
 from flowforge.config import DatabaseConfig
-from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.dag import Concurrency, TaskDef, WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.events import Events
 from flowforge.store.migrate import migrate
@@ -223,8 +223,21 @@ def _wait_until(
     raise RuntimeError(f"timed out after {timeout_s}s waiting for: {query}")
 
 
-def throughput(repo: Triggers, conn: psycopg.Connection[Any], s: Settings) -> dict[str, float]:
+#: The wide limit of the limited throughput workload: more than its tasks, so never reached; what
+#: it measures is the admission gate's cost (docs/performance.md "Concurrency limits").
+WIDE_LIMIT = 100_000
+
+
+def throughput(
+    repo: Triggers, conn: psycopg.Connection[Any], s: Settings, limited: bool = False
+) -> dict[str, float]:
+    """Independent one-task runs, triggered in batches; tasks/s from the first run created to
+    the last task finished. ``limited``: every task has ``concurrency: {key: bench, limit:
+    WIDE_LIMIT}`` (the admission pass makes each READY)."""
     wf = _one("throughput")
+    if limited:
+        task = TaskDef("t", "bench.noop", concurrency=Concurrency("bench", WIDE_LIMIT))
+        wf = WorkflowDef("throughput-limited", (task,))
     started = time.perf_counter()
     for offset in range(0, s.tasks, TRIGGER_BATCH):
         repo.trigger_many(
@@ -393,6 +406,10 @@ def measure(
                     )
                     record("throughput", "tasks/s", t["tasks_per_s"])
                     record("trigger rate", "runs/s", t["trigger_per_s"])
+                    # the same, every task under a wide concurrency limit: A/B in each repetition
+                    bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
+                    t = throughput(repo, conn, settings, limited=True)
+                    record("throughput (wide limit)", "tasks/s", t["tasks_per_s"])
                     f = fanout(repo, conn, settings.fanout, settings.timeout_s)
                     record("fan-out", "tasks/s", f["tasks_per_s"], width=settings.fanout)
                     record("fan-out wall", "s", f["wall_s"])

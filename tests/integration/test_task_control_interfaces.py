@@ -185,3 +185,35 @@ def test_dead_list_filters_mirror_the_api(config: Path, repo: Store, sql: Sql) -
     with serve_config(config) as api:
         found = api.get("/api/v1/dead?reason=operator&handler=tests.other").json()["tasks"]
         assert [t["id"] for t in found] == [str(two)]
+
+
+def test_keys_show_a_concurrency_key_and_status_says_why_a_task_waits(
+    config: Path, repo: Store, sql: Sql
+) -> None:
+    from flowforge.domain.dag import Concurrency  # concurrency limits (issue 20)
+
+    limited = WorkflowDef(
+        "limited", (TaskDef("call", "tests.noop", concurrency=Concurrency("partner", 1)),)
+    )
+    runs = [repo.trigger(limited).run_id for _ in range(3)]
+    drain(repo)
+    holder = repo.get_run(runs[0]).tasks[0].id
+    out = ok(flowforge(config, "keys", "show", "partner"))
+    assert "concurrency key 'partner' (limit 1): held by 1, 2 waiting" in out
+    assert "waits for a free slot of the key" in out and str(holder) in out
+    data = json.loads(ok(flowforge(config, "keys", "show", "partner", "--json")))
+    (hold,) = data["holds"]
+    assert (hold["kind"], hold["limit"], hold["waiting"]) == ("concurrency", 1, 2)
+    assert [h["id"] for h in hold["holders"]] == [str(holder)]
+    status = json.loads(ok(flowforge(config, "status", str(runs[2]), "--json")))
+    (task,) = status["tasks"]
+    assert (task["waiting_on"], task["concurrency_key"], task["concurrency_limit"]) == (
+        "concurrency",
+        "partner",
+        1,
+    )
+    assert "concurrency" in ok(flowforge(config, "status", str(runs[2])))  # the WAITING_ON column
+    with serve_config(config) as api:
+        assert api.get("/api/v1/keys?key=partner").json()["holds"][0]["kind"] == "concurrency"
+        reply = api.get(f"/api/v1/task-runs/{task['id']}").json()
+        assert reply["task"]["waiting_on"] == "concurrency"

@@ -107,6 +107,7 @@ def test_the_parts_share_no_name() -> None:
         "Events",
         "Children",
         "Control",
+        "Limits",
     }
     owners: dict[str, list[str]] = {}
     for part in parts:

@@ -254,6 +254,11 @@ function drawTask(detail) {
   fact("#task-queue-fact", task.queue, () => {
     $("#task-queue").textContent = task.queue;
   });
+  // why it waits (SPEC 7.4): start_at, timer, event, concurrency (with its key); none: hidden
+  fact("#task-waiting-fact", task.waiting_on, () => {
+    const key = task.waiting_on === "concurrency" ? ` (${task.concurrency_key})` : "";
+    $("#task-waiting-on").textContent = `${task.waiting_on}${key}`;
+  });
   const shown = shownAttempt(detail.attempts);
   $("#attempt-rows").replaceChildren(
     ...detail.attempts.map((a) => {
