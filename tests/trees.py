@@ -35,6 +35,7 @@ class Tree:
         if env is None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
         self.log_path = log
+        self.prefix = tuple(prefix)
         with log.open("ab") as stderr:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", "flowforge.cli", "-c", str(config), "up"],
@@ -54,19 +55,29 @@ class Tree:
 
         wait_for(probe, READY_S, 0.1, "the tree to be ready")
 
+    def supervisor(self) -> int:
+        """The supervisor's pid: the process started, or — under a wrapper such as ``faketime``,
+        which forks the command and waits for it — the wrapper's child. Signalling the wrapper
+        would end it alone and leave the tree running, orphaned, for the tests after this one."""
+        if not self.prefix:
+            return self.proc.pid
+        children = child_pids(self.proc.pid)
+        return children[0] if children else self.proc.pid
+
     def stop(self) -> None:
+        """SIGTERM the supervisor and wait for the whole tree (SIGKILL after STOP_S)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            os.kill(self.supervisor(), signal.SIGTERM)
             try:
                 self.proc.wait(STOP_S)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(STOP_S)
+                self.kill()
 
     def kill(self) -> None:
         """SIGKILL the supervisor; its children die with it (PR_SET_PDEATHSIG)."""
-        children = child_pids(self.proc.pid, recursive=True)
-        self.proc.kill()
+        supervisor = self.supervisor()
+        children = child_pids(supervisor, recursive=True)
+        os.kill(supervisor, signal.SIGKILL)
         self.proc.wait(STOP_S)
         wait_for(lambda: not any(_alive(p) for p in children), STOP_S, 0.05, "children to die")
 
