@@ -83,8 +83,7 @@ def test_up_prints_and_logs_no_secret(stack: Stack, tmp_path: Path) -> None:
     try:
         wait_for(lambda: "tree ready" in err.read_text(), READY_S, 0.1, "the tree to be ready")
     finally:
-        tree.send_signal(signal.SIGTERM)
-        code = tree.wait(STOP_S)
+        code = stop_tree(tree)
     banner, logs = out.read_text(), err.read_text()
     assert code == 0, logs[-3000:]
     assert f":***@127.0.0.1:{dead_port}/%2F" in banner
@@ -318,8 +317,7 @@ def test_a_tree_whose_secrets_are_only_in_files_shows_them_nowhere(
             assert done.returncode == 0, done.stderr[-3000:]
             shown.append((" ".join(cli), done.stdout + done.stderr))
     finally:
-        tree.send_signal(signal.SIGTERM)
-        code = tree.wait(STOP_S)
+        code = stop_tree(tree)
     banner, logs = out.read_text(), err.read_text()
     assert code == 0, logs[-3000:]
 
@@ -426,8 +424,7 @@ def test_secrets_given_in_variables_are_dropped_before_any_child_starts(
 
         worker_env = wait_for(result, RUN_S, 0.2, f"run {run} to succeed")["environ"]
     finally:
-        tree.send_signal(signal.SIGTERM)
-        code = tree.wait(STOP_S)
+        code = stop_tree(tree)
     assert code == 0, err.read_text()[-3000:]
     assert len(views) == 5, views  # the supervisor, scheduler, publisher, a worker, the api
     for name in ("FLOWFORGE_DATABASE_URL", "FLOWFORGE_BROKER_URL", "FLOWFORGE_API_TOKEN"):
@@ -436,3 +433,15 @@ def test_secrets_given_in_variables_are_dropped_before_any_child_starts(
     assert_no_secret("a handler's os.environ", json.dumps(worker_env))
     for pid, view in views.items():
         assert_no_secret(f"environ of pid {pid}", view["environ"])
+
+
+def stop_tree(tree: subprocess.Popen[bytes]) -> int:
+    """SIGTERM the tree and return its exit status; one that has not stopped in STOP_S is
+    SIGKILLed before the failure is raised, so no tree outlives its test."""
+    tree.send_signal(signal.SIGTERM)
+    try:
+        return tree.wait(STOP_S)
+    except subprocess.TimeoutExpired:
+        tree.kill()
+        tree.wait(STOP_S)
+        raise
