@@ -30,22 +30,6 @@ from flowforge.store.processes import Processes
 from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
 
-#: The store's parts, each a class of the product (store/part.py's ``Part``).
-PARTS = (
-    Triggers,
-    Passes,
-    Claims,
-    Outbox,
-    Processes,
-    Operator,
-    Schedules,
-    Maps,
-    Events,
-    Children,
-    Control,
-    Limits,
-)
-
 
 @dataclass(frozen=True)
 class Renewal:
@@ -107,3 +91,7 @@ class Store(
         with SQL; no product code reads it back."""
         found = self._db.execute(b"SELECT name, value FROM counters ORDER BY name")
         return {row["name"]: int(row["value"]) for row in found}
+
+
+#: The store's parts, each a class of the product (store/part.py's ``Part``): Store's bases.
+PARTS: tuple[type, ...] = Store.__bases__

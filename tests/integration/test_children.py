@@ -98,6 +98,16 @@ def register(repo: Store, *workflows: WorkflowDef) -> None:
     repo.register_workflows(list(workflows))
 
 
+def started_retried(repo: Store, sql: Sql) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+    """A RETRIED run whose ``call`` task has started its first child: (run, call, child)."""
+    register(repo, FLAKY_CHILD)
+    run_id = repo.trigger(RETRIED, {}).run_id
+    call = task_ids(repo, run_id)["call"]
+    drain(repo)
+    [(child, _)] = children_of(sql, call)
+    return run_id, call, child
+
+
 def test_a_child_run_is_created_once_linked_both_ways_and_its_leaves_are_the_result(
     repo: Store, sql: Sql
 ) -> None:
@@ -154,11 +164,7 @@ def test_without_input_the_child_gets_the_run_input(repo: Store, sql: Sql) -> No
 
 
 def test_a_failed_child_is_retried_with_a_new_child_per_attempt(repo: Store, sql: Sql) -> None:
-    register(repo, FLAKY_CHILD)
-    run_id = repo.trigger(RETRIED, {}).run_id
-    call = task_ids(repo, run_id)["call"]
-    drain(repo)
-    [(first, _)] = children_of(sql, call)
+    run_id, call, first = started_retried(repo, sql)
     bury(repo, sql, task_ids(repo, first)["only"])  # drains: the child FAILS, call retries
     drain(repo)
     assert repo.get_run(first).state is RunState.FAILED
@@ -197,11 +203,7 @@ def test_a_requeued_child_task_starts_a_new_child(repo: Store, sql: Sql) -> None
 
 
 def test_a_child_cancelled_by_someone_else_kills_its_task(repo: Store, sql: Sql) -> None:
-    register(repo, FLAKY_CHILD)
-    run_id = repo.trigger(RETRIED, {}).run_id
-    call = task_ids(repo, run_id)["call"]
-    drain(repo)
-    [(child, _)] = children_of(sql, call)
+    run_id, call, child = started_retried(repo, sql)
     repo.cancel_run(child)
     drain(repo)
     task = repo.get_task(call)
@@ -318,11 +320,7 @@ def test_two_schedulers_racing_over_20_child_tasks_start_one_child_each(
 
 
 def test_the_database_refuses_a_second_child_for_one_attempt(repo: Store, sql: Sql) -> None:
-    register(repo, FLAKY_CHILD)
-    run_id = repo.trigger(RETRIED, {}).run_id
-    call = task_ids(repo, run_id)["call"]
-    drain(repo)
-    [(child, _)] = children_of(sql, call)
+    _run_id, _call, child = started_retried(repo, sql)
     with pytest.raises(psycopg.errors.UniqueViolation):
         sql.execute(
             "INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast,"
@@ -337,11 +335,7 @@ def test_the_database_refuses_a_second_child_for_one_attempt(repo: Store, sql: S
 def test_a_child_run_deleted_before_its_task_settled_fails_the_attempt(
     repo: Store, sql: Sql
 ) -> None:
-    register(repo, FLAKY_CHILD)
-    run_id = repo.trigger(RETRIED, {}).run_id
-    call = task_ids(repo, run_id)["call"]
-    drain(repo)
-    [(first, _)] = children_of(sql, call)
+    _run_id, call, first = started_retried(repo, sql)
     sql.execute("DELETE FROM workflow_runs WHERE id = %s", (first,))  # purge --dead, say
     drain(repo)
     task = repo.get_task(call)
@@ -394,11 +388,7 @@ def test_the_scheduler_registers_what_it_loaded_so_any_trigger_finds_the_child(
 def test_a_rerun_of_the_parent_starts_a_new_child_and_keeps_the_old_one(
     repo: Store, sql: Sql
 ) -> None:
-    register(repo, FLAKY_CHILD)
-    run_id = repo.trigger(RETRIED, {}).run_id
-    call = task_ids(repo, run_id)["call"]
-    drain(repo)
-    [(first, _)] = children_of(sql, call)
+    run_id, call, first = started_retried(repo, sql)
     repo.cancel_run(first)  # the child cancelled by hand: the task dies, the parent FAILS
     drain(repo)
     assert repo.get_run(run_id).state is RunState.FAILED
