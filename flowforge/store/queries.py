@@ -19,7 +19,10 @@ from types import MappingProxyType
 _HEAD_LINE = re.compile(
     r"^--\s*(name|fragment):\s*([a-z_][a-z0-9_]*)(?:\(([a-z_]+)\))?\s*$", re.MULTILINE
 )
-_USE_LINE = re.compile(r"^--\s*use:\s*([a-z_][a-z0-9_]*)\(([a-z_][a-z0-9_]*)\)\s*$", re.MULTILINE)
+#: ``-- use: fragment(cte)``; inside a fragment the argument may be its own ``{param}``.
+_USE_LINE = re.compile(
+    r"^--\s*use:\s*([a-z_][a-z0-9_]*)\(([a-z_][a-z0-9_]*|\{[a-z_]+\})\)\s*$", re.MULTILINE
+)
 
 
 def parse(text: str) -> Mapping[str, bytes]:
@@ -43,12 +46,16 @@ def parse(text: str) -> Mapping[str, bytes]:
         else:
             bodies[name] = body.strip()
 
-    def expand(use: re.Match[str]) -> str:
+    def expand(use: re.Match[str], outer: tuple[str, ...] = ()) -> str:
         fragment, cte = use.group(1), use.group(2)
         if fragment not in fragments:
             raise ValueError(f"use of unknown fragment {fragment!r}")
+        if fragment in outer:
+            raise ValueError(f"fragment {fragment!r} uses itself")
         param, sql = fragments[fragment]
-        return sql.replace("{" + param + "}", cte)
+        # a fragment may use another: its uses are expanded once its parameter is in place
+        inner = (*outer, fragment)
+        return _USE_LINE.sub(lambda m: expand(m, inner), sql.replace("{" + param + "}", cte))
 
     return MappingProxyType(
         {name: _USE_LINE.sub(expand, body).encode() for name, body in bodies.items()}
@@ -59,11 +66,16 @@ def _without_outer_comments(body: str) -> str:
     """The SQL of a fragment: what documents it (before) and the next section's title (after)
     stay out of every query that uses it."""
     lines = body.strip().splitlines()
-    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+    while lines and _prose(lines[0]):
         lines.pop(0)
-    while lines and (not lines[-1].strip() or lines[-1].lstrip().startswith("--")):
+    while lines and _prose(lines[-1]):
         lines.pop()
     return "\n".join(lines)
+
+
+def _prose(line: str) -> bool:
+    """A blank or comment line that is not a ``-- use:`` (a fragment may end with one)."""
+    return not line.strip() or (line.lstrip().startswith("--") and not _USE_LINE.match(line))
 
 
 @functools.cache

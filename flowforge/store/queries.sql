@@ -39,6 +39,33 @@ released AS (
     RETURNING id
 )
 
+-- fragment: dispatch(source)
+-- The CTEs promoted and queued: the tasks in {source} (a column id) that are still PENDING or
+-- RETRYING become READY with their outbox row (on their queue) in the same statement. The
+-- outbox is unique per (task run, token): a repeated pass never duplicates a dispatch. Used by
+-- promote_ready and admit_concurrency, whose CTEs choose the tasks.
+promoted AS (
+    UPDATE task_runs t
+       SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
+      FROM {source} c
+     WHERE t.id = c.id AND t.state IN ('PENDING', 'RETRYING')
+    RETURNING t.id, t.fencing_token, t.queue
+), queued AS (
+    INSERT INTO outbox (task_run_id, fencing_token, queue)
+    SELECT id, fencing_token, queue FROM promoted
+    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
+    RETURNING id
+)
+
+-- fragment: stream_free(task)
+-- Whether {task}'s ordering stream lets it run: it has no ordering key, or every task ahead of
+-- it in the stream is done with it (SUCCEEDED, CANCELLED, or DEAD with on_dead: release).
+({task}.ordering_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM task_runs e
+     WHERE e.ordering_key = {task}.ordering_key AND e.seq < {task}.seq
+       AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
+       AND NOT (e.state = 'DEAD' AND e.on_dead = 'release')))
+
 -- ------------------------------------------------------------------ definitions and triggers
 
 -- name: register_definition
@@ -154,11 +181,8 @@ WITH eligible AS (
       FROM task_runs t
      WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.needs_worker
        AND t.concurrency_key IS NULL
-       AND (t.ordering_key IS NULL OR NOT EXISTS (
-               SELECT 1 FROM task_runs e
-                WHERE e.ordering_key = t.ordering_key AND e.seq < t.seq
-                  AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
-                  AND NOT (e.state = 'DEAD' AND e.on_dead = 'release')))
+       AND
+-- use: stream_free(t)
      ORDER BY t.seq
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -172,18 +196,8 @@ WITH eligible AS (
        FOR UPDATE OF t SKIP LOCKED
 ), candidates AS (
     SELECT id FROM eligible UNION ALL SELECT id FROM due
-), promoted AS (
-    UPDATE task_runs t
-       SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
-      FROM candidates c
-     WHERE t.id = c.id AND t.state IN ('PENDING', 'RETRYING')
-    RETURNING t.id, t.fencing_token, t.queue
-), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue)
-    SELECT id, fencing_token, queue FROM promoted
-    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
-    RETURNING id
-)
+),
+-- use: dispatch(candidates)
 SELECT (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM queued) AS queued;
 
 -- ------------------------------------------------------------------ scheduler: failures
@@ -2047,13 +2061,9 @@ SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
 -- to execute it, and is PENDING with its dependencies met and its ordering stream free (as
 -- promote_ready judges it), or RETRYING with its backoff over.
 {task}.concurrency_key IS NOT NULL AND {task}.needs_worker
-AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0
-      AND ({task}.ordering_key IS NULL OR NOT EXISTS (
-             SELECT 1 FROM task_runs e
-              WHERE e.ordering_key = {task}.ordering_key AND e.seq < {task}.seq
-                AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
-                AND NOT (e.state = 'DEAD' AND e.on_dead = 'release'))))
-     OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
+AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0 AND
+-- use: stream_free({task})
+     ) OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
 
 -- name: concurrency_keys_waiting
 -- Keys with a task the admission pass could admit: PENDING with its dependencies met and its
@@ -2097,19 +2107,11 @@ WITH held AS (
            min(w.concurrency_limit) OVER (PARTITION BY w.concurrency_key) AS lim
       FROM waiting w
       JOIN held h ON h.key = w.concurrency_key
-), admitted AS (
-    UPDATE task_runs t
-       SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
-      FROM ranked r
-     WHERE t.id = r.id AND r.rn <= r.lim - r.n AND t.state IN ('PENDING', 'RETRYING')
-    RETURNING t.id, t.fencing_token, t.queue
-), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue)
-    SELECT id, fencing_token, queue FROM admitted
-    ON CONFLICT (task_run_id, fencing_token) DO NOTHING
-    RETURNING id
-)
-SELECT (SELECT count(*) FROM admitted) AS admitted, (SELECT count(*) FROM queued) AS queued;
+), chosen AS (
+    SELECT id FROM ranked WHERE rn <= lim - n
+),
+-- use: dispatch(chosen)
+SELECT (SELECT count(*) FROM promoted) AS admitted, (SELECT count(*) FROM queued) AS queued;
 
 -- name: concurrency_holds
 -- A concurrency key's tasks that hold a slot (READY, RUNNING) and those that wait for one

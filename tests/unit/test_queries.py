@@ -312,3 +312,18 @@ def test_every_failure_reason_the_queries_write_is_one_the_domain_names() -> Non
             written.update(re.findall(r"(?:THEN|ELSE)\s*'([a-z_]+)'", assignment))
     assert "event_timeout" in written and "cancelled" in written  # the scan sees them
     assert written - known == set()
+
+
+def test_a_fragment_may_use_another_with_its_own_parameter_in_place() -> None:
+    text = (
+        "-- fragment: inner(x)\n{x}.a = 1\n"
+        "-- fragment: outer(y)\n{y}.b = 2 AND\n-- use: inner({y})\n"
+        "-- name: q\nSELECT 1 FROM t WHERE\n-- use: outer(t)\n;\n"
+    )
+    assert queries.parse(text)["q"] == b"SELECT 1 FROM t WHERE\nt.b = 2 AND\nt.a = 1\n;"
+
+
+def test_a_fragment_that_uses_itself_is_refused() -> None:
+    text = "-- fragment: loop(x)\n-- use: loop({x})\n-- name: q\n-- use: loop(t)\n"
+    with pytest.raises(ValueError, match="fragment 'loop' uses itself"):
+        queries.parse(text)

@@ -48,9 +48,9 @@ GOOD_QUEUES = ["partner", "tenant-1.high", "q" * 255, "é" * 127, "Ünïcode que
 
 def test_every_insert_into_the_outbox_carries_the_queue_of_its_task() -> None:
     inserts = re.findall(r"INSERT INTO outbox \(([^)]*)\)\s*SELECT ([^\n]*) FROM", SQL)
-    # the release fragment, insert_tasks, promote_ready, release_claims, redispatch_lost,
-    # retry_task_now (an operator's retry-now), admit_concurrency (concurrency limits)
-    assert len(inserts) == len(re.findall(r"INSERT INTO outbox", SQL)) == 7
+    # the release fragment, the dispatch fragment (promote_ready, admit_concurrency),
+    # insert_tasks, release_claims, redispatch_lost, retry_task_now (an operator's retry-now)
+    assert len(inserts) == len(re.findall(r"INSERT INTO outbox", SQL)) == 6
     for columns, selected in inserts:
         assert [c.strip() for c in columns.split(",")][-1] == "queue", columns
         assert selected.split(",")[-1].strip() == "queue", selected
