@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from flowforge.config import Config, load_config
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.dag import Concurrency, OnDead, TaskDef, WorkflowDef
+from flowforge.domain.dag import Concurrency, OnDead, RateLimit, TaskDef, WorkflowDef
 from flowforge.domain.model import Run, TaskRun
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
@@ -28,6 +28,7 @@ __all__ = [
     "Jitter",
     "OnDead",
     "PermanentError",
+    "RateLimit",
     "RetryPolicy",
     "Run",
     "RunIf",

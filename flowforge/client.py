@@ -257,6 +257,7 @@ class Client:
         return self._store.bury_task(task_run_id, requested_by, reason)
 
     def key_holds(self, key: str) -> tuple[KeyHold, ...]:
-        """What holds the ordering ``key``: the task holding its stream (state, run, why)
-        and how many wait behind it; empty when nothing does."""
+        """What holds ``key``, per kind of limit it is (ordering, concurrency, rate_limit): the
+        task(s) holding it (state, run, why) and how many wait behind them; empty when nothing
+        does."""
         return self._store.key_holds(key)

@@ -68,11 +68,14 @@ def _normalise_task(task: Any) -> Any:
 
 
 def _wait_seconds(task: Any, index: int, errors: list[tuple[str, str]]) -> Any:
-    """``task`` with its ``wait_for_event.timeout`` written as text (``1d``) in seconds."""
-    if not isinstance(task, Mapping) or not isinstance(task.get("wait_for_event"), Mapping):
+    """``task`` with its ``wait_for_event.timeout`` and ``rate_limit.per`` written as text
+    (``1d``, ``1s``) in seconds."""
+    if not isinstance(task, Mapping):
         return task
-    wait = _seconds(task["wait_for_event"], "timeout", f"tasks[{index}].wait_for_event", errors)
-    return {**task, "wait_for_event": wait}
+    for key, field in (("wait_for_event", "timeout"), ("rate_limit", "per")):
+        if isinstance(task.get(key), Mapping):
+            task = {**task, key: _seconds(task[key], field, f"tasks[{index}].{key}", errors)}
+    return task
 
 
 def _seconds(data: Any, key: str, path: str, errors: list[tuple[str, str]]) -> Any:

@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
-from flowforge.domain.control import Controlled, KeyHold
+from flowforge.domain.control import Controlled, HoldKind, KeyHold
 from flowforge.domain.model import (
     Attempt,
     EventSent,
@@ -218,9 +218,18 @@ def controlled_dict(done: Controlled) -> dict[str, Any]:
 
 def key_holds_dict(key: str, holds: Sequence[KeyHold]) -> dict[str, Any]:
     """``GET /api/v1/keys?key=`` / ``keys show --json``: ``{"key", "holds": [{"kind", "limit",
-    "holders", "waiting", "next"}]}`` — one entry per kind of limit the key is (``ordering``
-    today; ``concurrency`` keys will join with their own limit); empty when nothing holds it."""
+    "holders", "waiting", "next"}]}`` — one entry per kind of limit the key is (``ordering``,
+    ``concurrency``, ``rate_limit``: the last also has ``per_s`` and ``started``); empty when
+    nothing holds it."""
+    rate_only = ("per_s", "started")
     return {
         "key": key,
-        "holds": [{k: v for k, v in to_dict(h).items() if k != "key"} for h in holds],
+        "holds": [
+            {
+                k: v
+                for k, v in to_dict(h).items()
+                if k != "key" and (h.kind is HoldKind.RATE_LIMIT or k not in rate_only)
+            }
+            for h in holds
+        ],
     }

@@ -99,7 +99,7 @@ def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
         + repo.start_children(limit)
         + repo.evaluate_conditions(limit)
         + repo.promote_ready(limit)
-        + repo.admit_concurrency(limit)
+        + repo.admit_gated(limit)
     )
 
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from flowforge.cli import exitcodes, output
 from flowforge.config import load_config
-from flowforge.domain.control import Action, Effect, KeyHold
+from flowforge.domain.control import Action, Effect, HoldKind, KeyHold
 from flowforge.domain.model import parse_id
+from flowforge.domain.states import TaskState
 from flowforge.domain.values import MAX_KEY_BYTES, MAX_NOTE_BYTES, check_text
 from flowforge.views import controlled_dict, key_holds_dict
 
@@ -42,7 +43,7 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--reason", default=None, help="recorded in the audit row")
         p.add_argument("--by", default=None, help="who acts (default: the OS user)")
         p.add_argument("--json", action="store_true", help="print JSON")
-    keys = sub.add_parser("keys", help="ordering and concurrency keys", parents=[common])
+    keys = sub.add_parser("keys", help="ordering, concurrency and rate keys", parents=[common])
     shows = keys.add_subparsers(dest="action", required=True, parser_class=type(keys))
     p = shows.add_parser(
         "show", help="what holds a key: the task(s), their state and run, why", parents=[common]
@@ -104,10 +105,17 @@ def show_key(args: argparse.Namespace) -> int:
 
 
 def _print_hold(hold: KeyHold) -> None:
-    output.line(
-        f"{hold.kind} key {hold.key!r} (limit {hold.limit}): held by {len(hold.holders)}, "
-        f"{hold.waiting} waiting"
-    )
+    if hold.kind is HoldKind.RATE_LIMIT:
+        ready = sum(1 for t in hold.holders if t.state is TaskState.READY)
+        output.line(
+            f"{hold.kind} key {hold.key!r} ({hold.limit} per {hold.per_s:g}s): {hold.started} "
+            f"started in the last {hold.per_s:g}s, {ready} READY, {hold.waiting} waiting"
+        )
+    else:
+        output.line(
+            f"{hold.kind} key {hold.key!r} (limit {hold.limit}): held by {len(hold.holders)}, "
+            f"{hold.waiting} waiting"
+        )
     output.table(
         ("ROLE", "TASK RUN", "RUN", "WORKFLOW", "TASK", "STATE", "REASON", "WHY"),
         [

@@ -105,11 +105,13 @@ class Controlled:
 
 
 class HoldKind(StrEnum):
-    """What kind of limit a key is (SPEC 7.4): an ordering stream (limit 1, in order) or a
-    concurrency key (``limit`` READY or RUNNING at once). One text may be both."""
+    """What kind of limit a key is (SPEC 7.4): an ordering stream (limit 1, in order), a
+    concurrency key (``limit`` READY or RUNNING at once) or a rate key (``limit`` starts per
+    window). One text may be all three."""
 
     ORDERING = "ordering"
     CONCURRENCY = "concurrency"
+    RATE_LIMIT = "rate_limit"
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,9 @@ class KeyTask:
 class KeyHold:
     """One limit of ``key``: ``limit`` tasks may hold it at once (1 for an ordering key);
     ``holders`` hold it now, ``waiting`` counts the tasks behind them and ``next`` lists the
-    first few of those, in stream order."""
+    first few of those, in stream order. A rate key's hold also has its window (``per_s``) and
+    ``started``, the attempts of its tasks started within it; its holders are its READY tasks
+    (admitted: each will start, and counts in the window) and RUNNING ones."""
 
     kind: HoldKind
     key: str
@@ -139,6 +143,8 @@ class KeyHold:
     holders: tuple[KeyTask, ...]
     waiting: int
     next: tuple[KeyTask, ...]
+    per_s: float | None = None
+    started: int | None = None
 
 
 def why_holds(state: TaskState, on_dead: str, pending_deps: int, cancel_requested: bool) -> str:
@@ -169,6 +175,26 @@ def why_holds_slot(state: TaskState, cancel_requested: bool) -> str:
     if state is TaskState.RUNNING:
         return "running; asked to stop" if cancel_requested else "running"
     return "READY: admitted, waiting for a worker"
+
+
+def why_holds_rate(state: TaskState, cancel_requested: bool) -> str:
+    """Why a task of a rate key is listed among its holders (READY or RUNNING)."""
+    if state is TaskState.RUNNING:
+        return "running (its start counts in the window)" + (
+            "; asked to stop" if cancel_requested else ""
+        )
+    return "READY: admitted, counts in the window until it starts"
+
+
+def why_waits_rate(state: TaskState, pending_deps: int, room: int) -> str:
+    """Why a task of a rate key waits (PENDING or RETRYING); ``room``: the key's limit less its
+    READY tasks and its starts within the window."""
+    if state is TaskState.PENDING and pending_deps:
+        return f"waiting for {pending_deps} dependenc{'y' if pending_deps == 1 else 'ies'}"
+    if room > 0:
+        return "next to run: the scheduler admits it"
+    what = "its retry waits" if state is TaskState.RETRYING else "waits"
+    return f"{what} for room in the key's window"
 
 
 def why_waits_slot(state: TaskState, pending_deps: int, free: int) -> str:

@@ -68,6 +68,46 @@ class Concurrency:
             )
 
 
+#: Most starts a rate limit allows per window (the admission counts a window's starts).
+MAX_RATE_LIMIT = 100_000
+#: Longest rate-limit window, in seconds (one day).
+MAX_RATE_PER_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """``rate_limit: {limit, per, key}`` (SPEC 7.4): at most ``limit`` attempts of tasks whose
+    ``key`` renders to the same text START in any window of ``per`` seconds (a sliding window,
+    on the database clock), across every run, workflow and tree. ``key`` is a template over the
+    run input like a concurrency key; None: the task's handler name, so the limit is the
+    handler's wherever a task of it sets one (docs/flow-control.md "Rate limits")."""
+
+    limit: int
+    per: float
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.key is not None:
+            check_template(self.key, "rate_limit.key")
+        if (
+            isinstance(self.limit, bool)
+            or not isinstance(self.limit, int)
+            or not 1 <= self.limit <= MAX_RATE_LIMIT
+        ):
+            raise DefinitionError(
+                f"rate_limit.limit must be a whole number from 1 to {MAX_RATE_LIMIT}"
+            )
+        if (
+            isinstance(self.per, bool)
+            or not isinstance(self.per, int | float)
+            or not 0 < self.per <= MAX_RATE_PER_S  # NaN fails this too
+        ):
+            raise DefinitionError(
+                f"rate_limit.per must be more than 0 and at most {MAX_RATE_PER_S:.0f} seconds "
+                "(a duration such as 1s, 10m, 1h)"
+            )
+
+
 @dataclass(frozen=True)
 class EventWait:
     """What a ``wait_for_event`` task waits for: an event called ``name`` whose key is
@@ -131,11 +171,13 @@ class TaskDef:
     input: Mapping[str, Any] | None = field(default=None, hash=False)  # the child's input
     queue: str | None = None  # the queue its messages go to; None: the triggering config's
     concurrency: Concurrency | None = None  # at most limit READY/RUNNING per rendered key
+    rate_limit: RateLimit | None = None  # at most limit starts per sliding window per key
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         self._check_queue()
         self._check_concurrency()
+        self._check_rate_limit()
         self._check_depends_on()
         self._check_map()
         if self.workflow is not None or self.input is not None:
@@ -304,6 +346,18 @@ class TaskDef:
                 "with max_parallel)"
             )
 
+    def _check_rate_limit(self) -> None:
+        """A :class:`RateLimit` (checked when built); not on a map, like ``concurrency``."""
+        if self.rate_limit is None:
+            return
+        if not isinstance(self.rate_limit, RateLimit):
+            raise DefinitionError(f"task {self.name!r}: rate_limit must be a RateLimit")
+        if self.for_each is not None:
+            raise DefinitionError(
+                f"task {self.name!r}: rate_limit is not for a for_each task (bound its items "
+                "with max_parallel)"
+            )
+
     def _check_no_execution(self, kind: str, allow_retry: bool = False) -> None:
         """Refuse what only an execution would use on a task that never executes (a child
         task's attempts are child runs: its ``retry`` applies to them)."""
@@ -316,6 +370,7 @@ class TaskDef:
             "on_dead": self.on_dead is not OnDead.RELEASE,
             "queue": self.queue is not None,
             "concurrency": self.concurrency is not None,
+            "rate_limit": self.rate_limit is not None,
         }
         for key, given in extras.items():
             if given:
@@ -428,6 +483,7 @@ class WorkflowDef:
                     ("idempotency_key", task.idempotency_key),
                     ("ordering_key", task.ordering_key),
                     ("concurrency.key", task.concurrency.key if task.concurrency else None),
+                    ("rate_limit.key", task.rate_limit.key if task.rate_limit else None),
                     (
                         "wait_for_event.key",
                         task.wait_for_event.key if task.wait_for_event else None,
@@ -469,7 +525,8 @@ class WorkflowDef:
         """A JSON-ready canonical form (the inverse of the YAML/mapping parser).
 
         Keys added after the first release (``deadline``, ``max_items``, a task's ``sleep``,
-        ``for_each``, ``max_parallel``, ``wait_for_event``, ``run_if``, ``queue``) appear only
+        ``for_each``, ``max_parallel``, ``wait_for_event``, ``run_if``, ``queue``, ``concurrency``,
+        ``rate_limit``) appear only
         when set, so the digests of definitions that do not use them never change.
         """
         data: dict[str, Any] = {
@@ -498,6 +555,11 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
         data["queue"] = task.queue
     if task.concurrency is not None:  # the same
         data["concurrency"] = {"key": task.concurrency.key, "limit": task.concurrency.limit}
+    if task.rate_limit is not None:  # the same
+        rate: dict[str, Any] = {"limit": task.rate_limit.limit, "per": float(task.rate_limit.per)}
+        if task.rate_limit.key is not None:
+            rate["key"] = task.rate_limit.key
+        data["rate_limit"] = rate
     return data
 
 

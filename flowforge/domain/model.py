@@ -57,7 +57,11 @@ class TaskRun:
     queue: str | None = None  # the broker queue its messages go to (None: unassigned, 0014)
     concurrency_key: str | None = None  # its concurrency key, rendered (None: no limit)
     concurrency_limit: int | None = None  # ... and the slots of that key
-    waiting_on: str | None = None  # why it waits (SPEC 7.4): start_at, timer, event, concurrency
+    rate_key: str | None = None  # its rate key, rendered (None: no rate limit)
+    rate_limit: int | None = None  # ... the starts it allows per window
+    rate_per_s: float | None = None  # ... and the window, in seconds
+    waiting_on: str | None = None  # why it waits (SPEC 7.4): start_at, timer, event, concurrency,
+    # rate_limit
 
     @property
     def skipped(self) -> bool:
@@ -252,7 +256,7 @@ class PassReport:
     events: int = 0  # event waits started (or delivered at once) or timed out
     conditions: int = 0  # run_if tasks decided (gate opened or skipped)
     children: int = 0  # child-workflow tasks started (or buried) or settled
-    admitted: int = 0  # tasks with a concurrency key admitted to READY
+    admitted: int = 0  # tasks with a concurrency or rate key admitted to READY
 
     @property
     def total(self) -> int:

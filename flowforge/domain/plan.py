@@ -66,6 +66,9 @@ class PlannedTask:
     queue: str | None = None
     concurrency_key: str | None = None  # rendered; None: no concurrency limit
     concurrency_limit: int | None = None
+    rate_key: str | None = None  # rendered (the handler's name when none given); None: no limit
+    rate_limit: int | None = None
+    rate_per_s: float | None = None
 
 
 @dataclass
@@ -196,6 +199,9 @@ def plan_runs(
                 queue=task.queue or queue,
                 concurrency_key=_concurrency_key(task, run_input, label),
                 concurrency_limit=None if task.concurrency is None else task.concurrency.limit,
+                rate_key=_rate_key(task, run_input, label),
+                rate_limit=None if task.rate_limit is None else task.rate_limit.limit,
+                rate_per_s=None if task.rate_limit is None else float(task.rate_limit.per),
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
@@ -226,6 +232,16 @@ def _concurrency_key(task: TaskDef, run_input: Mapping[str, Any], label: str) ->
     if task.concurrency is None:
         return None
     return _render(task.concurrency.key, run_input, f"{label} concurrency.key")
+
+
+def _rate_key(task: TaskDef, run_input: Mapping[str, Any], label: str) -> str | None:
+    """The task's rate key rendered over the run input; its handler's name when the rate limit
+    names no key (None: no rate limit)."""
+    if task.rate_limit is None:
+        return None
+    if task.rate_limit.key is None:
+        return task.handler
+    return _render(task.rate_limit.key, run_input, f"{label} rate_limit.key")
 
 
 def _where(index: int, total: int) -> str:

@@ -153,7 +153,7 @@ class Scheduler:
             children = self._repo.settle_children(batch) + self._repo.start_children(batch)
             conditions = self._repo.evaluate_conditions(batch)  # opened gates: promoted now
             promoted = self._repo.promote_ready(batch)
-            admitted = self._repo.admit_concurrency(batch)  # tasks with a concurrency key
+            admitted = self._repo.admit_gated(batch)  # tasks with a concurrency or rate key
             return PassReport(
                 propagated=propagated,
                 promoted=promoted,

@@ -26,8 +26,10 @@ from flowforge.domain.control import (
     TaskFacts,
     plan,
     why_holds,
+    why_holds_rate,
     why_holds_slot,
     why_waits,
+    why_waits_rate,
     why_waits_slot,
 )
 from flowforge.domain.model import parse_id
@@ -181,7 +183,8 @@ def _key_holds(tx: Tx, key: str) -> tuple[KeyHold, ...]:
     """Both kinds of hold of ``key``, read in one transaction."""
     found = tx.all("key_stream", {"key": key, "limit": 1 + KEY_NEXT_SHOWN})
     slots = tx.all("concurrency_holds", {"key": key, "limit": KEY_SLOTS_SHOWN + KEY_NEXT_SHOWN})
-    return _ordering_hold(key, found) + _concurrency_hold(key, slots)
+    rate = tx.all("rate_holds", {"key": key, "limit": KEY_SLOTS_SHOWN + KEY_NEXT_SHOWN})
+    return _ordering_hold(key, found) + _concurrency_hold(key, slots) + _rate_hold(key, rate)
 
 
 def _ordering_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
@@ -212,7 +215,7 @@ def _ordering_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
 
 def _concurrency_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
     """``concurrency_holds`` rows (holders first) as a hold: its limit is the smallest of its
-    tasks' (what admit_concurrency applies), at most KEY_SLOTS_SHOWN holders and
+    tasks' (what admit_gated applies), at most KEY_SLOTS_SHOWN holders and
     KEY_NEXT_SHOWN waiting ones listed."""
     if not found:
         return ()
@@ -234,5 +237,37 @@ def _concurrency_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
                 rows.key_task(r, why_waits_slot(TaskState(r["state"]), r["pending_deps"], free))
                 for r in waiting
             ),
+        ),
+    )
+
+
+def _rate_hold(key: str, found: list[Row]) -> tuple[KeyHold, ...]:
+    """``rate_holds`` rows (READY and RUNNING first) as a hold: its rule is the strictest of its
+    tasks' (the smallest limit, the longest window: what admit_gated applies)."""
+    if not found:
+        return ()
+    limit = min(int(r["rate_limit"]) for r in found)
+    per_s = max(float(r["rate_per_s"]) for r in found)
+    started = int(found[0]["started"])
+    room = limit - int(found[0]["ready"]) - started
+    holders = tuple(
+        rows.key_task(r, why_holds_rate(TaskState(r["state"]), r["cancel_requested"]))
+        for r in found
+        if r["holds"]
+    )[:KEY_SLOTS_SHOWN]
+    waiting = [r for r in found if not r["holds"]][:KEY_NEXT_SHOWN]
+    return (
+        KeyHold(
+            kind=HoldKind.RATE_LIMIT,
+            key=key,
+            limit=limit,
+            holders=holders,
+            waiting=int(found[0]["waiting"]),
+            next=tuple(
+                rows.key_task(r, why_waits_rate(TaskState(r["state"]), r["pending_deps"], room))
+                for r in waiting
+            ),
+            per_s=per_s,
+            started=started,
         ),
     )

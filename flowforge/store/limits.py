@@ -1,80 +1,89 @@
-"""The admission gate of concurrency limits (docs/flow-control.md "Concurrency and rate limits").
+"""The admission gate of concurrency and rate limits (docs/flow-control.md "Concurrency and rate
+limits", "Rate limits").
 
-A task with a concurrency key never becomes READY by itself (insert_tasks, the release
-fragment, promote_ready and retry_task_now leave it PENDING or RETRYING); the scheduler's
-admission pass here makes it READY, with its outbox row, when its key has a free slot — and a
-trigger creates it READY when its key has room (:func:`admit_new`). Tasks without a key never
-come here: their path is unchanged.
+A task with a concurrency or rate key never becomes READY by itself (``ready_by_itself`` is
+false: insert_tasks, the release fragment, promote_ready and retry_task_now leave it PENDING or
+RETRYING); the scheduler's admission pass here makes it READY, with its outbox row, when each
+of its keys has room — and a trigger creates it READY when they have room now
+(:func:`admit_new`). Tasks without a key never come here: their path is unchanged.
 
 The gate is one place to extend: another reason to hold a task back (a circuit breaker, a paused
-queue or handler) is another condition of ``admit_concurrency``'s ``waiting`` CTE — or a pass
-of its own on the same columns — and another branch of queries.sql's ``waiting_on`` fragment.
+queue or handler) is another column of ``ready_by_itself`` (migration 0017), another condition
+of ``admit_gated``'s ``waiting`` CTE — or a pass of its own on the same columns — and another
+branch of queries.sql's ``waiting_on`` fragment.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from flowforge.domain import transitions
-from flowforge.domain.dag import MAX_CONCURRENCY
+from flowforge.domain import gates, transitions
 from flowforge.domain.plan import PlannedTask
 from flowforge.domain.states import TaskState
 from flowforge.store.part import Part, Tx
 
 #: The advisory-lock namespace of concurrency keys ("CK"); ordering keys use "OR".
 CONCURRENCY_LOCK_NAMESPACE = 0x434B
+#: ... and of rate keys ("RL"). Every transaction locks ordering keys, then concurrency keys,
+#: then rate keys, each in key order: no two of them deadlock.
+RATE_LOCK_NAMESPACE = 0x524C
 
 
 class Limits(Part):
     """The scheduler's admission pass."""
 
-    def admit_concurrency(self, limit: int) -> int:
-        """Up to ``limit`` keys with waiting tasks: each key's free slots admitted (PENDING with
-        dependencies met, or due RETRYING → READY + outbox row), oldest first. Returns how many
-        tasks were admitted. Never over a key's limit with any number of schedulers: each key
-        is locked (advisory, transaction-scoped) before its holders are counted."""
+    def admit_gated(self, limit: int) -> int:
+        """Up to ``limit`` concurrency keys and ``limit`` rate keys with waiting tasks: their
+        tasks admitted (PENDING with dependencies met, or due RETRYING → READY + outbox row),
+        oldest first, as many as each key has room for. Returns how many tasks were admitted.
+        Never over a key's limit with any number of schedulers and triggers: each key is
+        locked (advisory, transaction-scoped) before its room is counted."""
         transitions.check((TaskState.PENDING, TaskState.RETRYING), TaskState.READY)
         return self._transaction(_admit, limit)
 
 
 def admit_new(tx: Tx, tasks: Sequence[PlannedTask]) -> list[bool]:
-    """Which of ``tasks`` (about to be inserted by a trigger) are admitted at once: a task with a
-    concurrency key that would be READY at creation (no dependency, no start gate, no ordering
-    key) while its key has room, oldest first — room being the limit less the key's READY and
-    RUNNING tasks and less those already waiting for admission (they go first). The keys are
-    locked (as the admission pass locks them) until the trigger commits, so the count holds.
-    Admitting here rather than leaving them PENDING for the scheduler saves a hop and an update
-    per task. A task without a key is not judged (False)."""
-    keys = sorted({t.concurrency_key for t in tasks if t.concurrency_key is not None})
-    if not keys:
+    """Which of ``tasks`` (about to be inserted by a trigger) are admitted at once
+    (:func:`flowforge.domain.gates.admit_new`), their keys' rooms read under the keys' locks,
+    which are held until the trigger commits, so the rooms hold. Admitting here rather than
+    leaving them PENDING for the scheduler saves a hop and an update per task."""
+    ckeys = sorted({t.concurrency_key for t in tasks if t.concurrency_key is not None})
+    pers: dict[str, float] = {}
+    for t in tasks:
+        if t.rate_key is not None:
+            pers[t.rate_key] = max(pers.get(t.rate_key, 0.0), t.rate_per_s or 0.0)
+    if not ckeys and not pers:
         return [False] * len(tasks)
-    tx.all("lock_concurrency_keys", {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": keys})
-    room = {
-        r["key"]: (r["held"], r["waiting"], r["waiting_limit"])
-        for r in tx.all("concurrency_room", {"keys": keys})
-    }
-    taken: dict[str, int] = {}
-    admitted = []
-    for task in tasks:
-        key = task.concurrency_key
-        if key is None or task.pending or task.ordering_key is not None:
-            admitted.append(False)
-            continue
-        held, waiting, waiting_limit = room.get(key, (0, 0, None))
-        limit = min(task.concurrency_limit or 1, waiting_limit or MAX_CONCURRENCY)
-        free = limit - held - waiting - taken.get(key, 0)
-        admitted.append(free > 0)
-        if free > 0:
-            taken[key] = taken.get(key, 0) + 1
-    return admitted
+    concurrency: dict[str, gates.Room] = {}
+    if ckeys:
+        tx.all("lock_concurrency_keys", {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": ckeys})
+        concurrency = {
+            r["key"]: gates.Room(int(r["held"]), int(r["waiting"]), r["waiting_limit"])
+            for r in tx.all("concurrency_room", {"keys": ckeys})
+        }
+    rate: dict[str, gates.Room] = {}
+    if pers:
+        rkeys = sorted(pers)
+        tx.all("lock_concurrency_keys", {"namespace": RATE_LOCK_NAMESPACE, "keys": rkeys})
+        rate = {
+            r["key"]: gates.Room(
+                int(r["ready"]) + int(r["started"]), int(r["waiting"]), r["waiting_limit"]
+            )
+            for r in tx.all("rate_room", {"keys": rkeys, "pers": [pers[k] for k in rkeys]})
+        }
+    return gates.admit_new(tasks, concurrency, rate)
 
 
 def _admit(tx: Tx, limit: int) -> int:
-    keys = [row["key"] for row in tx.all("concurrency_keys_waiting", {"limit": limit})]
-    if not keys:
+    ckeys = [row["key"] for row in tx.all("concurrency_keys_waiting", {"limit": limit})]
+    rkeys = [row["key"] for row in tx.all("rate_keys_waiting", {"limit": limit})]
+    if not ckeys and not rkeys:
         return 0
-    tx.all("lock_concurrency_keys", {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": keys})
-    row = tx.one("admit_concurrency", {"keys": keys})
+    if ckeys:
+        tx.all("lock_concurrency_keys", {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": ckeys})
+    if rkeys:
+        tx.all("lock_concurrency_keys", {"namespace": RATE_LOCK_NAMESPACE, "keys": rkeys})
+    row = tx.one("admit_gated", {"ckeys": ckeys, "rkeys": rkeys})
     admitted, queued = (int(row["admitted"]), int(row["queued"])) if row else (0, 0)
     if queued:
         tx.all("notify_outbox")

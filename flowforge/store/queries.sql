@@ -10,19 +10,18 @@
 -- fragment: release_dependents(source)
 -- The CTEs released and queued: every dependent of a task in {source} (columns id, state) that
 -- SUCCEEDED counts one dependency off. A dependent whose last dependency that was, with no
--- ordering key to wait on, no concurrency key (admit_concurrency admits those) and a worker to
--- execute it, becomes READY with its outbox row in the same statement; one no worker executes (a timer, a map, an event wait, a child-workflow task)
--- stays PENDING for its scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
+-- ordering key to wait on, that becomes READY by itself (ready_by_itself, migration 0017: a
+-- worker executes it and no concurrency or rate key gates it) becomes READY with its outbox row
+-- in the same statement; any other (a timer, a map, an event wait, a child-workflow task, a
+-- task the admission pass admits) stays PENDING for its scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
 -- timer waking, a map settling, an event delivered or found at the start of its wait, a child
 -- run's success handed to its task.
 released AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
-           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.needs_worker
-                             AND t.concurrency_key IS NULL
+           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.ready_by_itself
                         THEN 'READY' ELSE t.state END,
-           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL
-                                AND t.needs_worker AND t.concurrency_key IS NULL
+           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.ready_by_itself
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
       FROM (SELECT e.downstream_id AS id, count(*) AS n
@@ -43,7 +42,7 @@ released AS (
 -- The CTEs promoted and queued: the tasks in {source} (a column id) that are still PENDING or
 -- RETRYING become READY with their outbox row (on their queue) in the same statement. The
 -- outbox is unique per (task run, token): a repeated pass never duplicates a dispatch. Used by
--- promote_ready and admit_concurrency, whose CTEs choose the tasks.
+-- promote_ready and admit_gated, whose CTEs choose the tasks.
 promoted AS (
     UPDATE task_runs t
        SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
@@ -111,25 +110,26 @@ SELECT id, idempotency_key, request_digest
 
 -- name: insert_tasks
 -- A task with nothing to wait for (no dependency, no closed start gate: both count in
--- pending_deps; no ordering key; no concurrency key, or one the trigger admitted it to:
--- limits.admit_new, under the key's lock) that a worker executes is created READY with its outbox row in
--- the same statement: the first step of a run needs no scheduler pass. (k.ready reads the
--- expression of task_runs.needs_worker, migrations 0012 and 0013: the row does not exist yet
--- here.)
+-- pending_deps; no ordering key) that becomes READY by itself — or that the trigger admitted
+-- through its concurrency and rate keys (limits.admit_new, under the keys' locks) — is created
+-- READY with its outbox row in the same statement: the first step of a run needs no scheduler
+-- pass. (k.ready repeats the expression of task_runs.ready_by_itself, migration 0017: the row
+-- does not exist yet here; tests/unit/test_queries.py keeps the two the same.)
 WITH inserted AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
                            on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
                            max_parallel, event_name, event_key, event_timeout_s, child_workflow,
-                           queue, concurrency_key, concurrency_limit)
+                           queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
+                           rate_per_s)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
-           CASE WHEN k.ready AND (t.concurrency_key IS NULL OR t.admitted)
-                THEN 'READY' ELSE 'PENDING' END,
-           CASE WHEN k.ready AND (t.concurrency_key IS NULL OR t.admitted) THEN now() END,
+           CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END,
+           CASE WHEN k.ready THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
-           t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit
+           t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit, t.rate_key,
+           t.rate_limit, t.rate_per_s
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
@@ -139,15 +139,19 @@ WITH inserted AS (
                   %(event_keys)s::text[], %(event_timeouts)s::float8[],
                   %(child_workflows)s::text[], %(queues)s::text[],
                   %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
+                  %(rate_keys)s::text[], %(rate_limits)s::int[], %(rate_pers)s::float8[],
                   %(admitted)s::bool[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
-                child_workflow, queue, concurrency_key, concurrency_limit, admitted)
+                child_workflow, queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
+                rate_per_s, admitted)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
-                  AND t.sleep_s IS NULL AND t.for_each IS NULL AND t.event_name IS NULL
-                  AND t.child_workflow IS NULL) AS k(ready)
+                  AND (t.admitted OR (t.sleep_s IS NULL AND t.for_each IS NULL
+                                      AND t.event_name IS NULL AND t.child_workflow IS NULL
+                                      AND t.concurrency_key IS NULL AND t.rate_key IS NULL))
+           ) AS k(ready)
     RETURNING id, state, fencing_token, queue
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token, queue)
@@ -175,12 +179,11 @@ SELECT pg_notify('flowforge_outbox', '');
 -- outbox is unique per (task run, token), so a repeated pass never duplicates a dispatch.
 -- (A task no worker executes is never READY: start_timers takes a durable timer, expand_map a
 -- map, start_event_waits an event wait, start_children a child-workflow task — its due retry
--- too. A task with a concurrency key is admit_concurrency's.)
+-- too. A task with a concurrency or rate key is admit_gated's: ready_by_itself, migration 0017.)
 WITH eligible AS (
     SELECT t.id
       FROM task_runs t
-     WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.needs_worker
-       AND t.concurrency_key IS NULL
+     WHERE t.state = 'PENDING' AND t.pending_deps = 0 AND t.ready_by_itself
        AND
 -- use: stream_free(t)
      ORDER BY t.seq
@@ -189,8 +192,7 @@ WITH eligible AS (
 ), due AS (
     SELECT t.id
       FROM task_runs t
-     WHERE t.state = 'RETRYING' AND t.retry_at <= now() AND t.needs_worker
-       AND t.concurrency_key IS NULL
+     WHERE t.state = 'RETRYING' AND t.retry_at <= now() AND t.ready_by_itself
      ORDER BY t.retry_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -562,8 +564,10 @@ RETURNING id;
 
 -- name: next_due
 -- Seconds (by the database clock) until the earliest start, wake-up, deadline or fire time
--- (of the schedules of the given workflows: the ones this scheduler fires) the passes act on:
--- the scheduler sleeps no longer than that. NULL when none is waiting.
+-- (of the schedules of the given workflows: the ones this scheduler fires) the passes act on,
+-- or until the window of a rate key with tasks waiting for admission next loses a start (its
+-- oldest start within the window ages out, and the key has room again): the scheduler sleeps
+-- no longer than that. NULL when none is waiting.
 SELECT extract(epoch FROM least(
            (SELECT min(next_fire_at) FROM schedules
              WHERE NOT paused AND retired_at IS NULL AND workflow = ANY(%(workflows)s::text[])),
@@ -572,7 +576,18 @@ SELECT extract(epoch FROM least(
            (SELECT min(wake_at) FROM task_runs WHERE state = 'RUNNING' AND wake_at IS NOT NULL),
            (SELECT min(deadline_at) FROM workflow_runs
              WHERE deadline_at IS NOT NULL AND finished_at IS NULL AND failure_reason IS NULL
-               AND cancel_requested_at IS NULL)) - now())::float8 AS due_in_s;
+               AND cancel_requested_at IS NULL),
+           (SELECT min(f.first + make_interval(secs => k.per))
+              FROM (SELECT t.rate_key, max(t.rate_per_s) AS per
+                      FROM task_runs t
+                     WHERE t.rate_key IS NOT NULL AND
+-- use: awaiting_admission(t)
+                     GROUP BY t.rate_key) AS k
+             CROSS JOIN LATERAL (
+                   SELECT min(a.started_at) AS first FROM task_attempts a
+                    WHERE a.rate_key = k.rate_key
+                      AND a.started_at > now() - make_interval(secs => k.per)) AS f)
+       ) - now())::float8 AS due_in_s;
 
 -- ------------------------------------------------------------------ worker
 
@@ -596,10 +611,11 @@ WITH wanted AS (
        AND (NOT %(keyless_only)s::bool OR t.idempotency_key IS NULL)
     RETURNING t.id, t.run_id, t.name, t.handler, t.attempt, t.fencing_token, t.timeout_s,
               t.idempotency_key, extract(epoch FROM now() - t.ready_at)::float8 AS dispatch_lag_s,
-              t.map_id, t.item_index, t.item
+              t.map_id, t.item_index, t.item, t.rate_key
 ), attempt_rows AS (
-    INSERT INTO task_attempts (task_run_id, attempt, fencing_token, worker)
-    SELECT id, attempt, fencing_token, %(worker)s FROM claimed
+    -- an attempt of a rate-limited task carries its key: the key's window counts these starts
+    INSERT INTO task_attempts (task_run_id, attempt, fencing_token, worker, rate_key)
+    SELECT id, attempt, fencing_token, %(worker)s, rate_key FROM claimed
 ), runs_started AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = now(), updated_at = now()
@@ -968,6 +984,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
                            WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
        t.child_workflow, t.child_run_id, t.queue, t.concurrency_key, t.concurrency_limit,
+       t.rate_key, t.rate_limit, t.rate_per_s,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
@@ -983,7 +1000,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
        t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id, t.queue,
-       t.concurrency_key, t.concurrency_limit,
+       t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit, t.rate_per_s,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.id = %(id)s;
@@ -1998,13 +2015,13 @@ SELECT pg_notify('flowforge_cancel', 'task:' || %(id)s::text);
 -- RETRYING → READY with its outbox row, its backoff skipped: the attempt it waited to make is
 -- made now (no attempt is added or refunded). A child-workflow task (no worker executes it)
 -- stays RETRYING with its retry due now: the scheduler's start_children starts its next child.
--- So does a task with a concurrency key: admit_concurrency makes it READY when a slot is free.
+-- So does a task with a concurrency or rate key: admit_gated makes it READY when its keys have
+-- room (ready_by_itself, migration 0017).
 WITH promoted AS (
     UPDATE task_runs
-       SET state = CASE WHEN needs_worker AND concurrency_key IS NULL THEN 'READY' ELSE state END,
-           retry_at = CASE WHEN needs_worker AND concurrency_key IS NULL THEN NULL ELSE now() END,
-           ready_at = CASE WHEN needs_worker AND concurrency_key IS NULL THEN now()
-                           ELSE ready_at END,
+       SET state = CASE WHEN ready_by_itself THEN 'READY' ELSE state END,
+           retry_at = CASE WHEN ready_by_itself THEN NULL ELSE now() END,
+           ready_at = CASE WHEN ready_by_itself THEN now() ELSE ready_at END,
            updated_at = now()
      WHERE id = %(id)s AND state = 'RETRYING' AND fencing_token = %(token)s
     RETURNING id, state, fencing_token, queue
@@ -2057,10 +2074,11 @@ SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
 -- ------------------------------------------------------------------ concurrency limits (issue 20)
 
 -- fragment: awaiting_admission(task)
--- Whether a task of {task} waits for the admission pass: it has a concurrency key and a worker
--- to execute it, and is PENDING with its dependencies met and its ordering stream free (as
--- promote_ready judges it), or RETRYING with its backoff over.
-{task}.concurrency_key IS NOT NULL AND {task}.needs_worker
+-- Whether a task of {task} waits for the admission pass: a worker executes it but a gate holds
+-- it back (a concurrency or rate key: not ready_by_itself), and it is PENDING with its
+-- dependencies met and its ordering stream free (as promote_ready judges it), or RETRYING with
+-- its backoff over.
+{task}.needs_worker AND NOT {task}.ready_by_itself
 AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0 AND
 -- use: stream_free({task})
      ) OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
@@ -2068,15 +2086,16 @@ AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0 AND
 -- name: concurrency_keys_waiting
 -- Keys with a task the admission pass could admit: PENDING with its dependencies met and its
 -- ordering stream free, or RETRYING with its backoff over — and a worker to execute it. Sorted:
--- admit_concurrency's callers lock them in this order (two schedulers never deadlock).
+-- admit_gated's callers lock them in this order (two schedulers never deadlock).
 SELECT DISTINCT t.concurrency_key AS key
   FROM task_runs t
- WHERE
+ WHERE t.concurrency_key IS NOT NULL AND
 -- use: awaiting_admission(t)
  ORDER BY 1
  LIMIT %(limit)s;
 
 -- name: lock_concurrency_keys
+-- (Also rate keys, in their own namespace, after the concurrency keys.)
 -- One transaction-scoped advisory lock per key, in key order: two schedulers admitting for one
 -- key take turns, so each counts the slots the other's admissions took (its statement snapshot
 -- is taken after the lock is granted).
@@ -2084,31 +2103,72 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
   FROM unnest(%(keys)s::text[]) AS k
  ORDER BY k;
 
--- name: admit_concurrency
--- For each key (locked by lock_concurrency_keys): its waiting tasks (as concurrency_keys_waiting
--- finds them) become READY with an outbox row, oldest first (seq), as many as its free slots:
--- the limit less the tasks with the key that are READY or RUNNING now. A slot frees when its
--- task leaves READY/RUNNING (a finish, a reap, a defer, a cancel), so a dead worker's slot frees
--- with its lease. Tasks of one key that declare different limits: the smallest of the waiting
--- ones' applies.
-WITH held AS (
-    SELECT k.key, (SELECT count(*) FROM task_runs h
-                    WHERE h.concurrency_key = k.key AND h.state IN ('READY', 'RUNNING')) AS n
-      FROM unnest(%(keys)s::text[]) AS k(key)
+-- name: admit_gated
+-- For each concurrency key (ckeys) and rate key (rkeys), each locked by lock_concurrency_keys: its
+-- waiting tasks (as concurrency_keys_waiting finds them; a task with both kinds of key only
+-- when both are locked) become READY with an outbox row, oldest first (seq), as many as both
+-- its keys have room for:
+-- - a concurrency key's room is its limit less its tasks READY or RUNNING now (a slot frees
+--   when its task leaves READY/RUNNING: a finish, a reap, a defer, a cancel);
+-- - a rate key's room is its limit less its tasks READY now (admitted, each will start) and
+--   less the attempts of its tasks that STARTED since now() - per (task_attempts.rate_key).
+--   Counting what will start as well as what started makes the bound hold for starts, however
+--   late a worker claims: docs/flow-control.md "Rate limits" has the argument.
+-- Tasks of one key that declare different rules: the smallest limit (and for a rate key the
+-- longest per) among the waiting ones applies. Rate room is ranked among the tasks the
+-- concurrency keys let through, so a task held by its concurrency key takes no rate room.
+WITH candidates AS (
+    SELECT t.id FROM task_runs t
+     WHERE t.concurrency_key = ANY(%(ckeys)s::text[]) AND
+-- use: awaiting_admission(t)
+    UNION
+    SELECT t.id FROM task_runs t
+     WHERE t.rate_key = ANY(%(rkeys)s::text[]) AND
+-- use: awaiting_admission(t)
 ), waiting AS (
-    SELECT t.id, t.concurrency_key, t.concurrency_limit, t.seq
+    SELECT t.id, t.seq, t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit,
+           t.rate_per_s
       FROM task_runs t
-     WHERE t.concurrency_key = ANY(%(keys)s::text[]) AND
+     WHERE t.id IN (SELECT id FROM candidates)
+       AND (t.concurrency_key IS NULL OR t.concurrency_key = ANY(%(ckeys)s::text[]))
+       AND (t.rate_key IS NULL OR t.rate_key = ANY(%(rkeys)s::text[])) AND
 -- use: awaiting_admission(t)
        FOR UPDATE OF t SKIP LOCKED
-), ranked AS (
-    SELECT w.id, h.n,
-           row_number() OVER (PARTITION BY w.concurrency_key ORDER BY w.seq) AS rn,
-           min(w.concurrency_limit) OVER (PARTITION BY w.concurrency_key) AS lim
+), c_room AS (
+    SELECT w.concurrency_key AS key,
+           min(w.concurrency_limit)
+           - (SELECT count(*) FROM task_runs h
+               WHERE h.concurrency_key = w.concurrency_key
+                 AND h.state IN ('READY', 'RUNNING')) AS room
       FROM waiting w
-      JOIN held h ON h.key = w.concurrency_key
+     WHERE w.concurrency_key IS NOT NULL
+     GROUP BY w.concurrency_key
+), c_ok AS (
+    SELECT w.*
+      FROM (SELECT w.*, row_number() OVER (PARTITION BY w.concurrency_key ORDER BY w.seq) AS rn
+              FROM waiting w) w
+      LEFT JOIN c_room c ON c.key = w.concurrency_key
+     WHERE w.concurrency_key IS NULL OR w.rn <= c.room
+), r_rule AS (
+    SELECT w.rate_key AS key, min(w.rate_limit) AS lim, max(w.rate_per_s) AS per
+      FROM waiting w
+     WHERE w.rate_key IS NOT NULL
+     GROUP BY w.rate_key
+), r_room AS (
+    SELECT r.key,
+           r.lim
+           - (SELECT count(*) FROM task_runs h WHERE h.rate_key = r.key AND h.state = 'READY')
+           - (SELECT count(*) FROM task_attempts a
+               WHERE a.rate_key = r.key
+                 AND a.started_at > now() - make_interval(secs => r.per)) AS room
+      FROM r_rule r
 ), chosen AS (
-    SELECT id FROM ranked WHERE rn <= lim - n
+    SELECT o.id
+      FROM (SELECT o.id, o.rate_key,
+                   row_number() OVER (PARTITION BY o.rate_key ORDER BY o.seq) AS rn
+              FROM c_ok o) o
+      LEFT JOIN r_room r ON r.key = o.rate_key
+     WHERE o.rate_key IS NULL OR o.rn <= r.room
 ),
 -- use: dispatch(chosen)
 SELECT (SELECT count(*) FROM promoted) AS admitted, (SELECT count(*) FROM queued) AS queued;
@@ -2131,15 +2191,21 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
 -- Why a task of {task} that is not executing waits (SPEC 7.4 `waiting_on`), NULL when nothing
 -- named holds it: `start_at` (its run's start time: the start gate is closed), `timer` (a
 -- sleeping durable timer), `event` (an event wait), `concurrency` (dependencies met, or its
--- backoff over, and no free slot of its concurrency key yet). A new gate (a breaker, a pause)
--- adds its branch before `concurrency`'s.
+-- backoff over, and no free slot of its concurrency key yet), `rate_limit` (the same, and its
+-- concurrency key, if any, has a free slot: its rate key's window is full). A new gate (a
+-- breaker, a pause) adds its branch before `concurrency`'s.
 CASE WHEN {task}.state = 'PENDING' AND {task}.start_gate THEN 'start_at'
      WHEN {task}.state = 'RUNNING' AND {task}.sleep_s IS NOT NULL THEN 'timer'
      WHEN {task}.state = 'RUNNING' AND {task}.event_name IS NOT NULL THEN 'event'
-     WHEN {task}.concurrency_key IS NOT NULL AND {task}.needs_worker
+     WHEN {task}.needs_worker AND NOT {task}.ready_by_itself
           AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0)
                OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
-     THEN 'concurrency'
+     THEN CASE WHEN {task}.rate_key IS NULL
+                 OR ({task}.concurrency_key IS NOT NULL
+                     AND (SELECT count(*) FROM task_runs h
+                           WHERE h.concurrency_key = {task}.concurrency_key
+                             AND h.state IN ('READY', 'RUNNING')) >= {task}.concurrency_limit)
+               THEN 'concurrency' ELSE 'rate_limit' END
 END AS waiting_on
 
 -- name: concurrency_room
@@ -2157,3 +2223,56 @@ SELECT t.concurrency_key AS key,
  WHERE t.concurrency_key = ANY(%(keys)s::text[])
    AND t.state IN ('PENDING', 'READY', 'RUNNING', 'RETRYING')
  GROUP BY t.concurrency_key;
+
+-- ------------------------------------------------------------------ rate limits (issue 20)
+
+-- name: rate_keys_waiting
+-- Rate keys with a task the admission pass could admit (as concurrency_keys_waiting), sorted:
+-- admit_gated's callers lock them in this order, after the concurrency keys.
+SELECT DISTINCT t.rate_key AS key
+  FROM task_runs t
+ WHERE t.rate_key IS NOT NULL AND
+-- use: awaiting_admission(t)
+ ORDER BY 1
+ LIMIT %(limit)s;
+
+-- name: rate_room
+-- For a trigger's rate keys (locked by lock_concurrency_keys in the rate namespace), each with
+-- the longest per among the trigger's tasks of it: the key's READY tasks (admitted, not
+-- started), the attempts of its tasks started within the window (the longer of that per and
+-- the key's waiting tasks'), those the admission pass would admit (they go first), and the
+-- smallest limit among its waiting tasks (NULL: none). Every key given has a row.
+SELECT k.key,
+       (SELECT count(*) FROM task_runs h WHERE h.rate_key = k.key AND h.state = 'READY') AS ready,
+       (SELECT count(*) FROM task_attempts a
+         WHERE a.rate_key = k.key
+           AND a.started_at > now() - make_interval(secs => greatest(k.per, w.per))) AS started,
+       w.waiting, w.waiting_limit
+  FROM unnest(%(keys)s::text[], %(pers)s::float8[]) AS k(key, per)
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS waiting, min(t.rate_limit) AS waiting_limit, max(t.rate_per_s) AS per
+         FROM task_runs t
+        WHERE t.rate_key = k.key AND
+-- use: awaiting_admission(t)
+       ) AS w;
+
+-- name: rate_holds
+-- A rate key's tasks that use its window or wait for it: READY (admitted, not started),
+-- RUNNING, and PENDING or RETRYING, READY first, each group oldest first; with the number of
+-- attempts of the key started within the window (the longest per among its unfinished tasks).
+SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
+       t.created_at, t.pending_deps, t.cancel_requested, t.rate_limit, t.rate_per_s,
+       t.state IN ('READY', 'RUNNING') AS holds,
+       count(*) FILTER (WHERE t.state IN ('PENDING', 'RETRYING')) OVER () AS waiting,
+       count(*) FILTER (WHERE t.state = 'READY') OVER () AS ready,
+       (SELECT count(*) FROM task_attempts a
+         WHERE a.rate_key = %(key)s
+           AND a.started_at > now() - make_interval(secs => (
+               SELECT max(u.rate_per_s) FROM task_runs u
+                WHERE u.rate_key = %(key)s
+                  AND u.state IN ('PENDING', 'RETRYING', 'READY', 'RUNNING')))) AS started
+  FROM task_runs t
+  JOIN workflow_runs r ON r.id = t.run_id
+ WHERE t.rate_key = %(key)s AND t.state IN ('PENDING', 'RETRYING', 'READY', 'RUNNING')
+ ORDER BY t.state IN ('READY', 'RUNNING') DESC, t.state = 'READY' DESC, t.seq
+ LIMIT %(limit)s;

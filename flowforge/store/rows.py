@@ -115,6 +115,9 @@ def task_run(row: Row) -> TaskRun:
         queue=row.get("queue"),
         concurrency_key=row.get("concurrency_key"),
         concurrency_limit=row.get("concurrency_limit"),
+        rate_key=row.get("rate_key"),
+        rate_limit=row.get("rate_limit"),
+        rate_per_s=row.get("rate_per_s"),
         waiting_on=row.get("waiting_on"),
     )
 
@@ -428,8 +431,8 @@ def stored_result(result: Any) -> Jsonb | None:
 def task_columns(
     tasks: Sequence[PlannedTask], admitted: Sequence[bool] | None = None
 ) -> dict[str, list[Any]]:
-    """``insert_tasks``'s parameter arrays; ``admitted``: which tasks with a concurrency key the
-    trigger admitted (limits.admit_new; None: none)."""
+    """``insert_tasks``'s parameter arrays; ``admitted``: which tasks with a concurrency or rate
+    key the trigger admitted (limits.admit_new; None: none)."""
     return {
         "run_ids": [t.run_id for t in tasks],
         "ids": [t.id for t in tasks],
@@ -456,6 +459,9 @@ def task_columns(
         "queues": [t.queue for t in tasks],
         "concurrency_keys": [t.concurrency_key for t in tasks],
         "concurrency_limits": [t.concurrency_limit for t in tasks],
+        "rate_keys": [t.rate_key for t in tasks],
+        "rate_limits": [t.rate_limit for t in tasks],
+        "rate_pers": [t.rate_per_s for t in tasks],
         "admitted": list(admitted) if admitted is not None else [False] * len(tasks),
     }
 

@@ -226,8 +226,8 @@ def test_two_racing_schedulers_never_admit_over_the_limit(
     for _ in range(5):  # rounds: race, check, free a few slots
         admitted = race(
             clean_database_url,
-            until_idle(lambda s: s.admit_concurrency(100)),
-            until_idle(lambda s: s.admit_concurrency(100)),
+            until_idle(lambda s: s.admit_gated(100)),
+            until_idle(lambda s: s.admit_gated(100)),
         )
         for key in ("k1", "k2", "k3"):
             assert holders(sql, key) == 4, (key, admitted, by_state(sql, key))
@@ -291,9 +291,9 @@ def test_a_second_scheduler_waits_for_the_firsts_admissions_and_counts_them(
         first.execute(
             named["lock_concurrency_keys"], {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": keys}
         )
-        first.execute(named["admit_concurrency"], {"keys": keys})
+        first.execute(named["admit_gated"], {"ckeys": keys, "rkeys": []})
         second: dict[str, int] = {}
-        racer = threading.Thread(target=lambda: second.update(n=repo.admit_concurrency(100)))
+        racer = threading.Thread(target=lambda: second.update(n=repo.admit_gated(100)))
         racer.start()
         deadline = time.monotonic() + 10
         blocked = False

@@ -117,20 +117,29 @@ def test_nothing_but_the_admission_pass_makes_a_limited_task_ready() -> None:
     concurrency key alone or is a path that keeps a held slot (a claim handed back keeps its
     task READY-or-RUNNING; redispatch_lost re-sends a READY one)."""
     named = queries.load()
-    for name in ("insert_tasks", "promote_ready", "retry_task_now", "finish", "wake_timers"):
-        assert "concurrency_key IS NULL" in named[name].decode(), name
+    for name in ("promote_ready", "retry_task_now", "finish", "wake_timers"):
+        assert "ready_by_itself" in named[name].decode(), name
+    # insert_tasks repeats ready_by_itself's expression (tests/unit/test_queries.py checks it)
+    assert "t.concurrency_key IS NULL AND t.rate_key IS NULL" in named["insert_tasks"].decode()
     # the release fragment is in every statement that makes a task SUCCEEDED
     fragment = SQL.split("-- fragment: release_dependents(source)")[1].split("-- name:")[0]
-    assert fragment.count("t.concurrency_key IS NULL") == 2  # state and ready_at
+    assert fragment.count("t.ready_by_itself") == 2  # state and ready_at
+    assert "needs_worker" not in fragment
     setters = {
         name
         for name, body in named.items()
         if re.search(r"(SET\s+state\s*=|THEN|ELSE)\s*'READY'", body.decode())
     }
-    gated = {n for n in setters if "concurrency_key IS NULL" in named[n].decode()}
-    # admit_concurrency is the gate; release_claims hands a RUNNING task back READY: its slot
-    # stays held
-    assert setters - gated == {"admit_concurrency", "release_claims"}
+    code = {n: re.sub(r"--[^\n]*", "", named[n].decode()) for n in setters}
+    gated = {
+        n
+        for n in setters
+        if any(not neg for neg in re.findall(r"(NOT\s+)?(?:t\.)?ready_by_itself\b", code[n]))
+        or "(t.admitted OR (" in code[n]  # insert_tasks: ready_by_itself spelled out
+    }
+    # admit_gated is the gate; release_claims hands a RUNNING task back READY: its slot stays
+    # held (and its attempt row is deleted: no start counted, the READY task counts instead)
+    assert setters - gated == {"admit_gated", "release_claims"}
     assert {"insert_tasks", "promote_ready", "retry_task_now", "finish"} <= gated
 
 
@@ -138,7 +147,7 @@ def test_the_admission_locks_keys_in_order_and_counts_after_the_lock() -> None:
     named = queries.load()
     assert "ORDER BY k" in named["lock_concurrency_keys"].decode()
     assert "ORDER BY 1" in named["concurrency_keys_waiting"].decode()
-    admit = named["admit_concurrency"].decode()
+    admit = named["admit_gated"].decode()
     assert "FOR UPDATE OF t SKIP LOCKED" in admit
     assert "h.state IN ('READY', 'RUNNING')" in admit
 

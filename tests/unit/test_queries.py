@@ -97,20 +97,30 @@ def test_every_fragment_use_is_expanded_in_the_shipped_queries() -> None:
     assert leftovers == []
 
 
-def test_insert_tasks_decides_ready_by_the_expression_of_the_needs_worker_column() -> None:
-    """insert_tasks cannot read task_runs.needs_worker (the row does not exist yet): it repeats
-    the column's expression, and this keeps the two the same."""
+def test_insert_tasks_decides_ready_by_the_expression_of_the_ready_by_itself_column() -> None:
+    """insert_tasks cannot read task_runs.ready_by_itself (the row does not exist yet): it
+    repeats the column's expression (or the trigger admitted the task through its keys), and
+    this keeps the two the same."""
     defining = [
-        m for m in available_migrations() if "needs_worker" in m.sql and "GENERATED" in m.sql
+        m
+        for m in available_migrations()
+        if "ready_by_itself boolean" in m.sql and "GENERATED" in m.sql
     ]
-    assert defining, "no migration generates task_runs.needs_worker"
-    generated = re.search(r"GENERATED ALWAYS AS \((.*?)\) STORED", defining[-1].sql, re.S)
+    assert defining, "no migration generates task_runs.ready_by_itself"
+    generated = re.search(
+        r"ready_by_itself boolean NOT NULL\s+GENERATED ALWAYS AS \((.*?)\) STORED",
+        defining[-1].sql,
+        re.S,
+    )
     assert generated is not None
     columns = re.findall(r"([a-z_]+) IS NULL", generated.group(1))
-    assert columns, generated.group(1)
+    assert {"sleep_s", "concurrency_key", "rate_key"} <= set(columns), generated.group(1)
     insert = queries.load()["insert_tasks"].decode()
     ready = re.search(
-        r"SELECT t\.pending_deps = 0 AND t\.ordering_key IS NULL(.*?)\) AS k\(ready\)", insert, re.S
+        r"SELECT t\.pending_deps = 0 AND t\.ordering_key IS NULL\s+AND \(t\.admitted OR \((.*?)\)\)"
+        r"\s+\) AS k\(ready\)",
+        insert,
+        re.S,
     )
     assert ready is not None
     assert re.findall(r"t\.([a-z_]+) IS NULL", ready.group(1)) == columns

@@ -48,7 +48,7 @@ GOOD_QUEUES = ["partner", "tenant-1.high", "q" * 255, "é" * 127, "Ünïcode que
 
 def test_every_insert_into_the_outbox_carries_the_queue_of_its_task() -> None:
     inserts = re.findall(r"INSERT INTO outbox \(([^)]*)\)\s*SELECT ([^\n]*) FROM", SQL)
-    # the release fragment, the dispatch fragment (promote_ready, admit_concurrency),
+    # the release fragment, the dispatch fragment (promote_ready, admit_gated),
     # insert_tasks, release_claims, redispatch_lost, retry_task_now (an operator's retry-now)
     assert len(inserts) == len(re.findall(r"INSERT INTO outbox", SQL)) == 6
     for columns, selected in inserts:

@@ -254,9 +254,11 @@ function drawTask(detail) {
   fact("#task-queue-fact", task.queue, () => {
     $("#task-queue").textContent = task.queue;
   });
-  // why it waits (SPEC 7.4): start_at, timer, event, concurrency (with its key); none: hidden
+  // why it waits (SPEC 7.4): start_at, timer, event, concurrency or rate_limit (with its key);
+  // none: hidden
   fact("#task-waiting-fact", task.waiting_on, () => {
-    const key = task.waiting_on === "concurrency" ? ` (${task.concurrency_key})` : "";
+    const keys = { concurrency: task.concurrency_key, rate_limit: task.rate_key };
+    const key = keys[task.waiting_on] ? ` (${keys[task.waiting_on]})` : "";
     $("#task-waiting-on").textContent = `${task.waiting_on}${key}`;
   });
   const shown = shownAttempt(detail.attempts);
