@@ -38,9 +38,7 @@ NOW_RETRY = RetryPolicy(max_attempts=3, base_delay=0.0, max_delay=0.0, jitter=Ji
 PER_S = 600.0
 
 
-def rated(
-    limit: int, key: str | None = "partner", name: str = "rated", **task: Any
-) -> WorkflowDef:
+def rated(limit: int, key: str | None = "partner", name: str = "rated", **task: Any) -> WorkflowDef:
     """One task of handler tests.noop with ``rate_limit: {limit, per: PER_S, key}``."""
     return WorkflowDef(
         name, (TaskDef("call", "tests.noop", rate_limit=RateLimit(limit, PER_S, key), **task),)
@@ -125,9 +123,7 @@ def test_admits_at_most_limit_per_window_oldest_first_without_using_an_attempt(
     assert [repo.get_run(r).tasks[0].attempt for r in runs[6:]] == [0] * 4
 
 
-def test_a_window_counts_starts_not_finishes_and_only_its_own_per(
-    repo: Store, sql: Sql
-) -> None:
+def test_a_window_counts_starts_not_finishes_and_only_its_own_per(repo: Store, sql: Sql) -> None:
     for _ in range(4):
         repo.trigger(rated(2))
     (first, second) = ready_ids(sql, "partner")
