@@ -35,7 +35,14 @@ from flowforge.store.db import Database
 from flowforge.store.events import Events
 from flowforge.store.migrate import migrate
 from flowforge.store.triggers import Triggers
-from tests.harness import bench_api, bench_events, bench_maps, bench_schedules, services
+from tests.harness import (
+    bench_api,
+    bench_events,
+    bench_maps,
+    bench_rates,
+    bench_schedules,
+    services,
+)
 from tests.harness.resources import (
     child_pids,
     create_database,
@@ -410,6 +417,9 @@ def measure(
                     bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
                     t = throughput(repo, conn, settings, limited=True)
                     record("throughput (wide limit)", "tasks/s", t["tasks_per_s"])
+                    # a rate limit that is reached: the starts' rate against the limit
+                    bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
+                    bench_rates.measure(repo, conn, settings.tasks, settings.timeout_s, record)
                     f = fanout(repo, conn, settings.fanout, settings.timeout_s)
                     record("fan-out", "tasks/s", f["tasks_per_s"], width=settings.fanout)
                     record("fan-out wall", "s", f["wall_s"])

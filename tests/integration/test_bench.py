@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 FIGURES = {
     "throughput",
     "trigger rate",
+    "rate-limited starts",
+    "rate-limited peak per 1s",
     "fan-out",
     "fan-out wall",
     "chain p50",
