@@ -18,9 +18,10 @@ from flowforge.store.triggers import Triggers
 
 POLL_S = 0.01
 #: The limit, per second.
-RATE = 100
-#: The most runs of the workload: five windows' worth.
-MAX_RUNS = 5 * RATE
+RATE = 50
+#: The most runs of the workload: ten windows' worth (the rate over k windows is biased up by
+#: about k/(k - 1): the first window starts full).
+MAX_RUNS = 10 * RATE
 WORKFLOW = WorkflowDef(
     "bench-rated", (TaskDef("t", "bench.noop", rate_limit=RateLimit(RATE, 1.0, "bench")),)
 )
