@@ -18,7 +18,7 @@ from typing import Any
 
 from flowforge.domain import children
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.names import NAME_PATTERN, queue_problem
+from flowforge.domain.names import NAME_PATTERN, priority_problem, queue_problem
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
@@ -112,6 +112,8 @@ class TaskDef:
     and succeeds with the child's result or fails with its failure (its ``retry`` applies).
     ``queue`` (SPEC 7.4): the broker queue its messages (a map's: its items') go to; None: the
     ``broker.queue`` of the config that triggers the run (docs/flow-control.md).
+    ``priority`` (SPEC 7.4): 0 (default) to 9, higher first within its queue; a trigger that
+    names a priority overrides it for every task of its run (docs/flow-control.md "Priorities").
     """
 
     name: str
@@ -131,10 +133,12 @@ class TaskDef:
     input: Mapping[str, Any] | None = field(default=None, hash=False)  # the child's input
     queue: str | None = None  # the queue its messages go to; None: the triggering config's
     concurrency: Concurrency | None = None  # at most limit READY/RUNNING per rendered key
+    priority: int = 0  # 0..9, higher first within its queue
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         self._check_queue()
+        self._check_priority()
         self._check_concurrency()
         self._check_depends_on()
         self._check_map()
@@ -291,6 +295,12 @@ class TaskDef:
         if problem is not None:
             raise DefinitionError(f"task {self.name!r}: queue {problem}")
 
+    def _check_priority(self) -> None:
+        """A whole number 0 to 9 (:func:`~flowforge.domain.names.priority_problem`)."""
+        problem = priority_problem(self.priority)
+        if problem is not None:
+            raise DefinitionError(f"task {self.name!r}: priority {problem}")
+
     def _check_concurrency(self) -> None:
         """A :class:`Concurrency` (checked when built); not on a map, whose items are bounded
         by ``max_parallel`` (a map's items with a shared key: not built)."""
@@ -316,6 +326,7 @@ class TaskDef:
             "on_dead": self.on_dead is not OnDead.RELEASE,
             "queue": self.queue is not None,
             "concurrency": self.concurrency is not None,
+            "priority": self.priority != 0,
         }
         for key, given in extras.items():
             if given:
@@ -469,8 +480,9 @@ class WorkflowDef:
         """A JSON-ready canonical form (the inverse of the YAML/mapping parser).
 
         Keys added after the first release (``deadline``, ``max_items``, a task's ``sleep``,
-        ``for_each``, ``max_parallel``, ``wait_for_event``, ``run_if``, ``queue``) appear only
-        when set, so the digests of definitions that do not use them never change.
+        ``for_each``, ``max_parallel``, ``wait_for_event``, ``run_if``, ``queue``,
+        ``priority``) appear only when set, so the digests of definitions that do not use them
+        never change.
         """
         data: dict[str, Any] = {
             "name": self.name,
@@ -498,6 +510,8 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
         data["queue"] = task.queue
     if task.concurrency is not None:  # the same
         data["concurrency"] = {"key": task.concurrency.key, "limit": task.concurrency.limit}
+    if task.priority:  # the same: only when not the default 0
+        data["priority"] = task.priority
     return data
 
 

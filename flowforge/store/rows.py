@@ -116,6 +116,7 @@ def task_run(row: Row) -> TaskRun:
         concurrency_key=row.get("concurrency_key"),
         concurrency_limit=row.get("concurrency_limit"),
         waiting_on=row.get("waiting_on"),
+        priority=row.get("priority") or 0,
     )
 
 
@@ -299,7 +300,9 @@ def routed(row: Row, source: TaskState, delay_s: float, reason: str) -> Routed:
 
 def dispatch(row: Row) -> Dispatch:
     """A ``lock_outbox`` row."""
-    return Dispatch(row["id"], row["task_run_id"], row["fencing_token"], row["queue"])
+    return Dispatch(
+        row["id"], row["task_run_id"], row["fencing_token"], row["queue"], row["priority"]
+    )
 
 
 def process_info(row: Row) -> ProcessInfo:
@@ -454,6 +457,7 @@ def task_columns(
         "run_ifs": [t.run_if for t in tasks],
         "child_workflows": [t.child_workflow for t in tasks],
         "queues": [t.queue for t in tasks],
+        "priorities": [t.priority for t in tasks],
         "concurrency_keys": [t.concurrency_key for t in tasks],
         "concurrency_limits": [t.concurrency_limit for t in tasks],
         "admitted": list(admitted) if admitted is not None else [False] * len(tasks),
