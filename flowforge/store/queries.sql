@@ -1228,7 +1228,8 @@ SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
 -- own, and a priority-0 message waiting behind a backlog while priority-9 ones overtake it is
 -- not lost); within its band, a later dispatch counts when it was published after this one:
 -- in a later sweep, or in the same sweep behind it (a sweep publishes priority first, then
--- id). It gets a new dispatch generation
+-- id), or not at all (claimed by a finishing worker straight from its finish). It gets a new
+-- dispatch generation
 -- (token + 1) with its own outbox row; should the old message still turn up, it is stale and
 -- claims nothing.
 WITH lost AS (
@@ -1245,7 +1246,7 @@ WITH lost AS (
                     WHERE later.queue IS NOT DISTINCT FROM o.queue
                       AND (later.priority > 0) = (o.priority > 0)
                       AND (later.priority >= 5) = (o.priority >= 5)
-                      AND (later.published_at > o.published_at
+                      AND (coalesce(later.published_at, 'infinity') > o.published_at
                            OR (later.published_at = o.published_at
                                AND (later.priority, -later.id) < (o.priority, -o.id))))
      ORDER BY t.ready_at

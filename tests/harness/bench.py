@@ -31,6 +31,7 @@ import yaml
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import Concurrency, TaskDef, WorkflowDef
+from flowforge.domain.names import BANDS, band_queue
 from flowforge.store.db import Database
 from flowforge.store.events import Events
 from flowforge.store.migrate import migrate
@@ -153,7 +154,9 @@ class Tree:
                 self.proc.wait(10)
         try:
             conn = pika.BlockingConnection(pika.URLParameters(self.broker_url))
-            conn.channel().queue_delete(self.queue)
+            channel = conn.channel()
+            for index in range(len(BANDS)):  # the queue and its priority bands
+                channel.queue_delete(band_queue(self.queue, index))
             conn.close()
         except pika.exceptions.AMQPError:
             pass
