@@ -54,9 +54,7 @@ def test_priority_9_tasks_overtake_a_backlog_on_a_real_tree(
         ahead_at_trigger = started(sql, backlog)
         urgent = [r.run_id for r in client.trigger_many("work", [{}] * URGENT, priority=9)]
     waiting = BACKLOG - ahead_at_trigger
-    wait_for(
-        lambda: started(sql, backlog + urgent) == BACKLOG + URGENT, DONE_S, 0.2, "every run"
-    )
+    wait_for(lambda: started(sql, backlog + urgent) == BACKLOG + URGENT, DONE_S, 0.2, "every run")
     ahead = sql.execute(
         "SELECT (SELECT count(*) FROM task_attempts b JOIN task_runs bt ON bt.id = b.task_run_id"
         "         WHERE bt.run_id = ANY(%(backlog)s) AND b.started_at < a.started_at)"
