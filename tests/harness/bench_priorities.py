@@ -125,7 +125,10 @@ def measure(
 def _wait_drained(conn: psycopg.Connection[Any], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        row = conn.execute("SELECT count(*) FROM task_runs WHERE state <> 'SUCCEEDED'").fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
+            " WHERE r.workflow IN ('backlog', 'urgent') AND t.state <> 'SUCCEEDED'"
+        ).fetchone()
         if row is not None and row[0] == 0:
             return
         time.sleep(0.1)
