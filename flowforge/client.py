@@ -105,6 +105,7 @@ class Client:
         start_at: datetime | None = None,
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        priority: int | None = None,
     ) -> TriggerResult:
         """Start a run of ``workflow``; a replayed ``idempotency_key`` returns the same run.
 
@@ -114,6 +115,9 @@ class Client:
         (seconds or a timedelta) replaces the workflow's: past it, the run ends FAILED with
         reason ``deadline_exceeded``. Bad values raise :class:`~flowforge.errors.InputError`.
         A task whose workflow names no ``queue`` goes to this config's ``broker.queue``.
+        ``priority`` (a whole number 0 to 9, higher first within a queue) replaces the
+        ``priority`` of every task of the run, and of its child runs (None: each task keeps
+        its workflow's, 0 by default).
         """
         definition = self._definition(workflow)
         return self._store.trigger(
@@ -125,6 +129,7 @@ class Client:
             deadline=deadline,
             children=referenced(definition, self.workflows),
             queue=self._config.broker.queue,
+            priority=priority,
         )
 
     def trigger_many(
@@ -136,9 +141,11 @@ class Client:
         start_at: datetime | None = None,
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
+        priority: int | None = None,
     ) -> list[TriggerResult]:
         """Start one run per input in a single transaction (much faster than one by one);
-        ``start_at``, ``delay`` and ``deadline`` apply to every run (see :meth:`trigger`)."""
+        ``start_at``, ``delay``, ``deadline`` and ``priority`` apply to every run (see
+        :meth:`trigger`)."""
         definition = self._definition(workflow)
         return self._store.trigger_many(
             definition,
@@ -149,6 +156,7 @@ class Client:
             deadline=deadline,
             children=referenced(definition, self.workflows),
             queue=self._config.broker.queue,
+            priority=priority,
         )
 
     def _definition(self, workflow: str) -> WorkflowDef:

@@ -21,6 +21,7 @@ from typing import Any
 import pika
 import yaml
 
+from flowforge.domain.names import BANDS, band_queue
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,6 +150,8 @@ class Stack:
         except pika.exceptions.AMQPError:
             return
         try:
-            conn.channel().queue_delete(self.queue)
+            channel = conn.channel()
+            for index in range(len(BANDS)):  # the queue and its priority bands
+                channel.queue_delete(band_queue(self.queue, index))
         finally:
             conn.close()

@@ -30,6 +30,7 @@ from flowforge.domain.model import (
     Finish,
     Finished,
 )
+from flowforge.domain.names import BANDS, band
 from flowforge.domain.states import TaskState
 from flowforge.errors import (
     BrokerUnavailableError,
@@ -41,7 +42,10 @@ from flowforge.roles.hooks import Hook
 
 
 class StubBroker:
-    """One queue and one consumer, in memory (see module docstring).
+    """One task queue of three priority bands and one consumer per band, in memory (see module
+    docstring): each band is a FIFO queue with its own prefetch (the take's limit) and its own
+    unacked deliveries, as each band's channel of :class:`~flowforge.broker.consume.Consumer`
+    has; a take returns the highest band first, and an ack acks per band through its last tag.
 
     ``on_idle`` is called when a take finds nothing to deliver (a test stops the worker
     there); ``fail_acks`` makes the next that many acks fail as a lost connection.
@@ -53,26 +57,33 @@ class StubBroker:
         journal: list[tuple[str, Any]] | None = None,
     ) -> None:
         self.on_idle = on_idle
-        self.queue: collections.deque[tuple[bytes, bool]] = collections.deque()
+        self.bands: list[collections.deque[tuple[bytes, bool]]] = [
+            collections.deque() for _ in BANDS
+        ]
         # ("take", (limit, taken)), ("ack", tag), …; shared with a FakeStore to see the order
         self.events: list[tuple[str, Any]] = [] if journal is None else journal
         self.fail_acks = 0
         self.connected = False
         self._consuming = False
         self._prefetch = 0
-        self._buffer: collections.deque[Delivery] = collections.deque()
-        self._unacked: dict[int, bytes] = {}
-        self._tag = 0
+        self._buffers: list[collections.deque[Delivery]] = [collections.deque() for _ in BANDS]
+        self._unacked: list[dict[int, bytes]] = [{} for _ in BANDS]
+        self._tag = 0  # one counter for every band: a test reads acks as one sequence
 
-    def publish(self, task_run_id: UUID, token: int) -> None:
-        self.queue.append((encode(Dispatch(0, task_run_id, token)), False))
+    @property
+    def queue(self) -> collections.deque[tuple[bytes, bool]]:
+        """The band of priority 0: the queue itself (every message before priorities)."""
+        return self.bands[0]
+
+    def publish(self, task_run_id: UUID, token: int, priority: int = 0) -> None:
+        self.bands[band(priority)].append((encode(Dispatch(0, task_run_id, token)), False))
 
     def publish_raw(self, body: bytes) -> None:
         self.queue.append((body, False))
 
     @property
     def unacked(self) -> int:
-        return len(self._unacked)
+        return sum(len(u) for u in self._unacked)
 
     def acks(self) -> list[int]:
         return [tag for name, tag in self.events if name == "ack"]
@@ -88,9 +99,11 @@ class StubBroker:
     def take(self, limit: int, timeout_s: float) -> list[Delivery]:
         self._require()
         self._prefetch, self._consuming = limit, True
-        if not self._buffer:
-            self.pump(timeout_s)
-        taken = [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
+        self.pump(timeout_s)
+        taken: list[Delivery] = []
+        for buffer in reversed(self._buffers):
+            while buffer and len(taken) < limit:
+                taken.append(buffer.popleft())
         self.events.append(("take", (limit, len(taken))))
         if not taken and self.on_idle is not None:
             self.on_idle()
@@ -98,40 +111,48 @@ class StubBroker:
 
     def pump(self, time_limit_s: float = 0.0) -> None:
         self._require()
-        while self._consuming and self.queue and len(self._unacked) < self._prefetch:
-            body, redelivered = self.queue.popleft()
-            self._tag += 1
-            self._unacked[self._tag] = body
-            self._buffer.append(Delivery(self._tag, body, redelivered))
+        for index, queue in enumerate(self.bands):
+            while self._consuming and queue and len(self._unacked[index]) < self._prefetch:
+                body, redelivered = queue.popleft()
+                self._tag += 1
+                self._unacked[index][self._tag] = body
+                self._buffers[index].append(Delivery(self._tag, body, redelivered, index))
 
-    def ack_through(self, tag: int) -> None:
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
         self._require()
         if self.fail_acks:
             self.fail_acks -= 1
             self.connected = False
             raise BrokerUnavailableError("stub: the connection broke on ack")
-        self.events.append(("ack", tag))
-        for acked in [t for t in self._unacked if t <= tag]:
-            del self._unacked[acked]
+        last: dict[int, int] = {}
+        for delivery in deliveries:
+            last[delivery.band] = max(delivery.tag, last.get(delivery.band, 0))
+        self.events.append(("ack", max(last.values())))
+        for index, tag in last.items():  # a multiple ack per band, as on its channel
+            for acked in [t for t in self._unacked[index] if t <= tag]:
+                del self._unacked[index][acked]
 
     def hand_back(self) -> int:
         self._require()
         self._consuming = False
-        self.events.append(("hand_back", len(self._buffer)))
-        requeued = list(self._buffer)
-        self._buffer.clear()
-        for delivery in reversed(requeued):
-            del self._unacked[delivery.tag]
-            self.queue.appendleft((delivery.body, True))
-        return len(requeued)
+        self.events.append(("hand_back", sum(len(b) for b in self._buffers)))
+        requeued = 0
+        for index, buffer in enumerate(self._buffers):
+            for delivery in reversed(buffer):
+                del self._unacked[index][delivery.tag]
+                self.bands[index].appendleft((delivery.body, True))
+            requeued += len(buffer)
+            buffer.clear()
+        return requeued
 
     def close(self) -> None:
-        """Everything unacked goes back to the front of the queue, redelivered."""
-        self.events.append(("close", len(self._unacked)))
-        for tag in sorted(self._unacked, reverse=True):
-            self.queue.appendleft((self._unacked[tag], True))
-        self._unacked.clear()
-        self._buffer.clear()
+        """Everything unacked goes back to the front of its band's queue, redelivered."""
+        self.events.append(("close", self.unacked))
+        for index, unacked in enumerate(self._unacked):
+            for tag in sorted(unacked, reverse=True):
+                self.bands[index].appendleft((unacked[tag], True))
+            unacked.clear()
+            self._buffers[index].clear()
         self.connected = self._consuming = False
 
     def _named(self, name: str) -> list[tuple[str, Any]]:

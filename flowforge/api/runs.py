@@ -37,6 +37,8 @@ class Runs:
         body = read_json(req, self._max_body)
         workflow, run_input = _run_request(body)
         timing = _timing(body)
+        if body.get("priority") is not None:  # checked by the trigger: 400 naming it
+            timing["priority"] = body["priority"]
         key = req.get_header("Idempotency-Key")
         if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
             raise json_error(falcon.HTTP_400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} chars")
@@ -73,7 +75,7 @@ class Runs:
 def _run_request(body: Any) -> tuple[str, Mapping[str, Any]]:
     if not isinstance(body, dict):
         raise json_error(falcon.HTTP_400, "the body must be a JSON object")
-    unknown = sorted(set(body) - {"workflow", "input", *TIMING_FIELDS})
+    unknown = sorted(set(body) - {"workflow", "input", "priority", *TIMING_FIELDS})
     if unknown:
         raise json_error(falcon.HTTP_400, f"unknown field {unknown[0]!r}")
     workflow = body.get("workflow")

@@ -1,8 +1,15 @@
 """Consuming dispatch messages with manual acknowledgement (pika ``BlockingConnection``).
 
+A task queue is three quorum queues, one per priority band (``Q``, ``Q.p1``, ``Q.p5``:
+:data:`~flowforge.domain.names.BANDS`), because a quorum queue has no priorities. The consumer
+has one channel per band, each with its own consumer and its own prefetch, so a full window of
+low-priority deliveries never stops the broker from pushing a high-priority one: it waits in
+this worker's buffer and the next take returns it first (docs/flow-control.md "Priorities").
+
 The worker owns the connection's thread: it calls :meth:`Consumer.take` to wait for a batch of
-up to ``limit`` deliveries (the consumer's prefetch is that limit, so the broker pushes nothing
-more until the batch is acked), :meth:`Consumer.ack_through` once the batch is done, and
+up to ``limit`` deliveries, highest band first (each band's prefetch is that limit, so the
+broker pushes no more of a band until its part of the batch is acked), :meth:`Consumer.ack`
+once the batch is done (per band: the deliveries of a band are taken in order), and
 :meth:`Consumer.pump` while a handler runs in another thread, so heartbeats keep flowing however
 long the handler takes. A worker held up by a slow handler calls :meth:`Consumer.hand_back`
 *before* acking: the consumer is cancelled and anything it holds unclaimed goes back to the
@@ -19,7 +26,9 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import pika
@@ -34,6 +43,7 @@ from flowforge.broker.topology import (
     type_mismatch_error,
 )
 from flowforge.config import BrokerConfig
+from flowforge.domain.names import BANDS, band_queue
 from flowforge.errors import BrokerUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +54,7 @@ class Delivery:
     tag: int
     body: bytes
     redelivered: bool
+    band: int = 0  # the index in BANDS of the band (channel) it came on: tags are per channel
 
 
 class Deliveries(Protocol):
@@ -56,7 +67,7 @@ class Deliveries(Protocol):
 
     def take(self, limit: int, timeout_s: float) -> list[Delivery]: ...
 
-    def ack_through(self, tag: int) -> None: ...
+    def ack(self, deliveries: Sequence[Delivery]) -> None: ...
 
     def hand_back(self) -> int: ...
 
@@ -66,18 +77,21 @@ class Deliveries(Protocol):
 
 
 class Consumer:
-    """A connection, a channel with ``prefetch`` and a (pausable) consumer on the task queue."""
+    """A connection and, per priority band of the task queue, a channel with its prefetch and
+    a (pausable) consumer."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self._config = config
+        self._queues = [band_queue(config.queue, i) for i in range(len(BANDS))]
         self._conn: pika.BlockingConnection | None = None
-        self._channel: BlockingChannel | None = None
-        self._consumer_tag: str | None = None
+        self._channels: list[BlockingChannel] = []
+        self._consumer_tags: list[str | None] = [None] * len(BANDS)
         self._prefetch = config.prefetch
-        self._buffer: collections.deque[Delivery] = collections.deque()
+        self._buffers: list[collections.deque[Delivery]] = [collections.deque() for _ in BANDS]
 
     def connect(self) -> None:
-        """Connect to the first node that answers, set the prefetch, declare the quorum queue.
+        """Connect to the first node that answers; per band, open a channel with the prefetch
+        and declare the band's quorum queue.
 
         Reaching no node raises :class:`BrokerConfigError` if TLS refused any of them, else
         :class:`BrokerUnavailableError` (:func:`flowforge.broker.tls.connect_error`).
@@ -91,27 +105,30 @@ class Consumer:
                 failures.append((f"{params.host}:{params.port}", exc))
         else:
             raise connect_error(failures) from failures[-1][1]
+        queue = self._queues[0]
         try:
-            self._channel = self._conn.channel()
-            self._channel.basic_qos(prefetch_count=self._config.prefetch)
-            self._channel.add_on_cancel_callback(self._on_cancelled_by_broker)
-            self._channel.queue_declare(
-                self._config.queue, durable=True, arguments=queue_arguments(self._config)
-            )
+            for index, queue in enumerate(self._queues):
+                channel = self._conn.channel()
+                channel.basic_qos(prefetch_count=self._config.prefetch)
+                channel.add_on_cancel_callback(partial(self._on_cancelled_by_broker, index))
+                channel.queue_declare(queue, durable=True, arguments=queue_arguments(self._config))
+                self._channels.append(channel)
         except pika.exceptions.ChannelClosedByBroker as exc:
             self.close()
             if is_type_mismatch(exc.reply_code, exc.reply_text):
-                raise type_mismatch_error(self._config.queue, exc.reply_text) from exc
+                raise type_mismatch_error(queue, exc.reply_text) from exc
             raise BrokerUnavailableError(f"channel closed by broker: {exc!r}") from exc
         except (pika.exceptions.AMQPError, OSError) as exc:
             self.close()
             raise BrokerUnavailableError(f"cannot open a channel: {exc!r}") from exc
 
     def close(self) -> None:
-        """Close the connection; unacked deliveries go back to the queue."""
-        conn, self._conn, self._channel, self._consumer_tag = self._conn, None, None, None
+        """Close the connection; unacked deliveries go back to their queues."""
+        conn, self._conn, self._channels = self._conn, None, []
+        self._consumer_tags = [None] * len(BANDS)
         self._prefetch = self._config.prefetch
-        self._buffer.clear()
+        for buffer in self._buffers:
+            buffer.clear()
         if conn is not None and conn.is_open:
             try:
                 conn.close()
@@ -119,35 +136,42 @@ class Consumer:
                 logger.debug("error while closing the consumer connection", exc_info=True)
 
     def resume(self) -> None:
-        """Start (or restart) receiving deliveries."""
-        if self._consumer_tag is None:
-            self._consumer_tag = self._call(
-                lambda ch: ch.basic_consume(self._config.queue, self._on_message, auto_ack=False)
-            )
+        """Start (or restart) receiving deliveries, on every band."""
+        for index, queue in enumerate(self._queues):
+            if self._consumer_tags[index] is None:
+                on_message = partial(self._on_message, index)
+                self._consumer_tags[index] = self._call(
+                    index,
+                    lambda ch, q=queue, cb=on_message: ch.basic_consume(q, cb, auto_ack=False),
+                )
 
     def pause(self) -> None:
         """Stop receiving deliveries; those already received stay ours to ack."""
-        if self._consumer_tag is not None:
-            tag, self._consumer_tag = self._consumer_tag, None
-            self._call(lambda ch: ch.basic_cancel(tag))
+        for index, tag in enumerate(self._consumer_tags):
+            if tag is not None:
+                self._consumer_tags[index] = None
+                self._call(index, lambda ch, tag=tag: ch.basic_cancel(tag))
 
     def take(self, limit: int, timeout_s: float) -> list[Delivery]:
-        """Up to ``limit`` deliveries, waiting up to ``timeout_s`` for the first one.
+        """Up to ``limit`` deliveries, highest band first, waiting up to ``timeout_s`` for the
+        first one.
 
-        The consumer runs with a prefetch of ``limit`` (it is restarted when the limit
-        changes), so until they are acked no further message is pushed here. Heartbeats are
-        served while waiting.
+        Each band's consumer runs with a prefetch of ``limit`` (restarted when the limit
+        changes), so until they are acked no further message of that band is pushed here.
+        Heartbeats are served while waiting; the connection is always read once, so a
+        high-priority delivery that came in while lower ones waited here is taken first.
         """
-        if self._consumer_tag is None or self._prefetch != limit:
+        if None in self._consumer_tags or self._prefetch != limit:
             self.pause()
-            self._call(lambda ch: ch.basic_qos(prefetch_count=limit))
+            for index in range(len(self._queues)):
+                self._call(index, lambda ch: ch.basic_qos(prefetch_count=limit))
             self._prefetch = limit
             self.resume()
-        if not self._buffer:
-            self.pump(timeout_s)
+        self.pump(0.0 if any(self._buffers) else timeout_s)
         taken: list[Delivery] = []
-        while self._buffer and len(taken) < limit:
-            taken.append(self._buffer.popleft())
+        for buffer in reversed(self._buffers):  # the highest band first
+            while buffer and len(taken) < limit:
+                taken.append(buffer.popleft())
         return taken
 
     def hand_back(self) -> int:
@@ -156,16 +180,17 @@ class Consumer:
         Deliveries already taken stay ours to ack.
         """
         self.pause()
-        if not self._buffer:
-            return 0
-        tags = [d.tag for d in self._buffer]
-        self._buffer.clear()
-        for tag in tags:
-            self._call(lambda ch, tag=tag: ch.basic_nack(tag, multiple=False, requeue=True))
-        return len(tags)
+        requeued = 0
+        for index, buffer in enumerate(self._buffers):
+            tags = [d.tag for d in buffer]
+            buffer.clear()
+            for tag in tags:
+                self._call(index, lambda ch, tag=tag: ch.basic_nack(tag, requeue=True))
+            requeued += len(tags)
+        return requeued
 
     def pump(self, time_limit_s: float = 0.0) -> None:
-        """Serve the connection (heartbeats, deliveries into the buffer) for ``time_limit_s``."""
+        """Serve the connection (heartbeats, deliveries into the buffers) for ``time_limit_s``."""
         if self._conn is None:
             raise BrokerUnavailableError("consumer is not connected")
         try:
@@ -173,33 +198,48 @@ class Consumer:
         except (pika.exceptions.AMQPError, OSError) as exc:
             raise BrokerUnavailableError(f"broker connection lost: {exc!r}") from exc
 
-    def ack_through(self, tag: int) -> None:
-        """Acknowledge every delivery taken up to ``tag`` (deliveries are taken in order).
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Acknowledge ``deliveries`` (taken): one multiple ack per band, through the band's
+        last. Exact: a band's deliveries are taken in the order they came, and a batch is
+        acked before the next is taken, so every delivery of the band up to that tag is one
+        of these (or acked before) — never one still waiting in the buffer.
 
         Failure raises: an ack that failed is never a success.
         """
-        self._call(lambda ch: ch.basic_ack(tag, multiple=True))
+        last: dict[int, int] = {}
+        for delivery in deliveries:
+            last[delivery.band] = max(delivery.tag, last.get(delivery.band, 0))
+        for index, tag in sorted(last.items()):
+            self._call(index, lambda ch, tag=tag: ch.basic_ack(tag, multiple=True))
 
-    def _call(self, action: Any) -> Any:
-        if self._channel is None:
+    @staticmethod
+    def _consume(queue: str, on_message: Any, channel: BlockingChannel) -> str:
+        return str(channel.basic_consume(queue, on_message, auto_ack=False))
+
+    def _call(self, index: int, action: Any) -> Any:
+        if len(self._channels) <= index:
             raise BrokerUnavailableError("consumer is not connected")
         try:
-            return action(self._channel)
+            return action(self._channels[index])
         except (pika.exceptions.AMQPError, OSError) as exc:
             raise BrokerUnavailableError(f"broker call failed: {exc!r}") from exc
 
-    def _on_cancelled_by_broker(self, method_frame: Any) -> None:
-        """The broker ended our consumer (queue deleted or unavailable): subscribe again on
-        the next take. Deliveries already received stay ours to ack. A cancel for a tag we
+    def _on_cancelled_by_broker(self, index: int, method_frame: Any) -> None:
+        """The broker ended a band's consumer (queue deleted or unavailable): subscribe again
+        on the next take. Deliveries already received stay ours to ack. A cancel for a tag we
         already cancelled ourselves (the two crossed) needs nothing."""
-        if method_frame.method.consumer_tag != self._consumer_tag:
+        if method_frame.method.consumer_tag != self._consumer_tags[index]:
             return
-        self._consumer_tag = None
+        self._consumer_tags[index] = None
         logger.warning(
             "the broker cancelled this consumer of %s; subscribing again",
-            self._config.queue,
+            self._queues[index],
             extra={"action": "consumer_cancelled"},
         )
 
-    def _on_message(self, _channel: Any, method: Any, _properties: Any, body: bytes) -> None:
-        self._buffer.append(Delivery(method.delivery_tag, body, bool(method.redelivered)))
+    def _on_message(
+        self, index: int, _channel: Any, method: Any, _properties: Any, body: bytes
+    ) -> None:
+        self._buffers[index].append(
+            Delivery(method.delivery_tag, body, bool(method.redelivered), index)
+        )

@@ -7,8 +7,9 @@ batch, so one round trip covers many messages. A message the broker returned as 
 or nacked, is not reported as confirmed, so its outbox row stays pending.
 
 Each message goes to its dispatch's queue (the task's, migration 0014; a row without one to
-``broker.queue``); a queue is declared, as the same quorum queue the consumers declare, the
-first time this connection publishes to it.
+``broker.queue``), in the band of its priority (``Q``, ``Q.p1`` or ``Q.p5``: migration 0019,
+:func:`~flowforge.domain.names.band_queue`); a band is declared, as the same quorum queue the
+consumers declare, the first time this connection publishes to it.
 
 Everything here runs in the calling thread; the I/O loop only runs inside :meth:`publish`,
 :meth:`connect` and :meth:`idle` — call :meth:`idle` while waiting so heartbeats flow.
@@ -39,6 +40,7 @@ from flowforge.broker.topology import (
 )
 from flowforge.config import BrokerConfig
 from flowforge.domain.model import Dispatch
+from flowforge.domain.names import band, band_queue
 from flowforge.errors import BrokerError, BrokerUnavailableError, QueueTypeMismatchError
 
 logger = logging.getLogger(__name__)
@@ -143,13 +145,14 @@ class ConfirmingPublisher:
         self._returned.clear()
         self._nacked = 0
         default = self._config.queue
-        self._declare_all({d.queue or default for d in batch})
-        batch = [d for d in batch if (d.queue or default) in self._declared]
+        targets = [(d, band_queue(d.queue or default, band(d.priority))) for d in batch]
+        self._declare_all({(d.queue or default, target) for d, target in targets})
+        targets = [(d, target) for d, target in targets if target in self._declared]
         try:
-            for dispatch in batch:
+            for dispatch, target in targets:
                 self._channel.basic_publish(
                     exchange="",
-                    routing_key=dispatch.queue or default,
+                    routing_key=target,
                     body=messages.encode(dispatch),
                     properties=pika.BasicProperties(
                         delivery_mode=PERSISTENT,
@@ -172,7 +175,7 @@ class ConfirmingPublisher:
                 len(self._returned),
                 extra={"action": "publish_returned"},
             )
-        self._judge_nacks(len(batch))
+        self._judge_nacks(len(targets))
         return self._confirmed - self._returned
 
     def refused(self) -> list[str]:
@@ -181,27 +184,28 @@ class ConfirmingPublisher:
         now = time.monotonic()
         return sorted(q for q, at in self._refused.items() if now - at < REFUSED_RETRY_S)
 
-    def _declare_all(self, queues: set[str]) -> None:
-        """Declare each of ``queues`` this channel has not declared yet (one round trip
-        each, once per connection), so a message is never returned for a queue no consumer
-        has declared yet. Raises as :meth:`connect` does (a queue of another type, an outage)."""
+    def _declare_all(self, targets: set[tuple[str, str]]) -> None:
+        """Declare each (task queue, band queue) of ``targets`` whose band this channel has
+        not declared yet (one round trip each, once per connection), so a message is never
+        returned for a queue no consumer has declared yet. Raises as :meth:`connect` does (a
+        queue of another type, an outage); a refusal leaves out the rows of the task queue."""
         now = time.monotonic()
-        for queue in sorted(queues - self._declared):
+        for queue, target in sorted(t for t in targets if t[1] not in self._declared):
             if now - self._refused.get(queue, -REFUSED_RETRY_S) < REFUSED_RETRY_S:
                 continue  # refused lately: its rows wait
             if self._channel is None:
                 raise BrokerUnavailableError("publisher is not connected")
-            self._declare(self._channel, queue)
+            self._declare(self._channel, target)
             try:
                 declared = self._run_until(
-                    partial(operator.contains, self._declared, queue), CONNECT_TIMEOUT_S
+                    partial(operator.contains, self._declared, target), CONNECT_TIMEOUT_S
                 )
             except QueueTypeMismatchError as exc:
                 self._refused[queue] = now
                 logger.error("%s", exc, extra={"action": "queue_refused"})
-                raise BrokerUnavailableError(f"queue {queue!r} refused; reconnecting") from exc
+                raise BrokerUnavailableError(f"queue {target!r} refused; reconnecting") from exc
             if not declared:
-                raise BrokerUnavailableError(f"declaring queue {queue!r} timed out")
+                raise BrokerUnavailableError(f"declaring queue {target!r} timed out")
 
     def _judge_nacks(self, sent: int) -> None:
         """Count a batch the broker nacked whole; give the channel up at the limit."""

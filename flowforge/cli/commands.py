@@ -8,6 +8,7 @@ import getpass
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Collection, Iterator
@@ -130,6 +131,7 @@ def trigger(args: argparse.Namespace) -> int:
     start_at = None if args.at is None else parse_instant(args.at, "--at")
     delay = _duration(args.delay, "--delay")
     deadline = _duration(args.deadline, "--deadline")
+    priority = _priority(args.priority)
     with _client(args) as client:
         result = client.trigger(
             args.workflow,
@@ -138,9 +140,19 @@ def trigger(args: argparse.Namespace) -> int:
             start_at=start_at,
             delay=delay,
             deadline=deadline,
+            priority=priority,
         )
     output.line(str(result.run_id))
     return exitcodes.OK
+
+
+def _priority(text: str | None) -> int | None:
+    """``--priority`` as a whole number 0 to 9, None when absent; one line if bad."""
+    if text is None:
+        return None
+    if not re.fullmatch(r"[0-9]", text):
+        raise InputError(f"--priority must be a whole number from 0 to 9, got {text!r}")
+    return int(text)
 
 
 def _duration(text: str | None, label: str) -> float | None:

@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--delay", default=None, help="start after this long, e.g. 10m (SCHEDULED)")
     p.add_argument("--deadline", default=None, help="end the run FAILED if unfinished after: 2h")
+    p.add_argument(
+        "--priority",
+        default=None,
+        help="0 to 9, higher first within a queue: every task of the run (default: each its own)",
+    )
 
     p = command("status", commands.status, "show a run and its tasks")
     p.add_argument("run_id")

@@ -18,7 +18,7 @@ from typing import Any
 
 from flowforge.domain import children
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.names import NAME_PATTERN, queue_problem
+from flowforge.domain.names import NAME_PATTERN, priority_problem, queue_problem
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
@@ -152,6 +152,8 @@ class TaskDef:
     and succeeds with the child's result or fails with its failure (its ``retry`` applies).
     ``queue`` (SPEC 7.4): the broker queue its messages (a map's: its items') go to; None: the
     ``broker.queue`` of the config that triggers the run (docs/flow-control.md).
+    ``priority`` (SPEC 7.4): 0 (default) to 9, higher first within its queue; a trigger that
+    names a priority overrides it for every task of its run (docs/flow-control.md "Priorities").
     """
 
     name: str
@@ -172,10 +174,12 @@ class TaskDef:
     queue: str | None = None  # the queue its messages go to; None: the triggering config's
     concurrency: Concurrency | None = None  # at most limit READY/RUNNING per rendered key
     rate_limit: RateLimit | None = None  # at most limit starts per sliding window per key
+    priority: int = 0  # 0..9, higher first within its queue
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         self._check_queue()
+        self._check_priority()
         self._check_concurrency()
         self._check_rate_limit()
         self._check_depends_on()
@@ -333,6 +337,12 @@ class TaskDef:
         if problem is not None:
             raise DefinitionError(f"task {self.name!r}: queue {problem}")
 
+    def _check_priority(self) -> None:
+        """A whole number 0 to 9 (:func:`~flowforge.domain.names.priority_problem`)."""
+        problem = priority_problem(self.priority)
+        if problem is not None:
+            raise DefinitionError(f"task {self.name!r}: priority {problem}")
+
     def _check_concurrency(self) -> None:
         """A :class:`Concurrency` (checked when built); not on a map, whose items are bounded
         by ``max_parallel`` (a map's items with a shared key: not built)."""
@@ -371,6 +381,7 @@ class TaskDef:
             "queue": self.queue is not None,
             "concurrency": self.concurrency is not None,
             "rate_limit": self.rate_limit is not None,
+            "priority": self.priority != 0,
         }
         for key, given in extras.items():
             if given:
@@ -526,8 +537,8 @@ class WorkflowDef:
 
         Keys added after the first release (``deadline``, ``max_items``, a task's ``sleep``,
         ``for_each``, ``max_parallel``, ``wait_for_event``, ``run_if``, ``queue``, ``concurrency``,
-        ``rate_limit``) appear only
-        when set, so the digests of definitions that do not use them never change.
+        ``rate_limit``, ``priority``) appear only when set, so the digests of definitions that do
+        not use them never change.
         """
         data: dict[str, Any] = {
             "name": self.name,
@@ -560,6 +571,8 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
         if task.rate_limit.key is not None:
             rate["key"] = task.rate_limit.key
         data["rate_limit"] = rate
+    if task.priority:  # the same: only when not the default 0
+        data["priority"] = task.priority
     return data
 
 

@@ -62,6 +62,7 @@ class TaskRun:
     rate_per_s: float | None = None  # ... and the window, in seconds
     waiting_on: str | None = None  # why it waits (SPEC 7.4): start_at, timer, event, concurrency,
     # rate_limit
+    priority: int = 0  # 0..9, higher first within its queue (migration 0019)
 
     @property
     def skipped(self) -> bool:
@@ -306,12 +307,14 @@ def parse_id(value: UUID | str, what: str = "id") -> UUID:
 @dataclass(frozen=True)
 class Dispatch:
     """One pending outbox row: publish a message naming this task run and generation to
-    ``queue`` (None: a row from before migration 0014: the publisher's own ``broker.queue``)."""
+    ``queue`` (None: a row from before migration 0014: the publisher's own ``broker.queue``),
+    in the band of ``priority`` (migration 0019)."""
 
     outbox_id: int
     task_run_id: UUID
     fencing_token: int
     queue: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)

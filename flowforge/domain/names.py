@@ -1,4 +1,5 @@
-"""What a name of FlowForge's own may be: a workflow, task, handler or event name."""
+"""What a name of FlowForge's own may be: a workflow, task, handler, event or queue name, and
+what a priority may be, with the priority bands a queue is made of."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import re
 #: 1-128 letters, digits, ``_``, ``.`` and ``-``, not starting with ``.`` or ``-``.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 
-#: The longest queue name RabbitMQ accepts (an AMQP short string), in UTF-8 bytes.
-MAX_QUEUE_BYTES = 255
+#: The longest task queue name, in UTF-8 bytes: what RabbitMQ accepts (an AMQP short string,
+#: 255) less the suffix of its highest priority band (``.p5``), which must fit too.
+MAX_QUEUE_BYTES = 252
 #: Queue names RabbitMQ keeps for itself (declaring one is refused with ACCESS_REFUSED).
 RESERVED_QUEUE_PREFIX = "amq."
 
@@ -33,3 +35,31 @@ def queue_problem(name: object) -> str | None:
     if name.startswith(RESERVED_QUEUE_PREFIX):
         return f"must not start with {RESERVED_QUEUE_PREFIX!r} (RabbitMQ keeps those names)"
     return None
+
+
+#: Task priorities: 0 (the default) to 9, higher first within a queue (SPEC 7.4).
+MAX_PRIORITY = 9
+#: The lowest priority of each band of a queue (docs/flow-control.md "Priorities"): a quorum
+#: queue has no priorities, so a queue ``Q`` is three quorum queues, ``Q`` (priority 0),
+#: ``Q.p1`` (1-4) and ``Q.p5`` (5-9), and the worker takes from the highest band first.
+BANDS = (0, 1, 5)
+
+
+def priority_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a priority (None: it can): a whole number 0 to 9, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be a whole number from 0 to {MAX_PRIORITY}, not {type(value).__name__}"
+    if not 0 <= value <= MAX_PRIORITY:
+        return f"must be a whole number from 0 to {MAX_PRIORITY}, got {value}"
+    return None
+
+
+def band(priority: int) -> int:
+    """The index in :data:`BANDS` of the band ``priority`` belongs to."""
+    return sum(1 for low in BANDS[1:] if priority >= low)
+
+
+def band_queue(queue: str, index: int) -> str:
+    """The broker queue of band ``index`` of ``queue``: band 0 is the queue itself (so every
+    message published before priorities is in it), the others carry their lowest priority."""
+    return queue if index == 0 else f"{queue}.p{BANDS[index]}"

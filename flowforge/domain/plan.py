@@ -18,6 +18,7 @@ from uuid import UUID
 from flowforge.domain import timing
 from flowforge.domain.conditions import is_conditional
 from flowforge.domain.dag import TaskDef, WorkflowDef, render_key
+from flowforge.domain.names import priority_problem
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
 
@@ -38,7 +39,8 @@ class PlannedTask:
     (not ``all_succeeded``) counts one more "dependency" in ``pending``, its condition gate,
     which only the scheduler's ``evaluate_conditions`` opens (or it skips the task).
     ``queue``: the broker queue its messages go to (its workflow's, else the trigger's default;
-    None: unassigned, see :func:`plan_runs`).
+    None: unassigned, see :func:`plan_runs`). ``priority``: 0 to 9, higher first within its
+    queue (the trigger's, else its workflow's).
     """
 
     run_id: UUID
@@ -69,6 +71,7 @@ class PlannedTask:
     rate_key: str | None = None  # rendered (the handler's name when none given); None: no limit
     rate_limit: int | None = None
     rate_per_s: float | None = None
+    priority: int = 0
 
 
 @dataclass
@@ -95,6 +98,8 @@ class RunPlan:
     parent_task_id: UUID | None = None
     parent_attempt: int | None = None
     depth: int = 0
+    # the priority the runs were triggered with (None: each task its own); child runs inherit it
+    priority: int | None = None
 
     @property
     def delayed(self) -> bool:
@@ -134,12 +139,14 @@ def plan_runs(
     delay: Any = None,
     deadline: Any = None,
     queue: str | None = None,
+    priority: int | None = None,
 ) -> RunPlan:
     """Rows for one run of ``workflow`` per input; :class:`InputError` names the bad one.
 
     ``queue`` is the default of every task that names none (the triggering config's
     ``broker.queue``); None leaves those unassigned: the publisher that takes their messages
     sends them to its own ``broker.queue``, as before queues routed (migration 0014).
+    ``priority`` (0 to 9) replaces every task's own priority (None: each keeps its own).
 
     ``start_at`` (an aware datetime) or ``delay`` (seconds or a timedelta) makes the runs
     delayed: their root tasks carry a closed start gate. ``deadline`` (seconds or a timedelta)
@@ -150,10 +157,12 @@ def plan_runs(
     if len(keys) != len(inputs):
         raise InputError("one idempotency key (or None) is needed per input")
     begin, delay_s = timing.start(start_at, delay)
+    _check_priority(priority)
     plan = RunPlan(
         start_at=begin,
         delay_s=delay_s,
         deadline_s=None if deadline is None else timing.seconds(deadline, "deadline"),
+        priority=priority,
     )
     gated = plan.delayed
     ordered = workflow.topological_order()
@@ -202,6 +211,7 @@ def plan_runs(
                 rate_key=_rate_key(task, run_input, label),
                 rate_limit=None if task.rate_limit is None else task.rate_limit.limit,
                 rate_per_s=None if task.rate_limit is None else float(task.rate_limit.per),
+                priority=task.priority if priority is None else priority,
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
@@ -242,6 +252,13 @@ def _rate_key(task: TaskDef, run_input: Mapping[str, Any], label: str) -> str | 
     if task.rate_limit.key is None:
         return task.handler
     return _render(task.rate_limit.key, run_input, f"{label} rate_limit.key")
+
+
+def _check_priority(priority: int | None) -> None:
+    """A trigger's priority: None, or a whole number 0 to 9 (:class:`InputError` if not)."""
+    problem = None if priority is None else priority_problem(priority)
+    if problem is not None:
+        raise InputError(f"priority {problem}")
 
 
 def _where(index: int, total: int) -> str:

@@ -62,17 +62,17 @@ class _Task:
 class Batch:
     """Claims this worker holds, run and finished together (see module docstring).
 
-    ``ack``: the batch's last delivery, acked once (the claims committed); None for claims
-    made without a message. ``then``: whether the final finish may claim dependents.
+    ``ack``: the batch's deliveries, acked once (the claims committed); empty for claims made
+    without a message. ``then``: whether the final finish may claim dependents.
     """
 
     def __init__(
-        self, crew: Crew, handlers: Handlers, claims: Sequence[Claim], ack: Delivery | None
+        self, crew: Crew, handlers: Handlers, claims: Sequence[Claim], ack: Sequence[Delivery]
     ) -> None:
         self._crew = crew
         self._handlers = handlers
         self._claims = claims
-        self._pending_ack = ack
+        self._pending_ack: Sequence[Delivery] = ack
         self._outcomes: list[tuple[Claim, Finish]] = []
         self.claimed: list[Claim] = []
         self.ready: list[tuple[UUID, int]] = []
@@ -137,9 +137,8 @@ class Batch:
             self._crew.leases.drop(leftover)
 
     def _ack(self) -> None:
-        last, self._pending_ack = self._pending_ack, None
-        if last is not None:
-            self._crew.intake.ack(last)
+        taken, self._pending_ack = self._pending_ack, ()
+        self._crew.intake.ack(taken)
 
     def _wait(self, task: _Task, behind: Sequence[_Task]) -> bool:
         """Wait for one job and record its outcome; False if it outlasted fast_handler_ms

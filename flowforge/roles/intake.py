@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from uuid import UUID
 
 from flowforge.broker.consume import Deliveries, Delivery
@@ -52,10 +53,11 @@ class Intake:
         """True when the broker has waited its turn (:data:`PUMP_INTERVAL_S` since a take)."""
         return time.monotonic() - self._took_at > PUMP_INTERVAL_S
 
-    def take(self, limit: int, timeout_s: float) -> tuple[list[tuple[UUID, int]], Delivery | None]:
-        """Up to ``limit`` deliveries (waiting up to ``timeout_s`` for the first) as the
-        (task run, token) pairs they name, and the last of them (None: nothing came). An
-        undecodable message is logged and dropped: it is acked with its batch."""
+    def take(self, limit: int, timeout_s: float) -> tuple[list[tuple[UUID, int]], list[Delivery]]:
+        """Up to ``limit`` deliveries (waiting up to ``timeout_s`` for the first), highest
+        priority band first, as the (task run, token) pairs they name, and the deliveries
+        themselves, to ack (empty: nothing came). An undecodable message is logged and dropped:
+        it is acked with its batch."""
         deliveries = self._broker.take(limit, timeout_s)
         self._took_at = time.monotonic()
         wanted: list[tuple[UUID, int]] = []
@@ -68,14 +70,14 @@ class Intake:
                 )
                 continue
             wanted.append((message.task_run_id, message.token))
-        return wanted, deliveries[-1] if deliveries else None
+        return wanted, deliveries
 
-    def ack(self, last: Delivery) -> None:
-        """Ack every delivery through ``last`` in one multiple ack (the claims committed)."""
-        if self.broken is not None:
+    def ack(self, taken: Sequence[Delivery]) -> None:
+        """Ack the deliveries ``taken`` (the claims committed): one multiple ack per band."""
+        if self.broken is not None or not taken:
             return
         try:
-            self._broker.ack_through(last.tag)
+            self._broker.ack(taken)
         except BrokerUnavailableError as exc:
             # The claims committed: the leases own the tasks and the handlers still run. The
             # broker will redeliver the messages, and those deliveries are acked without running.

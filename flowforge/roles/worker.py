@@ -150,19 +150,19 @@ class Worker:
                 self._presence.tick()  # before taking them: should it fail, reset drops them
                 beat()
                 claimed, self._claimed_next = self._claimed_next, []
-                self._run(claimed, None)
+                self._run(claimed, ())
                 continue
             # the next tasks of a DAG this worker just released come first, without the broker,
             # but at least every PUMP_INTERVAL_S the broker gets its turn (heartbeats, and
             # deliveries waiting here); dropped continuations go out through the outbox
             wanted, self._ready = self._ready[: self._batch_limit()], []
-            last: Delivery | None = None
+            taken: list[Delivery] = []
             if not wanted or self._intake.due():
-                wanted, last = self._intake.take(self._batch_limit(), IDLE_WAIT_S)
+                wanted, taken = self._intake.take(self._batch_limit(), IDLE_WAIT_S)
             self._presence.tick()
             beat()
-            if wanted or last is not None:
-                self._run(self._ledger.claim(wanted, local=last is None), last)
+            if wanted or taken:
+                self._run(self._ledger.claim(wanted, local=not taken), taken)
         # stopping or recycling right after a finish claimed the next steps: give them back
         unstarted, self._claimed_next = self._claimed_next, []
         self._ledger.release(unstarted)
@@ -183,9 +183,9 @@ class Worker:
     def _beat(self) -> None:
         self._beats()
 
-    def _run(self, claims: Sequence[Claim], last: Delivery | None) -> None:
-        """Run a batch of claims (``last``: its last delivery, None if claimed without one)."""
-        batch = Batch(self._crew, self._handlers or {}, claims, last)
+    def _run(self, claims: Sequence[Claim], taken: Sequence[Delivery]) -> None:
+        """Run a batch of claims (``taken``: its deliveries, empty if claimed without any)."""
+        batch = Batch(self._crew, self._handlers or {}, claims, taken)
         slow = batch.run(self._continuation)
         self._claimed_next.extend(batch.claimed)
         self._ready.extend(batch.ready)

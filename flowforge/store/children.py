@@ -170,7 +170,9 @@ def _plan_child(
         )
         if not isinstance(child_input, Mapping):  # a template is a mapping: cannot happen
             raise InputError(f"{label}: the child's input must be a JSON object")
-        return workflow, plan_runs(workflow, [child_input], queue=row["queue"])
+        return workflow, plan_runs(
+            workflow, [child_input], queue=row["queue"], priority=row["run_priority"]
+        )
     except InputError as exc:  # a missing field, or an input the child's own keys cannot use
         return _Refusal(FailureReason.CHILD_INPUT_ERROR, str(exc))
 

@@ -30,10 +30,11 @@ released AS (
              WHERE s.state = 'SUCCEEDED'
              GROUP BY e.downstream_id) AS x
      WHERE t.id = x.id AND (t.state = 'PENDING') IS TRUE  -- by primary key (see claim)
-    RETURNING t.id, t.state, t.fencing_token, t.queue, t.idempotency_key IS NULL AS keyless
+    RETURNING t.id, t.state, t.fencing_token, t.queue, t.priority,
+              t.idempotency_key IS NULL AS keyless
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue)
-    SELECT id, fencing_token, queue FROM released WHERE state = 'READY'
+    INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
+    SELECT id, fencing_token, queue, priority FROM released WHERE state = 'READY'
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
     RETURNING id
 )
@@ -48,10 +49,10 @@ promoted AS (
        SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
       FROM {source} c
      WHERE t.id = c.id AND t.state IN ('PENDING', 'RETRYING')
-    RETURNING t.id, t.fencing_token, t.queue
+    RETURNING t.id, t.fencing_token, t.queue, t.priority
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue)
-    SELECT id, fencing_token, queue FROM promoted
+    INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
+    SELECT id, fencing_token, queue, priority FROM promoted
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
     RETURNING id
 )
@@ -83,14 +84,15 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 -- A delayed run (start_at given, or delay_s added to now()) is created SCHEDULED; its deadline
 -- (deadline_s, NULL for none) counts from its start, else from now(): the database's clock.
 -- A child run (sub-workflows) carries its parent task and attempt, and its nesting depth.
+-- priority: the one the runs were triggered with (NULL: none; a child run inherits it).
 INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
                            request_digest, state, start_at, deadline_at, parent_run_id,
-                           parent_task_id, parent_attempt, depth)
+                           parent_task_id, parent_attempt, depth, priority)
 SELECT r.id, %(workflow)s, %(digest)s, r.input, %(fail_fast)s, r.key, r.request_digest,
        CASE WHEN s.start_at IS NULL THEN 'PENDING' ELSE 'SCHEDULED' END, s.start_at,
        coalesce(s.start_at, now()) + make_interval(secs => %(deadline_s)s::float8),
        %(parent_run_id)s::uuid, %(parent_task_id)s::uuid, %(parent_attempt)s::int,
-       %(depth)s::int
+       %(depth)s::int, %(priority)s::smallint
   FROM unnest(%(ids)s::uuid[], %(inputs)s::jsonb[], %(keys)s::text[], %(digests)s::text[])
        AS r(id, input, key, request_digest),
        (SELECT coalesce(%(start_at)s::timestamptz,
@@ -121,7 +123,7 @@ WITH inserted AS (
                            on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
                            max_parallel, event_name, event_key, event_timeout_s, child_workflow,
                            queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
-                           rate_per_s)
+                           rate_per_s, priority)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
@@ -129,7 +131,7 @@ WITH inserted AS (
            CASE WHEN k.ready THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
            t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit, t.rate_key,
-           t.rate_limit, t.rate_per_s
+           t.rate_limit, t.rate_per_s, t.priority
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
@@ -140,22 +142,22 @@ WITH inserted AS (
                   %(child_workflows)s::text[], %(queues)s::text[],
                   %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
                   %(rate_keys)s::text[], %(rate_limits)s::int[], %(rate_pers)s::float8[],
-                  %(admitted)s::bool[])
+                  %(admitted)s::bool[], %(priorities)s::smallint[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
                 child_workflow, queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
-                rate_per_s, admitted)
+                rate_per_s, admitted, priority)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
                   AND (t.admitted OR (t.sleep_s IS NULL AND t.for_each IS NULL
                                       AND t.event_name IS NULL AND t.child_workflow IS NULL
                                       AND t.concurrency_key IS NULL AND t.rate_key IS NULL))
            ) AS k(ready)
-    RETURNING id, state, fencing_token, queue
+    RETURNING id, state, fencing_token, queue, priority
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue)
-    SELECT id, fencing_token, queue FROM inserted WHERE state = 'READY'
+    INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
+    SELECT id, fencing_token, queue, priority FROM inserted WHERE state = 'READY'
     RETURNING id
 )
 SELECT (SELECT count(*) FROM inserted) - (SELECT count(*) FROM queued) AS waiting,
@@ -722,7 +724,8 @@ WITH unstarted AS (
            updated_at = now()
       FROM unstarted u
      WHERE t.id = u.id AND t.state = 'RUNNING' AND t.fencing_token = u.token
-    RETURNING t.id, t.state, t.attempt, t.fencing_token, t.idempotency_key, t.queue
+    RETURNING t.id, t.state, t.attempt, t.fencing_token, t.idempotency_key, t.queue,
+              t.priority
 ), forgotten AS (
     DELETE FROM task_attempts a
      USING released r
@@ -733,8 +736,8 @@ WITH unstarted AS (
      WHERE k.key = r.idempotency_key AND k.task_run_id = r.id
        AND k.fencing_token = r.fencing_token - 1 AND k.state = 'RUNNING'
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue)
-    SELECT id, fencing_token, queue FROM released WHERE state = 'READY'
+    INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
+    SELECT id, fencing_token, queue, priority FROM released WHERE state = 'READY'
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
 )
 SELECT id, state,
@@ -984,7 +987,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
                            WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
        t.child_workflow, t.child_run_id, t.queue, t.concurrency_key, t.concurrency_limit,
-       t.rate_key, t.rate_limit, t.rate_per_s,
+       t.rate_key, t.rate_limit, t.rate_per_s, t.priority,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
@@ -1000,7 +1003,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
        t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id, t.queue,
-       t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit, t.rate_per_s,
+       t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit, t.rate_per_s, t.priority,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.id = %(id)s;
@@ -1101,12 +1104,14 @@ SELECT requested_by, reason, NULL, attempt, requested_at, action, previous_state
 -- ------------------------------------------------------------------ publisher
 
 -- name: lock_outbox
--- Pending dispatches, oldest first; SKIP LOCKED lets several publishers divide them. Rows of
--- the queues in %(skip)s (ones the broker refused lately) wait, so they cannot hold up others.
-SELECT id, task_run_id, fencing_token, queue
+-- Pending dispatches, highest priority first, then oldest (outbox_pending_priority_idx): a
+-- priority-9 row never waits behind a backlog of priority-0 rows. SKIP LOCKED lets several
+-- publishers divide them. Rows of the queues in %(skip)s (ones the broker refused lately)
+-- wait, so they cannot hold up others.
+SELECT id, task_run_id, fencing_token, queue, priority
   FROM outbox
  WHERE published_at IS NULL AND (queue IS NULL OR queue <> ALL(%(skip)s::text[]))
- ORDER BY id
+ ORDER BY priority DESC, id
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED;
 
@@ -1234,7 +1239,13 @@ SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
 -- A READY task whose message was confirmed long ago, while dispatches published after it have
 -- already been claimed (the FIFO queue moved past it), was lost by the broker — e.g. a node
 -- killed right after confirming, or a queue deleted by hand. Only dispatches of its own queue
--- count: another queue moving on says nothing about this one (a queue with no consumer). It gets a new dispatch generation
+-- count: another queue moving on says nothing about this one (a queue with no consumer). Nor
+-- does another priority band of its queue (migration 0019: a band is a quorum queue of its
+-- own, and a priority-0 message waiting behind a backlog while priority-9 ones overtake it is
+-- not lost); within its band, a later dispatch counts when it was published after this one:
+-- in a later sweep, or in the same sweep behind it (a sweep publishes priority first, then
+-- id), or not at all (claimed by a finishing worker straight from its finish). It gets a new
+-- dispatch generation
 -- (token + 1) with its own outbox row; should the old message still turn up, it is stale and
 -- claims nothing.
 WITH lost AS (
@@ -1248,7 +1259,12 @@ WITH lost AS (
                      FROM outbox later
                      JOIN task_attempts a ON a.task_run_id = later.task_run_id
                                          AND a.fencing_token = later.fencing_token + 1
-                    WHERE later.id > o.id AND later.queue IS NOT DISTINCT FROM o.queue)
+                    WHERE later.queue IS NOT DISTINCT FROM o.queue
+                      AND (later.priority > 0) = (o.priority > 0)
+                      AND (later.priority >= 5) = (o.priority >= 5)
+                      AND (coalesce(later.published_at, 'infinity') > o.published_at
+                           OR (later.published_at = o.published_at
+                               AND (later.priority, -later.id) < (o.priority, -o.id))))
      ORDER BY t.ready_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
@@ -1257,10 +1273,10 @@ WITH lost AS (
        SET fencing_token = t.fencing_token + 1, ready_at = now(), updated_at = now()
       FROM lost l
      WHERE t.id = l.id AND t.state = 'READY'
-    RETURNING t.id, t.fencing_token, t.queue
+    RETURNING t.id, t.fencing_token, t.queue, t.priority
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue)
-    SELECT id, fencing_token, queue FROM renewed
+    INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
+    SELECT id, fencing_token, queue, priority FROM renewed
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
     RETURNING id
 )
@@ -1547,11 +1563,11 @@ WITH map AS (
 ), items AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
-                           on_dead, map_id, item_index, item, queue)
+                           on_dead, map_id, item_index, item, queue, priority)
     SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
            CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
-           m.id, s.idx, s.item, m.queue
+           m.id, s.idx, s.item, m.queue, m.priority
       FROM map m
      CROSS JOIN source s
       LEFT JOIN keys k ON k.idx = s.idx
@@ -1852,11 +1868,12 @@ ON CONFLICT (name, digest) DO NOTHING;
 -- Child-workflow tasks whose dependencies are met (PENDING) or whose retry is due (RETRYING),
 -- with what starting a child needs: the run input, the parent run's nesting depth, the task's
 -- stored definition (its input template), its dependencies' results and its queue (the child
--- run's tasks that name none go there: where the parent run's go). Locked until the child
+-- run's tasks that name none go there: where the parent run's go), and the priority the parent
+-- run was triggered with (the child run's too: NULL, its tasks keep their own). Locked until the child
 -- run is inserted and the task moved on, in the same transaction: SKIP LOCKED and begin_child's
 -- state test divide the tasks among schedulers, so each attempt starts one child.
 SELECT t.id, t.run_id, t.name, t.state, t.fencing_token, t.attempt, t.child_workflow,
-       t.queue, r.input, r.depth, r.workflow,
+       t.queue, r.priority AS run_priority, r.input, r.depth, r.workflow,
        (SELECT x FROM jsonb_array_elements(d.definition -> 'tasks') AS x
          WHERE x ->> 'name' = t.name) AS definition,
        (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
@@ -2024,10 +2041,10 @@ WITH promoted AS (
            ready_at = CASE WHEN ready_by_itself THEN now() ELSE ready_at END,
            updated_at = now()
      WHERE id = %(id)s AND state = 'RETRYING' AND fencing_token = %(token)s
-    RETURNING id, state, fencing_token, queue
+    RETURNING id, state, fencing_token, queue, priority
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue)
-    SELECT id, fencing_token, queue FROM promoted WHERE state = 'READY'
+    INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
+    SELECT id, fencing_token, queue, priority FROM promoted WHERE state = 'READY'
     ON CONFLICT (task_run_id, fencing_token) DO NOTHING
 )
 SELECT id, state FROM promoted;

@@ -119,6 +119,7 @@ def task_run(row: Row) -> TaskRun:
         rate_limit=row.get("rate_limit"),
         rate_per_s=row.get("rate_per_s"),
         waiting_on=row.get("waiting_on"),
+        priority=row.get("priority") or 0,
     )
 
 
@@ -302,7 +303,9 @@ def routed(row: Row, source: TaskState, delay_s: float, reason: str) -> Routed:
 
 def dispatch(row: Row) -> Dispatch:
     """A ``lock_outbox`` row."""
-    return Dispatch(row["id"], row["task_run_id"], row["fencing_token"], row["queue"])
+    return Dispatch(
+        row["id"], row["task_run_id"], row["fencing_token"], row["queue"], row["priority"]
+    )
 
 
 def process_info(row: Row) -> ProcessInfo:
@@ -457,6 +460,7 @@ def task_columns(
         "run_ifs": [t.run_if for t in tasks],
         "child_workflows": [t.child_workflow for t in tasks],
         "queues": [t.queue for t in tasks],
+        "priorities": [t.priority for t in tasks],
         "concurrency_keys": [t.concurrency_key for t in tasks],
         "concurrency_limits": [t.concurrency_limit for t in tasks],
         "rate_keys": [t.rate_key for t in tasks],

@@ -37,6 +37,7 @@ class Triggers(Part):
         deadline: float | timedelta | None = None,
         children: Sequence[WorkflowDef] = (),
         queue: str | None = None,
+        priority: int | None = None,
     ) -> TriggerResult:
         """Create a run and its task runs in one transaction.
 
@@ -54,6 +55,7 @@ class Triggers(Part):
             deadline=deadline,
             children=children,
             queue=queue,
+            priority=priority,
         )[0]
 
     def trigger_many(
@@ -67,6 +69,7 @@ class Triggers(Part):
         deadline: float | timedelta | None = None,
         children: Sequence[WorkflowDef] = (),
         queue: str | None = None,
+        priority: int | None = None,
     ) -> list[TriggerResult]:
         """Create one run per input in one transaction (a few array inserts, not one per run).
 
@@ -80,6 +83,7 @@ class Triggers(Part):
         workflow's definition so that the scheduler finds them.
         ``queue`` is the queue of every task that names none: the triggering config's
         ``broker.queue`` (None: unassigned, see :func:`~flowforge.domain.plan.plan_runs`).
+        ``priority`` (0 to 9) replaces every task's own (None: each keeps its workflow's).
         """
         plan = plan_runs(
             workflow,
@@ -89,6 +93,7 @@ class Triggers(Part):
             delay=delay,
             deadline=deadline,
             queue=queue,
+            priority=priority,
         )
         if not plan.run_ids:
             return []
@@ -136,6 +141,7 @@ def _insert_plan(
             "parent_task_id": plan.parent_task_id,
             "parent_attempt": plan.parent_attempt,
             "depth": plan.depth,
+            "priority": plan.priority,
         },
     )
     inserted = {r["id"] for r in found}

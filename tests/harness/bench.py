@@ -31,6 +31,7 @@ import yaml
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import Concurrency, TaskDef, WorkflowDef
+from flowforge.domain.names import BANDS, band_queue
 from flowforge.store.db import Database
 from flowforge.store.events import Events
 from flowforge.store.migrate import migrate
@@ -39,6 +40,7 @@ from tests.harness import (
     bench_api,
     bench_events,
     bench_maps,
+    bench_priorities,
     bench_rates,
     bench_schedules,
     services,
@@ -82,6 +84,8 @@ class Settings:
     event_runs: int = 200
     timeout_s: float = 600.0
     map_width: int = 10_000  # a for_each map's items, against the static fan-out as wide
+    priority_backlog: int = 10_000  # priority-0 tasks a priority-9 one is measured behind
+    priority_samples: int = 10
 
 
 @dataclass
@@ -160,7 +164,9 @@ class Tree:
                 self.proc.wait(10)
         try:
             conn = pika.BlockingConnection(pika.URLParameters(self.broker_url))
-            conn.channel().queue_delete(self.queue)
+            channel = conn.channel()
+            for index in range(len(BANDS)):  # the queue and its priority bands
+                channel.queue_delete(band_queue(self.queue, index))
             conn.close()
         except pika.exceptions.AMQPError:
             pass
@@ -441,6 +447,14 @@ def measure(
                         repo, events, conn, settings.event_runs, settings.timeout_s, record
                     )
                     api_workloads(tree.api_port, settings, record)
+                    bench_priorities.measure(
+                        repo,
+                        conn,
+                        settings.priority_backlog,
+                        settings.priority_samples,
+                        settings.timeout_s,
+                        record,
+                    )
         finally:
             tree.stop()
             db.close()
@@ -555,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-runs", type=int, default=200, help="events sent one at a time")
     parser.add_argument("--scale", default="1000,10000", help="fan-out widths, comma-separated")
     parser.add_argument("--map-width", type=int, default=10_000, help="items of the map workload")
+    parser.add_argument(
+        "--priority-backlog", type=int, default=10_000, help="priority-0 tasks queued ahead"
+    )
     parser.add_argument("--quick", action="store_true", help="a few hundred tasks, one repetition")
     parser.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write JSON")
     parser.add_argument("--database-url", help="a PostgreSQL server URL (a database is created)")
@@ -571,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         schedules=args.schedules,
         map_width=args.map_width,
         event_runs=args.event_runs,
+        priority_backlog=args.priority_backlog,
     )
     if args.quick:
         settings = Settings(
@@ -586,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
             event_runs=20,
             timeout_s=120,
             map_width=200,
+            priority_backlog=1000,
+            priority_samples=5,
         )
     with service_urls(args) as (server_url, broker_url):
         report = {

@@ -208,7 +208,7 @@ BAD_REQUESTS = [
     case("body-is-a-list", "POST", RUNS, [RECORD]),
     case("body-is-a-string", "POST", RUNS, "api-record"),
     case("body-is-null", "POST", RUNS, b"null"),
-    case("unknown-field", "POST", RUNS, {**RECORD, "priority": 1}),
+    case("unknown-field", "POST", RUNS, {**RECORD, "colour": "red"}),
     case("missing-workflow", "POST", RUNS, {"input": {}}),
     case("workflow-not-a-string", "POST", RUNS, {"workflow": 5}),
     case("input-is-a-list", "POST", RUNS, {"workflow": "api-record", "input": [1]}),

@@ -35,6 +35,7 @@ from flowforge.client import Client
 from flowforge.config import BrokerConfig, load_config
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.names import BANDS, band_queue
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import BrokerUnavailableError
@@ -191,7 +192,8 @@ def extra_queue(stack: Stack) -> Iterator[str]:
     name = f"{stack.queue}.partner"
     yield name
     with broker_channel(stack) as channel:
-        channel.queue_delete(name)
+        for index in range(len(BANDS)):  # the queue and its priority bands
+            channel.queue_delete(band_queue(name, index))
 
 
 def depth(stack: Stack, queue: str) -> int:

@@ -28,6 +28,7 @@ from flowforge.client import Client
 from flowforge.config import load_config
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.dag import WorkflowDef
+from flowforge.domain.names import BANDS, band_queue
 from flowforge.store.db import Database
 from flowforge.store.reads import Reads
 from tests.e2e import HANDLERS_MODULE, Stack
@@ -228,4 +229,5 @@ def _delete_queues(stack: Stack, *names: str) -> None:
 
     with broker_channel(stack) as channel:
         for name in names:
-            channel.queue_delete(name)
+            for index in range(len(BANDS)):  # the queue and its priority bands
+                channel.queue_delete(band_queue(name, index))

@@ -20,13 +20,13 @@ def cancel_frame(tag: str) -> SimpleNamespace:
 
 def test_a_cancel_for_the_live_consumer_makes_the_next_take_subscribe_again() -> None:
     consumer = Consumer(BrokerConfig())
-    consumer._consumer_tag = "ctag-2"
-    consumer._on_cancelled_by_broker(cancel_frame("ctag-2"))
-    assert consumer._consumer_tag is None
+    consumer._consumer_tags = ["ctag-1", "ctag-2", "ctag-3"]
+    consumer._on_cancelled_by_broker(1, cancel_frame("ctag-2"))
+    assert consumer._consumer_tags == ["ctag-1", None, "ctag-3"]  # that band's only
 
 
 def test_a_cancel_for_a_tag_already_given_up_leaves_the_live_consumer_alone() -> None:
     consumer = Consumer(BrokerConfig())
-    consumer._consumer_tag = "ctag-2"
-    consumer._on_cancelled_by_broker(cancel_frame("ctag-1"))
-    assert consumer._consumer_tag == "ctag-2"
+    consumer._consumer_tags = ["ctag-1", "ctag-2", "ctag-3"]
+    consumer._on_cancelled_by_broker(1, cancel_frame("ctag-0"))
+    assert consumer._consumer_tags == ["ctag-1", "ctag-2", "ctag-3"]

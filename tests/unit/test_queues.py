@@ -34,7 +34,8 @@ BAD_QUEUES: list[Any] = [
     "",  # RabbitMQ would name it itself
     "amq.partner",  # reserved: ACCESS_REFUSED
     "q" * 256,  # over the AMQP short string
-    "é" * 128,  # 256 UTF-8 bytes
+    "q" * 253,  # its band Q.p5 would be (migration 0019: priority bands)
+    "é" * 127,  # 254 UTF-8 bytes
     "a\nb",  # a control character
     "a\x7fb",  # DEL
     "a\x85b",  # a C1 control
@@ -43,17 +44,17 @@ BAD_QUEUES: list[Any] = [
     7,  # not text
     ["partner"],
 ]
-GOOD_QUEUES = ["partner", "tenant-1.high", "q" * 255, "é" * 127, "Ünïcode queue"]
+GOOD_QUEUES = ["partner", "tenant-1.high", "q" * 252, "é" * 126, "Ünïcode queue"]
 
 
-def test_every_insert_into_the_outbox_carries_the_queue_of_its_task() -> None:
+def test_every_insert_into_the_outbox_carries_the_queue_and_priority_of_its_task() -> None:
     inserts = re.findall(r"INSERT INTO outbox \(([^)]*)\)\s*SELECT ([^\n]*) FROM", SQL)
     # the release fragment, the dispatch fragment (promote_ready, admit_gated),
     # insert_tasks, release_claims, redispatch_lost, retry_task_now (an operator's retry-now)
     assert len(inserts) == len(re.findall(r"INSERT INTO outbox", SQL)) == 6
     for columns, selected in inserts:
-        assert [c.strip() for c in columns.split(",")][-1] == "queue", columns
-        assert selected.split(",")[-1].strip() == "queue", selected
+        assert [c.strip() for c in columns.split(",")][-2:] == ["queue", "priority"], columns
+        assert [c.strip() for c in selected.split(",")][-2:] == ["queue", "priority"], selected
 
 
 def test_every_insert_into_task_runs_carries_a_queue() -> None:

@@ -1,0 +1,178 @@
+"""The priority workload of ``scripts/bench`` (docs/performance.md "Priorities").
+
+A priority-9 task's dispatch latency (its run created → its task started, database clock) on
+an empty queue, then behind a backlog of ``backlog`` priority-0 one-task runs triggered at once:
+while the tree works through the backlog, priority-9 runs are triggered one at a time, each
+waited for. The figure is the ratio of the two medians (the target: at most 2). How much of the
+backlog was still waiting when the last sample started is recorded with it, so a sample taken
+after the backlog drained cannot pass for one behind it.
+
+Run alone (a tree of its own, nothing else measured)::
+
+    python -m tests.harness.bench_priorities --database-url URL --broker-url URL --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from flowforge.config import DatabaseConfig
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.store.db import Database
+from flowforge.store.triggers import Triggers
+
+POLL_S = 0.005
+TRIGGER_BATCH = 500
+#: The backlog's tasks the tree must have started before the first sample: it is busy with it.
+BUSY_AFTER = 200
+
+
+def _one(name: str) -> WorkflowDef:
+    return WorkflowDef(name, (TaskDef("t", "bench.noop"),))
+
+
+def _started_ms(conn: psycopg.Connection[Any], run_id: Any, timeout_s: float) -> float:
+    """Wait until the run's task started; its dispatch latency in ms (database clock)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT extract(epoch FROM t.started_at - r.created_at) * 1000"
+            " FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
+            " WHERE r.id = %(id)s AND t.started_at IS NOT NULL",
+            {"id": run_id},
+        ).fetchone()
+        if row is not None:
+            return float(row[0])
+        time.sleep(POLL_S)
+    raise RuntimeError(f"run {run_id} not started within {timeout_s}s")
+
+
+def _published_ms(conn: psycopg.Connection[Any], run_ids: list[Any]) -> list[float]:
+    """Each run's first outbox row: created → published (ms), where a dispatch's time goes."""
+    rows = conn.execute(
+        "SELECT extract(epoch FROM min(o.published_at) - r.created_at) * 1000"
+        " FROM workflow_runs r JOIN task_runs t ON t.run_id = r.id"
+        " JOIN outbox o ON o.task_run_id = t.id WHERE r.id = ANY(%(ids)s) GROUP BY r.id",
+        {"ids": run_ids},
+    ).fetchall()
+    return sorted(float(r[0]) for r in rows if r[0] is not None)
+
+
+def _waiting(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
+        " WHERE r.workflow = 'backlog' AND t.started_at IS NULL"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def measure(
+    repo: Triggers,
+    conn: psycopg.Connection[Any],
+    backlog: int,
+    samples: int,
+    timeout_s: float,
+    record: Callable[..., None],
+) -> None:
+    """One repetition: ``samples`` priority-9 latencies on an empty queue, then as many behind
+    the backlog; records both medians and their ratio."""
+    urgent = _one("urgent")
+    empty = [
+        _started_ms(conn, repo.trigger(urgent, {"i": i}, priority=9).run_id, timeout_s)
+        for i in range(samples)
+    ]
+    for offset in range(0, backlog, TRIGGER_BATCH):
+        count = min(backlog, offset + TRIGGER_BATCH) - offset
+        repo.trigger_many(_one("backlog"), [{"i": offset + i} for i in range(count)])
+    deadline = time.monotonic() + timeout_s
+    while _waiting(conn) > backlog - min(BUSY_AFTER, backlog // 2):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the tree did not start on the backlog")
+        time.sleep(POLL_S)
+    runs = [repo.trigger(urgent, {"b": i}, priority=9).run_id for i in range(1)]
+    behind = [_started_ms(conn, runs[0], timeout_s)]
+    for i in range(1, samples):
+        runs.append(repo.trigger(urgent, {"b": i}, priority=9).run_id)
+        behind.append(_started_ms(conn, runs[-1], timeout_s))
+    left = _waiting(conn)
+    record("priority 9 dispatch, empty queue", "ms", statistics.median(empty), n=samples)
+    record("  empty-queue samples", "ms", max(empty), all=[round(x, 1) for x in empty])
+    record(f"  samples behind {backlog}", "ms", max(behind), all=[round(x, 1) for x in behind])
+    record(
+        f"priority 9 dispatch behind {backlog}",
+        "ms",
+        statistics.median(behind),
+        backlog=backlog,
+    )
+    published = _published_ms(conn, runs)
+    record(f"  of which created → published behind {backlog}", "ms", statistics.median(published))
+    record("priority 9 behind/empty", "x", statistics.median(behind) / statistics.median(empty))
+    record(f"backlog left after the samples (of {backlog})", "tasks", float(left))
+    # the backlog drains before the next workload
+    _wait_drained(conn, timeout_s)
+
+
+def _wait_drained(conn: psycopg.Connection[Any], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
+            " WHERE r.workflow IN ('backlog', 'urgent') AND t.state <> 'SUCCEEDED'"
+        ).fetchone()
+        if row is not None and row[0] == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the backlog did not drain")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tests.harness import bench, bench_maps
+
+    parser = argparse.ArgumentParser(prog="bench_priorities", description=__doc__)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--backlog", type=int, default=10_000)
+    parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--broker-url", required=True)
+    args = parser.parse_args(argv)
+    results: dict[str, bench.Result] = {}
+
+    def record(name: str, unit: str, value: float, **extra: Any) -> None:
+        results.setdefault(name, bench.Result(name, unit)).samples.append(round(value, 3))
+        results[name].extra.update(extra)
+
+    with (
+        bench.fresh_database(args.database_url) as url,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        tree = bench.Tree(Path(tmp), url, args.broker_url, args.workers)
+        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
+        db.open()
+        try:
+            tree.start()
+            with psycopg.connect(url, autocommit=True) as conn:
+                for rep in range(args.repeat):
+                    print(f"repetition {rep + 1}/{args.repeat}", file=sys.stderr)
+                    bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
+                    measure(Triggers(db), conn, args.backlog, args.samples, 600.0, record)
+        finally:
+            tree.stop()
+            db.close()
+    report = {name: r.summary() for name, r in results.items()}
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
