@@ -68,11 +68,19 @@ def _normalise_task(task: Any) -> Any:
 
 
 def _wait_seconds(task: Any, index: int, errors: list[tuple[str, str]]) -> Any:
-    """``task`` with its ``wait_for_event.timeout`` written as text (``1d``) in seconds."""
-    if not isinstance(task, Mapping) or not isinstance(task.get("wait_for_event"), Mapping):
+    """``task`` with its ``wait_for_event.timeout`` and its ``circuit_breaker.window`` and
+    ``cooldown`` written as text (``1d``, ``60s``) in seconds."""
+    if not isinstance(task, Mapping):
         return task
-    wait = _seconds(task["wait_for_event"], "timeout", f"tasks[{index}].wait_for_event", errors)
-    return {**task, "wait_for_event": wait}
+    if isinstance(task.get("wait_for_event"), Mapping):
+        wait = _seconds(task["wait_for_event"], "timeout", f"tasks[{index}].wait_for_event", errors)
+        task = {**task, "wait_for_event": wait}
+    if isinstance(task.get("circuit_breaker"), Mapping):
+        path = f"tasks[{index}].circuit_breaker"
+        breaker = _seconds(task["circuit_breaker"], "window", path, errors)
+        breaker = _seconds(breaker, "cooldown", path, errors)
+        task = {**task, "circuit_breaker": breaker}
+    return task
 
 
 def _seconds(data: Any, key: str, path: str, errors: list[tuple[str, str]]) -> Any:

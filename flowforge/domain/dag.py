@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from flowforge.domain import children
+from flowforge.domain.breakers import CircuitBreaker
 from flowforge.domain.conditions import RunIf
 from flowforge.domain.names import NAME_PATTERN, queue_problem
 from flowforge.domain.policy import RetryPolicy
@@ -131,11 +132,16 @@ class TaskDef:
     input: Mapping[str, Any] | None = field(default=None, hash=False)  # the child's input
     queue: str | None = None  # the queue its messages go to; None: the triggering config's
     concurrency: Concurrency | None = None  # at most limit READY/RUNNING per rendered key
+    circuit_breaker: CircuitBreaker | None = None  # its handler's breaker: domain/breakers.py
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
         self._check_queue()
         self._check_concurrency()
+        if self.circuit_breaker is not None and not isinstance(
+            self.circuit_breaker, CircuitBreaker
+        ):
+            raise DefinitionError(f"task {self.name!r}: circuit_breaker must be a CircuitBreaker")
         self._check_depends_on()
         self._check_map()
         if self.workflow is not None or self.input is not None:
@@ -316,6 +322,7 @@ class TaskDef:
             "on_dead": self.on_dead is not OnDead.RELEASE,
             "queue": self.queue is not None,
             "concurrency": self.concurrency is not None,
+            "circuit_breaker": self.circuit_breaker is not None,
         }
         for key, given in extras.items():
             if given:
@@ -498,6 +505,8 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
         data["queue"] = task.queue
     if task.concurrency is not None:  # the same
         data["concurrency"] = {"key": task.concurrency.key, "limit": task.concurrency.limit}
+    if task.circuit_breaker is not None:  # the same
+        data["circuit_breaker"] = task.circuit_breaker.to_dict()
     return data
 
 

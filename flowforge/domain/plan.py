@@ -66,6 +66,9 @@ class PlannedTask:
     queue: str | None = None
     concurrency_key: str | None = None  # rendered; None: no concurrency limit
     concurrency_limit: int | None = None
+    breaker_failures: int | None = None  # circuit_breaker's thresholds; None: none declared
+    breaker_window_s: float | None = None
+    breaker_cooldown_s: float | None = None
 
 
 @dataclass
@@ -170,6 +173,7 @@ def plan_runs(
         ids = {t.name: uuid.uuid4() for t in ordered}
         for task in ordered:
             label = f"{_where(index, len(inputs))}task {task.name!r}"
+            breaker = task.circuit_breaker
             planned = PlannedTask(
                 run_id=run_id,
                 id=ids[task.name],
@@ -196,6 +200,9 @@ def plan_runs(
                 queue=task.queue or queue,
                 concurrency_key=_concurrency_key(task, run_input, label),
                 concurrency_limit=None if task.concurrency is None else task.concurrency.limit,
+                breaker_failures=None if breaker is None else breaker.failures,
+                breaker_window_s=None if breaker is None else breaker.window,
+                breaker_cooldown_s=None if breaker is None else breaker.cooldown,
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event

@@ -23,11 +23,13 @@ from collections.abc import Callable
 
 from flowforge.config import Config
 from flowforge.definitions import check_paths
+from flowforge.domain.breakers import BreakerState
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import FireRecord, PassReport, Routed
 from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
+from flowforge.store.breakers import Gates
 from flowforge.store.children import Children
 from flowforge.store.db import Database
 from flowforge.store.events import Events
@@ -48,7 +50,7 @@ SECONDS_PER_DAY = 86_400.0
 MIN_WAIT_S = 0.01
 
 
-class SchedulerStatements(Passes, Processes, Schedules, Maps, Events, Children, Limits):
+class SchedulerStatements(Passes, Processes, Schedules, Maps, Events, Children, Limits, Gates):
     """The scheduler's part of the store: its passes, the process registry, the schedules, the
     map tasks, the event waits, the child-workflow tasks."""
 
@@ -152,6 +154,8 @@ class Scheduler:
             # the end of this pass and its retry started by a later one)
             children = self._repo.settle_children(batch) + self._repo.start_children(batch)
             conditions = self._repo.evaluate_conditions(batch)  # opened gates: promoted now
+            # breakers and pauses before promote: an unparked task (a probe too) is due now
+            unparked = self._repo.pass_gates(batch)
             promoted = self._repo.promote_ready(batch)
             admitted = self._repo.admit_concurrency(batch)  # tasks with a concurrency key
             return PassReport(
@@ -168,7 +172,31 @@ class Scheduler:
                 conditions=conditions,
                 children=children,
                 admitted=admitted,
+                unparked=unparked + self._log_transitions(batch),
             )
+
+    def _log_transitions(self, batch: int) -> int:
+        """Log each breaker transition once, whichever tree made it (the database row is the
+        record; this scheduler took it). Returns how many (a pass that logged did work)."""
+        taken = self._repo.take_transitions(batch)
+        for moved in taken:
+            level = logging.WARNING if moved.to_state is BreakerState.OPEN else logging.INFO
+            logger.log(
+                level,
+                "circuit breaker of handler %s: %s -> %s (%s)",
+                moved.handler,
+                moved.from_state,
+                moved.to_state,
+                moved.cause,
+                extra={
+                    "action": "breaker_transition",
+                    "handler": moved.handler,
+                    "from_state": str(moved.from_state),
+                    "to_state": str(moved.to_state),
+                    "cause": moved.cause,
+                },
+            )
+        return len(taken)
 
     def _fire(self, batch: int) -> int:
         """Decide the due schedules (up to ``batch``); how many schedules were decided."""

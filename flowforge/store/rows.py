@@ -457,6 +457,9 @@ def task_columns(
         "concurrency_keys": [t.concurrency_key for t in tasks],
         "concurrency_limits": [t.concurrency_limit for t in tasks],
         "admitted": list(admitted) if admitted is not None else [False] * len(tasks),
+        "breaker_failures": [t.breaker_failures for t in tasks],
+        "breaker_windows": [t.breaker_window_s for t in tasks],
+        "breaker_cooldowns": [t.breaker_cooldown_s for t in tasks],
     }
 
 
