@@ -2350,15 +2350,16 @@ WITH due AS (
            probe_attempt = c.attempt, probe_verdict = NULL, updated_at = now()
       FROM chosen c
      WHERE b.handler = c.handler
-    RETURNING b.handler, c.id
+    RETURNING b.handler, c.id, c.attempt
 ), unparked AS (
     UPDATE task_runs t
        SET parked_on = NULL, probe = true, retry_at = now(), updated_at = now()
       FROM probing p
      WHERE t.id = p.id
 )
-INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
-SELECT handler, 'open', 'half_open', 'cooldown' FROM probing
+INSERT INTO breaker_transitions (handler, from_state, to_state, cause, probe_task_id,
+                                 probe_attempt)
+SELECT handler, 'open', 'half_open', 'cooldown', id, attempt FROM probing
 RETURNING handler;
 
 -- name: unpark_tasks

@@ -55,7 +55,11 @@ CREATE TABLE breaker_transitions (
     cause       text        NOT NULL CHECK (cause IN ('failures', 'cooldown', 'probe_succeeded',
                                                       'probe_failed', 'probe_lost', 'operator')),
     at          timestamptz NOT NULL DEFAULT now(),
-    logged      boolean     NOT NULL DEFAULT false
+    logged      boolean     NOT NULL DEFAULT false,
+    -- open → half-open: the task run chosen to probe and the attempt it had then (its probe
+    -- call is attempt + 1), so a probe's call can be told from any other
+    probe_task_id uuid,
+    probe_attempt integer
 );
 CREATE INDEX breaker_transitions_unlogged_idx ON breaker_transitions (id) WHERE NOT logged;
 CREATE INDEX breaker_transitions_handler_idx ON breaker_transitions (handler, to_state);
