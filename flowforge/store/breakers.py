@@ -2,9 +2,10 @@
 
 The gate is at the claim, the only way into execution: a task whose handler's breaker is open,
 or whose queue or handler is paused, is not claimed but parked (queries.sql ``claim``: READY →
-RETRYING with no retry time, no attempt used, its token bumped). Nothing else on the hot path
-reads a breaker: a breaker opens in the finish of the failure that reaches its threshold
-(``finish``'s ``tripped``, paid only by a failure under a breaker or a probe).
+RETRYING with no retry time, no attempt used, its token bumped: ``park``). Nothing else on the
+hot path reads a breaker: a breaker opens in the transaction of the finish of the failure that
+reaches its threshold (``trip_breakers``, run by ``Claims.finish_many`` only for a batch with a
+handler failure).
 
 :class:`Gates` is the scheduler's side — probes, lost probes, unparking, and the transitions to
 log — and the operator's: open or close a breaker, pause or resume a queue or a handler, each
@@ -35,8 +36,9 @@ class Gates(Part):
     """Breakers and pauses: the scheduler's pass and the operator's actions."""
 
     def pass_gates(self, limit: int) -> int:
-        """One transaction: half-open breakers whose probe can no longer answer reopen; open
-        breakers whose cooldown is over take one parked task each as their probe; parked tasks
+        """One transaction: half-open breakers whose probe succeeded close, those whose probe can
+        no longer answer reopen; open breakers whose cooldown is over take one parked task
+        each as their probe; parked tasks
         nothing holds any more (up to ``limit``) get a retry time of now, for promote_ready
         (or the admission pass) to dispatch. Returns how many tasks were unparked (probes
         included)."""
@@ -101,7 +103,7 @@ def _check_request(requested_by: str, reason: str | None) -> None:
 
 
 def _pass_gates(tx: Tx, limit: int) -> int:
-    tx.all("reopen_lost_probes")  # before probing: a lost probe's breaker probes again now
+    tx.all("settle_probes")  # before probing: a lost probe's breaker probes again now
     probes = len(tx.all("probe_breakers", {"limit": limit}))
     unparked = len(tx.all("unpark_tasks", {"limit": limit}))
     return probes + unparked

@@ -66,24 +66,6 @@ promoted AS (
        AND e.state NOT IN ('SUCCEEDED', 'CANCELLED')
        AND NOT (e.state = 'DEAD' AND e.on_dead = 'release')))
 
--- fragment: any_gate(task)
--- Whether anything at all is held back by a pause or a breaker (uncorrelated: evaluated once
--- per statement, so a claim when nothing is paused or broken reads each tiny table once). The
--- parameter is unused; fragments take one.
-(EXISTS (SELECT 1 FROM pauses) OR EXISTS (SELECT 1 FROM breakers WHERE state <> 'closed'))
-
--- fragment: gate(task)
--- Why {task} may not be claimed now (NULL: it may): 'paused' (its queue or handler is paused),
--- 'circuit_open' (its handler's breaker is open, or half-open and probing with another task).
-(CASE WHEN EXISTS (SELECT 1 FROM pauses gp
-                    WHERE (gp.scope = 'handler' AND gp.name = {task}.handler)
-                       OR (gp.scope = 'queue' AND gp.name = {task}.queue))
-      THEN 'paused'
-      WHEN EXISTS (SELECT 1 FROM breakers gb
-                    WHERE gb.handler = {task}.handler AND gb.state <> 'closed'
-                      AND gb.probe_task_id IS DISTINCT FROM {task}.id)
-      THEN 'circuit_open' END)
-
 -- ------------------------------------------------------------------ definitions and triggers
 
 -- name: register_definition
@@ -617,37 +599,20 @@ WITH wanted AS (
            lease_owner = %(worker)s,
            lease_expires_at = now() + make_interval(secs => %(lease_s)s),
            cancel_requested = false, started_at = coalesce(t.started_at, now()),
+           parked_on = NULL,  -- a task parked once and retried now (retry-now, a rerun) is not
            updated_at = now()
       FROM wanted w
      -- (… IS TRUE): the primary key is the only way in; see runs_started below
      WHERE t.id = w.id AND (t.state = 'READY') IS TRUE AND t.fencing_token = w.token
        AND (NOT %(keyless_only)s::bool OR t.idempotency_key IS NULL)
-       -- the gate of breakers and pauses: nothing holds anything (evaluated once), or
-       -- nothing holds this task
-       AND (NOT
--- use: any_gate(t)
-            OR
--- use: gate(t)
-            IS NULL)
+       -- the gate of breakers and pauses (migration 0018): nothing holds anything (an
+       -- InitPlan, evaluated once), or nothing holds this task. A task the gate holds is not
+       -- claimed here; claim_many's per-pair path parks it (park).
+       AND (NOT (SELECT flowforge_gates_closed())
+            OR flowforge_gate(t.handler, t.queue, t.id) IS NULL)
     RETURNING t.id, t.run_id, t.name, t.handler, t.attempt, t.fencing_token, t.timeout_s,
               t.idempotency_key, extract(epoch FROM now() - t.ready_at)::float8 AS dispatch_lag_s,
               t.map_id, t.item_index, t.item
-), parked AS (
-    -- READY → RETRYING for a task the gate holds: no attempt used, no retry time (the
-    -- scheduler's unpark_tasks gives it one when nothing holds it), its token bumped so the
-    -- message that brought it is stale. Skipped whole when nothing holds anything.
-    UPDATE task_runs t
-       SET state = 'RETRYING', fencing_token = t.fencing_token + 1, retry_at = NULL,
-           parked_on =
--- use: gate(t)
-           , updated_at = now()
-      FROM wanted w
-     WHERE
--- use: any_gate(t)
-       AND t.id = w.id AND (t.state = 'READY') IS TRUE AND t.fencing_token = w.token
-       AND
--- use: gate(t)
-       IS NOT NULL
 ), attempt_rows AS (
     INSERT INTO task_attempts (task_run_id, attempt, fencing_token, worker)
     SELECT id, attempt, fencing_token, %(worker)s FROM claimed
@@ -684,6 +649,19 @@ SELECT c.*, r.input, r.workflow,
            AND u.name IS DISTINCT FROM m.for_each) AS upstream
   FROM claimed c
   JOIN workflow_runs r ON r.id = c.run_id;
+
+-- name: park
+-- READY → RETRYING for a task the gate holds (its handler's breaker open, its queue or handler
+-- paused: flowforge_gate, migration 0018): no attempt used, no retry time (the scheduler's
+-- unpark_tasks gives it one when nothing holds it), its token bumped so the message that
+-- brought it is stale, why in parked_on. Run by claim_many for a pair its claim left alone, so
+-- only a gated (or stale) pair pays for it.
+UPDATE task_runs t
+   SET state = 'RETRYING', fencing_token = t.fencing_token + 1, retry_at = NULL,
+       parked_on = flowforge_gate(t.handler, t.queue, t.id), updated_at = now()
+ WHERE t.id = %(id)s AND t.state = 'READY' AND t.fencing_token = %(token)s
+   AND flowforge_gate(t.handler, t.queue, t.id) IS NOT NULL
+RETURNING t.id, t.parked_on;
 
 -- name: acquire_key
 -- Claims an idempotency key exclusively. A RUNNING key may be taken over only once its
@@ -809,86 +787,7 @@ WITH outcome AS (
      -- (… IS TRUE): the primary key is the only way in (see claim)
      WHERE t.id = o.id AND (t.state = 'RUNNING') IS TRUE AND t.fencing_token = o.token
     RETURNING t.id, t.attempt, t.idempotency_key, o.token, o.state, o.result, o.reason,
-              o.error, o.traceback, o.outcome, t.handler, t.probe, t.breaker_failures,
-              t.breaker_window_s, t.breaker_cooldown_s,
-              -- a handler failure (domain/breakers.py COUNTED_FAILURES): counted against its
-              -- handler's breaker when the task declares one, and a probe's failure
-              (o.state = 'FAILED' AND o.reason IN ('handler_error', 'timeout')) AS broke
-), hits AS (
-    -- per handler: the counted failures of this batch (judged by the strictest of their
-    -- tasks' thresholds) and a probe's verdict. Only a failure under a breaker, or a probe,
-    -- comes here: any other finish reads no breaker.
-    SELECT d.handler,
-           count(*) FILTER (WHERE d.broke AND d.breaker_failures IS NOT NULL)::int AS n,
-           min(d.breaker_failures) FILTER (WHERE d.broke) AS lim,
-           max(d.breaker_window_s) FILTER (WHERE d.broke) AS win,
-           max(d.breaker_cooldown_s) FILTER (WHERE d.broke) AS cool,
-           (array_agg(d.id) FILTER (WHERE d.probe))[1] AS probe_id,
-           CASE WHEN bool_or(d.probe AND d.state = 'SUCCEEDED') THEN 'succeeded'
-                WHEN bool_or(d.probe AND d.broke) THEN 'failed' END AS verdict
-      FROM done d
-     WHERE (d.broke AND d.breaker_failures IS NOT NULL) OR d.probe
-     GROUP BY d.handler
-), tripped AS (
-    -- The breaker row, read and written under its row lock (ON CONFLICT sees the latest
-    -- committed version), so concurrent finishes count every failure: closed → open when
-    -- this failure makes `failures` within the window; half-open → closed / open by its
-    -- probe's verdict (a fresh cooldown). previous_state tells the transition.
-    INSERT INTO breakers AS b (handler, state, previous_state, failures, failure_limit,
-                               window_s, cooldown_s, opened_at, probe_task_id, probe_verdict)
-    SELECT h.handler, CASE WHEN h.n >= h.lim THEN 'open' ELSE 'closed' END, 'closed',
-           array_fill(now(), ARRAY[h.n]), h.lim, h.win, h.cool,
-           CASE WHEN h.n >= h.lim THEN now() END, h.probe_id, h.verdict
-      FROM hits h
-     ORDER BY h.handler  -- one lock order: two batches never deadlock on their breakers
-    ON CONFLICT (handler) DO UPDATE
-       SET state = CASE
-               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
-                    AND EXCLUDED.probe_verdict IS NOT NULL
-               THEN CASE EXCLUDED.probe_verdict WHEN 'succeeded' THEN 'closed' ELSE 'open' END
-               WHEN b.state = 'closed' AND EXCLUDED.failure_limit IS NOT NULL
-                    AND cardinality(breaker_recent(b.failures || EXCLUDED.failures,
-                                                   EXCLUDED.window_s, EXCLUDED.failure_limit))
-                        >= EXCLUDED.failure_limit
-               THEN 'open'
-               ELSE b.state END,
-           previous_state = b.state,
-           failures = CASE
-               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
-                    AND EXCLUDED.probe_verdict = 'succeeded' THEN '{}'
-               WHEN EXCLUDED.failure_limit IS NULL THEN b.failures
-               ELSE breaker_recent(b.failures || EXCLUDED.failures, EXCLUDED.window_s,
-                                   EXCLUDED.failure_limit) END,
-           failure_limit = coalesce(EXCLUDED.failure_limit, b.failure_limit),
-           window_s = coalesce(EXCLUDED.window_s, b.window_s),
-           cooldown_s = coalesce(EXCLUDED.cooldown_s, b.cooldown_s),
-           opened_at = CASE
-               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
-                    AND EXCLUDED.probe_verdict = 'failed' THEN now()
-               WHEN b.state = 'closed' AND EXCLUDED.failure_limit IS NOT NULL
-                    AND cardinality(breaker_recent(b.failures || EXCLUDED.failures,
-                                                   EXCLUDED.window_s, EXCLUDED.failure_limit))
-                        >= EXCLUDED.failure_limit
-               THEN now()
-               ELSE b.opened_at END,
-           probe_task_id = CASE
-               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
-                    AND EXCLUDED.probe_verdict IS NOT NULL THEN NULL
-               ELSE b.probe_task_id END,
-           probe_verdict = CASE
-               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
-               THEN coalesce(EXCLUDED.probe_verdict, b.probe_verdict)
-               ELSE b.probe_verdict END,
-           updated_at = now()
-    RETURNING b.handler, b.previous_state, b.state
-), transitioned AS (
-    INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
-    SELECT handler, previous_state, state,
-           CASE WHEN previous_state = 'half_open' AND state = 'closed' THEN 'probe_succeeded'
-                WHEN previous_state = 'half_open' THEN 'probe_failed'
-                ELSE 'failures' END
-      FROM tripped
-     WHERE state <> previous_state
+              o.error, o.traceback, o.outcome
 ), closed AS (
     UPDATE task_attempts a
        SET finished_at = now(), outcome = d.outcome, failure_reason = d.reason,
@@ -2293,27 +2192,113 @@ SELECT t.concurrency_key AS key,
 
 -- ------------------------------------------------------------------ breakers and pauses (issue 20)
 
--- name: reopen_lost_probes
--- half-open → open for a breaker whose probe can no longer answer: its task is gone, finished
--- without a verdict (cancelled, buried, a failure that does not count), reaped (its attempt
--- used and it is back in READY or RETRYING), or parked (its queue or handler was paused). The
--- cooldown is already over, so probe_breakers picks another probe in the same pass: a probe
--- whose worker died does not wedge the breaker half-open. Conditional on the state, so a
--- finish that gave the verdict first wins.
-WITH lost AS (
-    UPDATE breakers b
-       SET state = 'open', previous_state = 'half_open', probe_task_id = NULL,
+-- name: trip_breakers
+-- After a finish, in its transaction: tasks of that batch that failed with a handler failure
+-- (domain/breakers.py COUNTED_FAILURES; the caller passes only those). Per handler, the
+-- breaker row is read and written under its row lock (ON CONFLICT sees the latest committed
+-- version), so concurrent finishes on any tree count every failure and one opens it: closed →
+-- open when these make `failures` within the window (judged by the strictest thresholds of the
+-- failing tasks that declare a breaker); half-open → open when one of them is its probe (a
+-- fresh cooldown). previous_state tells the transition, written in the same statement. Only a
+-- failure pays for this: a success or any other finish reads no breaker.
+WITH failed AS (
+    SELECT t.id, t.handler, t.breaker_failures, t.breaker_window_s, t.breaker_cooldown_s
+      FROM task_runs t
+     WHERE t.id = ANY(%(ids)s::uuid[])
+), hits AS (
+    SELECT f.handler,
+           count(*) FILTER (WHERE f.breaker_failures IS NOT NULL)::int AS n,
+           min(f.breaker_failures) AS lim, max(f.breaker_window_s) AS win,
+           max(f.breaker_cooldown_s) AS cool,
+           -- the probe among them, as the statement's snapshot has it (checked again below
+           -- on the locked row)
+           (SELECT x.probe_task_id FROM breakers x
+             WHERE x.handler = f.handler AND x.state = 'half_open'
+               AND x.probe_task_id = ANY(array_agg(f.id))) AS probe_id
+      FROM failed f
+     GROUP BY f.handler
+), tripped AS (
+    INSERT INTO breakers AS b (handler, state, previous_state, failures, failure_limit,
+                               window_s, cooldown_s, opened_at, probe_task_id)
+    SELECT h.handler, CASE WHEN h.n >= h.lim THEN 'open' ELSE 'closed' END, 'closed',
+           array_fill(now(), ARRAY[h.n]), h.lim, h.win, h.cool,
+           CASE WHEN h.n >= h.lim THEN now() END, h.probe_id
+      FROM hits h
+     WHERE h.n > 0 OR h.probe_id IS NOT NULL
+     ORDER BY h.handler  -- one lock order: two batches never deadlock on their breakers
+    ON CONFLICT (handler) DO UPDATE
+       SET state = CASE
+               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
+               THEN 'open'
+               WHEN b.state = 'closed' AND EXCLUDED.failure_limit IS NOT NULL
+                    AND cardinality(breaker_recent(b.failures || EXCLUDED.failures,
+                                                   EXCLUDED.window_s, EXCLUDED.failure_limit))
+                        >= EXCLUDED.failure_limit
+               THEN 'open'
+               ELSE b.state END,
+           previous_state = b.state,
+           failures = CASE
+               WHEN EXCLUDED.failure_limit IS NULL THEN b.failures
+               ELSE breaker_recent(b.failures || EXCLUDED.failures, EXCLUDED.window_s,
+                                   EXCLUDED.failure_limit) END,
+           failure_limit = coalesce(EXCLUDED.failure_limit, b.failure_limit),
+           window_s = coalesce(EXCLUDED.window_s, b.window_s),
+           cooldown_s = coalesce(EXCLUDED.cooldown_s, b.cooldown_s),
+           opened_at = CASE
+               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
+               THEN now()
+               WHEN b.state = 'closed' AND EXCLUDED.failure_limit IS NOT NULL
+                    AND cardinality(breaker_recent(b.failures || EXCLUDED.failures,
+                                                   EXCLUDED.window_s, EXCLUDED.failure_limit))
+                        >= EXCLUDED.failure_limit
+               THEN now()
+               ELSE b.opened_at END,
+           probe_task_id = CASE
+               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
+               THEN NULL ELSE b.probe_task_id END,
            updated_at = now()
-     WHERE b.state = 'half_open'
-       AND NOT EXISTS (
-           SELECT 1 FROM task_runs t
-            WHERE t.id = b.probe_task_id AND t.parked_on IS NULL
-              AND ((t.state = 'RUNNING' AND t.attempt = b.probe_attempt + 1)
-                   OR (t.state IN ('READY', 'RETRYING') AND t.attempt = b.probe_attempt)))
-    RETURNING b.handler
+    RETURNING b.handler, b.previous_state, b.state
 )
 INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
-SELECT handler, 'half_open', 'open', 'probe_lost' FROM lost
+SELECT handler, previous_state, state,
+       CASE WHEN previous_state = 'half_open' THEN 'probe_failed' ELSE 'failures' END
+  FROM tripped
+ WHERE state <> previous_state
+RETURNING handler;
+
+-- name: settle_probes
+-- A half-open breaker whose probe has answered without a failure, or can no longer answer. Its
+-- task SUCCEEDED at the probing attempt: → closed (its failures forgotten; unpark_tasks, in the
+-- same pass, dispatches what it held). Its task is gone, finished without a verdict
+-- (cancelled, buried, a failure that does not count), reaped (its attempt used and back in
+-- READY or RETRYING) or parked by a pause: → open with its cooldown already over, so
+-- probe_breakers picks another probe in the same pass — a probe whose worker died does not
+-- wedge the breaker half-open. (A probe's handler failure reopened it in its finish:
+-- trip_breakers.) Conditional on the state, so whichever writer is first wins.
+WITH probed AS (
+    SELECT b.handler,
+           coalesce(t.state = 'SUCCEEDED' AND t.attempt = b.probe_attempt + 1, false) AS ok,
+           coalesce(t.parked_on IS NULL
+                    AND ((t.state = 'RUNNING' AND t.attempt = b.probe_attempt + 1)
+                         OR (t.state IN ('READY', 'RETRYING') AND t.attempt = b.probe_attempt)),
+                    false) AS alive
+      FROM breakers b
+      LEFT JOIN task_runs t ON t.id = b.probe_task_id
+     WHERE b.state = 'half_open'
+       FOR UPDATE OF b SKIP LOCKED
+), settled AS (
+    UPDATE breakers b
+       SET state = CASE WHEN p.ok THEN 'closed' ELSE 'open' END, previous_state = 'half_open',
+           failures = CASE WHEN p.ok THEN '{}' ELSE b.failures END, probe_task_id = NULL,
+           updated_at = now()
+      FROM probed p
+     WHERE b.handler = p.handler AND NOT p.alive
+    RETURNING b.handler, b.state
+)
+INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
+SELECT handler, 'half_open', state,
+       CASE WHEN state = 'closed' THEN 'probe_succeeded' ELSE 'probe_lost' END
+  FROM settled
 RETURNING handler;
 
 -- name: probe_breakers
@@ -2347,13 +2332,13 @@ WITH due AS (
 ), probing AS (
     UPDATE breakers b
        SET state = 'half_open', previous_state = 'open', probe_task_id = c.id,
-           probe_attempt = c.attempt, probe_verdict = NULL, updated_at = now()
+           probe_attempt = c.attempt, updated_at = now()
       FROM chosen c
      WHERE b.handler = c.handler
     RETURNING b.handler, c.id, c.attempt
 ), unparked AS (
     UPDATE task_runs t
-       SET parked_on = NULL, probe = true, retry_at = now(), updated_at = now()
+       SET parked_on = NULL, retry_at = now(), updated_at = now()
       FROM probing p
      WHERE t.id = p.id
 )
@@ -2373,9 +2358,7 @@ UPDATE task_runs t
        SELECT p.id
          FROM task_runs p
         WHERE p.parked_on IS NOT NULL AND p.state = 'RETRYING'
-          AND
--- use: gate(p)
-          IS NULL
+          AND flowforge_gate(p.handler, p.queue, p.id) IS NULL
         ORDER BY p.seq
         LIMIT %(limit)s
           FOR UPDATE OF p SKIP LOCKED)
@@ -2452,7 +2435,8 @@ SELECT b.handler, b.state, b.held, b.failure_limit, b.window_s, b.cooldown_s,
                                      + make_interval(secs => b.cooldown_s) - now()))::float8
        END AS probe_due_in_s,
        (SELECT count(*) FROM task_runs t
-         WHERE t.handler = b.handler AND t.parked_on = 'circuit_open') AS parked,
+         WHERE t.handler = b.handler AND t.parked_on = 'circuit_open'
+           AND t.state = 'RETRYING') AS parked,
        (SELECT count(*) FROM breaker_transitions x WHERE x.handler = b.handler) AS transitions
   FROM breakers b
  WHERE %(handler)s::text IS NULL OR b.handler = %(handler)s
@@ -2488,7 +2472,7 @@ SELECT scope, pg_notify('flowforge_scheduler', '')::text AS notified FROM resume
 -- Every paused queue and handler, with the tasks parked as paused under it now.
 SELECT p.scope, p.name, p.paused_by, p.reason, p.paused_at,
        (SELECT count(*) FROM task_runs t
-         WHERE t.parked_on = 'paused'
+         WHERE t.parked_on = 'paused' AND t.state = 'RETRYING'
            AND ((p.scope = 'handler' AND t.handler = p.name)
                 OR (p.scope = 'queue' AND t.queue = p.name))) AS parked
   FROM pauses p
@@ -2511,5 +2495,5 @@ SELECT b.handler, b.state,
 -- /metrics: tasks parked now, by why.
 SELECT parked_on AS reason, count(*) AS n
   FROM task_runs
- WHERE parked_on IS NOT NULL
+ WHERE parked_on IS NOT NULL AND state = 'RETRYING'
  GROUP BY parked_on;

@@ -203,10 +203,11 @@ def test_after_the_cooldown_exactly_one_probe_runs_and_its_success_closes_it(
     assert probe == waiting[0]  # the oldest parked task
     assert repo.get_task(probe).state is TaskState.READY
     assert [facts(sql, t)[2] for t in waiting[1:]] == ["circuit_open"] * 3
-    succeed(repo, sql, probe)  # the probe's success closes it in its finish
+    succeed(repo, sql, probe)  # the probe's success: the next pass closes it and unparks
+    assert breaker(sql)["state"] == "half_open"
+    drain(repo)  # closed, unparked and dispatched, none used an attempt while parked
     assert breaker(sql)["state"] == "closed"
     assert breaker(sql)["failures"] == 0
-    drain(repo)  # unparked and dispatched, none used an attempt while parked
     for tid in waiting[1:]:
         assert facts(sql, tid) == ("READY", 0, None, False, 0)
         succeed(repo, sql, tid)
@@ -251,8 +252,8 @@ def test_a_probe_whose_worker_died_does_not_wedge_it_half_open(repo: Store, sql:
     assert UUID(str(state["probe"])) == waiting[1]
     assert ("half_open", "open", "probe_lost") in transitions(sql)
     succeed(repo, sql, waiting[1])
-    assert breaker(sql)["state"] == "closed"
     drain(repo)
+    assert breaker(sql)["state"] == "closed"
     assert repo.get_task(first).state is TaskState.READY  # its retry, dispatched again
 
 
@@ -340,8 +341,10 @@ def test_two_schedulers_never_both_probe(repo: Store, sql: Sql, clean_database_u
     cooldown_over(sql)
     for _ in range(3):
         race(clean_database_url, lambda s: s.pass_gates(100), lambda s: s.pass_gates(100))
-    probes = sql.execute("SELECT count(*) FROM task_runs WHERE probe").fetchone()
-    assert probes == (1,)
+    probes = sql.execute(
+        "SELECT count(*) FROM task_runs WHERE parked_on IS NULL AND state = 'RETRYING'"
+    ).fetchone()
+    assert probes == (1,)  # one task unparked (due now): the probe
     assert [t for t in transitions(sql) if t[2] == "cooldown"] == [
         ("open", "half_open", "cooldown")
     ]
@@ -530,3 +533,29 @@ def test_breakers_list_shows_state_failures_cooldown_and_parked(repo: Store, sql
     assert shown.probe_due_in_s is not None and 0 < shown.probe_due_in_s <= 30.0
     assert (shown.parked, shown.transitions) == (2, 1)
     assert repo.breakers("tests.other") == []
+
+
+def test_a_parked_task_retried_now_or_cancelled_keeps_no_stale_mark(repo: Store, sql: Sql) -> None:
+    waiting = open_by_failures(repo, sql, extra=2)
+    for tid in waiting:
+        try_claim(repo, sql, tid)
+    done = repo.retry_task_now(waiting[0], "ops", None)  # RETRYING (parked) → READY
+    assert done.task.state is TaskState.READY
+    assert try_claim(repo, sql, waiting[0]) is ClaimOutcome.LOST  # the gate still holds it
+    assert facts(sql, waiting[0])[:3] == ("RETRYING", 0, "circuit_open")
+    repo.cancel_task(waiting[1], "ops", None)
+    (shown,) = repo.breakers()
+    assert shown.parked == 1  # the cancelled one is not held by the breaker any more
+    repo.close_breaker(HANDLER, "ops", None)
+    drain(repo)
+    claim = claim_task(repo, sql, waiting[0])
+    assert facts(sql, waiting[0])[:3] == ("RUNNING", 1, None)  # the claim cleared its mark
+    assert repo.finish(
+        waiting[0],
+        claim.fencing_token,
+        TaskState.FAILED,
+        reason=FailureReason.HANDLER_ERROR,
+        error="x",
+    )
+    drain(repo)  # its retry is due at once (NOW_RETRY) and dispatched, not read as parked
+    assert facts(sql, waiting[0])[:3] == ("READY", 1, None)

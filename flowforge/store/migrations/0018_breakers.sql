@@ -14,17 +14,19 @@ ALTER TABLE task_runs ADD COLUMN breaker_cooldown_s double precision
 -- A task the claim found gated (its handler's breaker open, its queue or handler paused) is
 -- parked: READY → RETRYING with no retry time and no attempt used, its token bumped, and why in
 -- parked_on. The scheduler unparks it (a retry time of now: promote_ready or the admission pass
--- takes it) once nothing holds it. probe: the scheduler chose it as its handler's half-open
--- probe; its finish looks its breaker up (no other finish does).
+-- takes it) once nothing holds it.
 ALTER TABLE task_runs ADD COLUMN parked_on text
     CHECK (parked_on IS NULL OR parked_on IN ('circuit_open', 'paused'));
-ALTER TABLE task_runs ADD COLUMN probe boolean NOT NULL DEFAULT false;
-CREATE INDEX task_runs_parked_idx ON task_runs (handler, seq) WHERE parked_on IS NOT NULL;
+-- (A task that leaves RETRYING otherwise — cancelled, buried — keeps its parked_on, which only
+-- RETRYING rows are read by; the claim clears it.)
+CREATE INDEX task_runs_parked_idx ON task_runs (handler, seq)
+    WHERE parked_on IS NOT NULL AND state = 'RETRYING';
 
 -- One row per handler whose tasks have failed under a breaker (or that an operator opened).
 -- failures: the times of its recent counted failures (at most failure_limit, newest last).
 -- failure_limit, window_s, cooldown_s: the thresholds of the last counted failure.
 -- held: opened by an operator, so no probe runs until an operator closes it.
+-- probe_task_id, probe_attempt: half-open, the task probing and the attempt it had when chosen.
 -- previous_state: the state before the last write, so a statement can tell a transition
 -- (RETURNING sees only the new row).
 CREATE TABLE breakers (
@@ -41,7 +43,6 @@ CREATE TABLE breakers (
     opened_at      timestamptz,
     probe_task_id  uuid,
     probe_attempt  integer,
-    probe_verdict  text        CHECK (probe_verdict IN ('succeeded', 'failed')),
     updated_at     timestamptz NOT NULL DEFAULT now()
 );
 
@@ -121,4 +122,38 @@ RETURNS timestamptz[] LANGUAGE sql STABLE AS $$
       FROM (SELECT x FROM unnest(f) AS x
              WHERE x > now() - make_interval(secs => window_s)
              ORDER BY x DESC LIMIT keep) AS s
+$$;
+
+-- The claim's gate. Functions rather than SQL inlined into `claim`: no statement is prepared
+-- (store/db.py), so the claim is planned on every call, and the inlined subqueries cost it
+-- about 0.4 ms more planning (measured: docs/performance.md, "Circuit breakers and pauses");
+-- a PL/pgSQL call is planned as a call (its own statements' plans are cached per session).
+-- STABLE: they read the calling statement's snapshot.
+
+-- Whether anything at all is held back: any pause, any breaker not closed. The claim calls it
+-- once per statement (an InitPlan); when it is false, no task's gate is looked up.
+CREATE FUNCTION flowforge_gates_closed() RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pauses)
+        OR EXISTS (SELECT 1 FROM breakers WHERE state <> 'closed');
+END
+$$;
+
+-- Why a task of handler h on queue q (task run id) may not be claimed now, NULL when it may:
+-- 'paused' (its queue or its handler is paused), 'circuit_open' (its handler's breaker is
+-- open, or half-open with another task as its probe).
+CREATE FUNCTION flowforge_gate(h text, q text, id uuid) RETURNS text LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pauses p
+                WHERE (p.scope = 'handler' AND p.name = h) OR (p.scope = 'queue' AND p.name = q))
+    THEN
+        RETURN 'paused';
+    END IF;
+    IF EXISTS (SELECT 1 FROM breakers b
+                WHERE b.handler = h AND b.state <> 'closed' AND b.probe_task_id IS DISTINCT FROM id)
+    THEN
+        RETURN 'circuit_open';
+    END IF;
+    RETURN NULL;
+END
 $$;
