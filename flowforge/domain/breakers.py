@@ -193,3 +193,12 @@ class GateGauges:
 
     breakers: tuple[BreakerGauge, ...]
     parked: dict[str, int]
+
+
+@dataclass(frozen=True)
+class GatePass:
+    """What the scheduler's gate pass did: parked tasks given a retry time of now (probes
+    included), and the breaker transitions it took to log."""
+
+    unparked: int
+    transitions: tuple[Transition, ...]

@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from flowforge.config import Config
 from flowforge.definitions import check_paths
-from flowforge.domain.breakers import BreakerState
+from flowforge.domain.breakers import BreakerState, Transition
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import FireRecord, PassReport, Routed
 from flowforge.domain.states import TaskState
@@ -155,7 +155,8 @@ class Scheduler:
             children = self._repo.settle_children(batch) + self._repo.start_children(batch)
             conditions = self._repo.evaluate_conditions(batch)  # opened gates: promoted now
             # breakers and pauses before promote: an unparked task (a probe too) is due now
-            unparked = self._repo.pass_gates(batch)
+            gated = self._repo.pass_gates(batch)
+            _log_transitions(gated.transitions)
             promoted = self._repo.promote_ready(batch)
             admitted = self._repo.admit_concurrency(batch)  # tasks with a concurrency key
             return PassReport(
@@ -172,31 +173,8 @@ class Scheduler:
                 conditions=conditions,
                 children=children,
                 admitted=admitted,
-                unparked=unparked + self._log_transitions(batch),
+                unparked=gated.unparked + len(gated.transitions),
             )
-
-    def _log_transitions(self, batch: int) -> int:
-        """Log each breaker transition once, whichever tree made it (the database row is the
-        record; this scheduler took it). Returns how many (a pass that logged did work)."""
-        taken = self._repo.take_transitions(batch)
-        for moved in taken:
-            level = logging.WARNING if moved.to_state is BreakerState.OPEN else logging.INFO
-            logger.log(
-                level,
-                "circuit breaker of handler %s: %s -> %s (%s)",
-                moved.handler,
-                moved.from_state,
-                moved.to_state,
-                moved.cause,
-                extra={
-                    "action": "breaker_transition",
-                    "handler": moved.handler,
-                    "from_state": str(moved.from_state),
-                    "to_state": str(moved.to_state),
-                    "cause": moved.cause,
-                },
-            )
-        return len(taken)
 
     def _fire(self, batch: int) -> int:
         """Decide the due schedules (up to ``batch``); how many schedules were decided."""
@@ -275,3 +253,25 @@ def _log_fire(record: FireRecord) -> None:
         record.reason,
         extra={"action": "schedule_skipped"},
     )
+
+
+def _log_transitions(moved: Sequence[Transition]) -> None:
+    """Log each breaker transition once, whichever tree made it (the database row is the
+    record; this scheduler's pass took it)."""
+    for one in moved:
+        level = logging.WARNING if one.to_state is BreakerState.OPEN else logging.INFO
+        logger.log(
+            level,
+            "circuit breaker of handler %s: %s -> %s (%s)",
+            one.handler,
+            one.from_state,
+            one.to_state,
+            one.cause,
+            extra={
+                "action": "breaker_transition",
+                "handler": one.handler,
+                "from_state": str(one.from_state),
+                "to_state": str(one.to_state),
+                "cause": one.cause,
+            },
+        )

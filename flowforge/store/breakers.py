@@ -20,6 +20,7 @@ from flowforge.domain.breakers import (
     BreakerState,
     GateChange,
     GateGauges,
+    GatePass,
     Pause,
     PauseScope,
     Transition,
@@ -35,19 +36,15 @@ from flowforge.store.part import Part, Tx
 class Gates(Part):
     """Breakers and pauses: the scheduler's pass and the operator's actions."""
 
-    def pass_gates(self, limit: int) -> int:
+    def pass_gates(self, limit: int) -> GatePass:
         """One transaction: half-open breakers whose probe succeeded close, those whose probe can
         no longer answer reopen; open breakers whose cooldown is over take one parked task
-        each as their probe; parked tasks
-        nothing holds any more (up to ``limit``) get a retry time of now, for promote_ready
-        (or the admission pass) to dispatch. Returns how many tasks were unparked (probes
-        included)."""
+        each as their probe; parked tasks nothing holds any more (up to ``limit``) get a retry
+        time of now, for promote_ready (or the admission pass) to dispatch; and up to ``limit``
+        transitions not logged yet are marked logged, for the caller to log once each
+        (whichever tree made them, one scheduler takes them). When nothing is held, parked or
+        unlogged, one statement finds that and the pass ends there."""
         return self._transaction(_pass_gates, limit)
-
-    def take_transitions(self, limit: int) -> list[Transition]:
-        """Up to ``limit`` breaker transitions not logged yet, marked logged: the caller logs
-        each once (whichever tree made it, one scheduler takes it)."""
-        return [_transition(r) for r in self._query("log_transitions", {"limit": limit})]
 
     def breakers(self, handler: str | None = None) -> list[Breaker]:
         """Every handler's breaker (or ``handler``'s), with its recent failures, cooldown left,
@@ -102,11 +99,18 @@ def _check_request(requested_by: str, reason: str | None) -> None:
         check_text(reason, "the reason", MAX_NOTE_BYTES)
 
 
-def _pass_gates(tx: Tx, limit: int) -> int:
-    tx.all("settle_probes")  # before probing: a lost probe's breaker probes again now
-    probes = len(tx.all("probe_breakers", {"limit": limit}))
-    unparked = len(tx.all("unpark_tasks", {"limit": limit}))
-    return probes + unparked
+def _pass_gates(tx: Tx, limit: int) -> GatePass:
+    work = tx.one("gate_work")
+    if work is None or not (work["breakers"] or work["parked"] or work["unlogged"]):
+        return GatePass(0, ())
+    unparked = 0
+    if work["breakers"]:
+        tx.all("settle_probes")  # before probing: a lost probe's breaker probes again now
+        unparked += len(tx.all("probe_breakers", {"limit": limit}))
+    if work["breakers"] or work["parked"]:  # a closing above may have freed parked tasks
+        unparked += len(tx.all("unpark_tasks", {"limit": limit}))
+    moved = tx.all("log_transitions", {"limit": limit})  # this pass's transitions too
+    return GatePass(unparked, tuple(_transition(r) for r in moved))
 
 
 def _gauges(tx: Tx) -> GateGauges:

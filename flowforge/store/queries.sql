@@ -2301,6 +2301,15 @@ SELECT handler, 'half_open', state,
   FROM settled
 RETURNING handler;
 
+-- name: gate_work
+-- What the gate pass has to do, in one round trip: a breaker not closed (settle or probe it),
+-- a parked task (unpark it), a transition not logged (log it). All false on a system where
+-- nothing is held: the pass then costs the scheduler this statement only.
+SELECT EXISTS (SELECT 1 FROM breakers WHERE state <> 'closed') AS breakers,
+       EXISTS (SELECT 1 FROM task_runs WHERE parked_on IS NOT NULL AND state = 'RETRYING')
+           AS parked,
+       EXISTS (SELECT 1 FROM breaker_transitions WHERE NOT logged) AS unlogged;
+
 -- name: probe_breakers
 -- open → half-open for each breaker whose cooldown is over (not one an operator holds open):
 -- its oldest parked task whose queue and handler are not paused becomes its probe — unparked

@@ -340,7 +340,11 @@ def test_two_schedulers_never_both_probe(repo: Store, sql: Sql, clean_database_u
         try_claim(repo, sql, tid)
     cooldown_over(sql)
     for _ in range(3):
-        race(clean_database_url, lambda s: s.pass_gates(100), lambda s: s.pass_gates(100))
+        race(
+            clean_database_url,
+            lambda s: s.pass_gates(100).unparked,
+            lambda s: s.pass_gates(100).unparked,
+        )
     probes = sql.execute(
         "SELECT count(*) FROM task_runs WHERE parked_on IS NULL AND state = 'RETRYING'"
     ).fetchone()
@@ -359,7 +363,9 @@ def test_each_transition_is_taken_for_logging_once(
     repo.close_breaker(HANDLER, "ops", None)
     repo.open_breaker(HANDLER, "ops", None)
     taken = race(
-        clean_database_url, lambda s: s.take_transitions(100), lambda s: s.take_transitions(100)
+        clean_database_url,
+        lambda s: s.pass_gates(100).transitions,
+        lambda s: s.pass_gates(100).transitions,
     )
     logged = [(t.from_state, t.to_state, t.cause) for batch in taken for t in batch]
     assert sorted(logged) == sorted(
@@ -369,7 +375,7 @@ def test_each_transition_is_taken_for_logging_once(
             (BreakerState.CLOSED, BreakerState.OPEN, "operator"),
         ]
     )
-    assert repo.take_transitions(100) == []
+    assert repo.pass_gates(100).transitions == ()
 
 
 def test_an_operator_holds_it_open_until_an_operator_closes_it(repo: Store, sql: Sql) -> None:
