@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowforge.config import Config, load_config
 from flowforge.definitions import workflow_from_mapping
+from flowforge.domain.breakers import CircuitBreaker
 from flowforge.domain.conditions import RunIf
 from flowforge.domain.dag import Concurrency, OnDead, RateLimit, TaskDef, WorkflowDef
 from flowforge.domain.model import Run, TaskRun
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from flowforge.client import Client
 
 __all__ = [
+    "CircuitBreaker",
     "Client",
     "Concurrency",
     "Config",

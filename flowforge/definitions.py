@@ -68,11 +68,17 @@ def _normalise_task(task: Any) -> Any:
 
 
 def _wait_seconds(task: Any, index: int, errors: list[tuple[str, str]]) -> Any:
-    """``task`` with its ``wait_for_event.timeout`` and ``rate_limit.per`` written as text
-    (``1d``, ``1s``) in seconds."""
+    """``task`` with its ``wait_for_event.timeout``, ``rate_limit.per`` and
+    ``circuit_breaker.window`` and ``cooldown`` written as text (``1d``, ``60s``) in seconds."""
     if not isinstance(task, Mapping):
         return task
-    for key, field in (("wait_for_event", "timeout"), ("rate_limit", "per")):
+    fields = (
+        ("wait_for_event", "timeout"),
+        ("rate_limit", "per"),
+        ("circuit_breaker", "window"),
+        ("circuit_breaker", "cooldown"),
+    )
+    for key, field in fields:
         if isinstance(task.get(key), Mapping):
             task = {**task, key: _seconds(task[key], field, f"tasks[{index}].{key}", errors)}
     return task

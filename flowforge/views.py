@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
+from flowforge.domain.breakers import Breaker, GateChange, Pause
 from flowforge.domain.control import Controlled, HoldKind, KeyHold
 from flowforge.domain.model import (
     Attempt,
@@ -233,3 +234,21 @@ def key_holds_dict(key: str, holds: Sequence[KeyHold]) -> dict[str, Any]:
             for h in holds
         ],
     }
+
+
+def breaker_dict(breaker: Breaker) -> dict[str, Any]:
+    """A breaker (``GET /api/v1/breakers``, ``breakers list --json``)."""
+    data: dict[str, Any] = to_dict(breaker)
+    return data
+
+
+def pause_dict(pause: Pause) -> dict[str, Any]:
+    """A paused queue or handler (``GET /api/v1/pauses``, ``pause list --json``)."""
+    data: dict[str, Any] = to_dict(pause)
+    return data
+
+
+def gate_change_dict(done: GateChange) -> dict[str, Any]:
+    """What a breaker or pause action did (its API answer, ``--json``)."""
+    data: dict[str, Any] = to_dict(done)
+    return data

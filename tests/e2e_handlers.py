@@ -295,3 +295,16 @@ def labelled_items(ctx: TaskContext) -> list[Any]:
     label with markup, which pages must show as text)."""
     label = ctx.input.get("label", "")
     return [{"i": i, "label": label} for i in range(int(ctx.input["n"]))]
+
+
+@task("e2e.dependency")
+def dependency(ctx: TaskContext) -> dict[str, Any]:
+    """Calls a "dependency" that is down while the file ``input.down`` exists: each call is
+    recorded with what it found (handler ``e2e.dependency:down`` or ``:up``), a call while it is
+    down raises (a handler failure, counted by a circuit breaker)."""
+    down = Path(ctx.input["down"]).exists()
+    record(ctx, "e2e.dependency:down" if down else "e2e.dependency:up")
+    if down:
+        raise RuntimeError("the dependency is down")
+    time.sleep(float(ctx.input.get("seconds", 0.02)))
+    return {"called": True}

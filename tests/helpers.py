@@ -98,6 +98,7 @@ def scheduler_pass(repo: Store, limit: int = SCHEDULER_LIMIT) -> int:
         + repo.settle_children(limit)
         + repo.start_children(limit)
         + repo.evaluate_conditions(limit)
+        + repo.pass_gates(limit).unparked
         + repo.promote_ready(limit)
         + repo.admit_gated(limit)
     )

@@ -17,6 +17,7 @@ from uuid import UUID
 from flowforge.domain.model import ClaimResult, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
+from flowforge.store.breakers import Gates
 from flowforge.store.children import Children
 from flowforge.store.claims import Claims
 from flowforge.store.control import Control
@@ -52,6 +53,7 @@ class Store(
     Children,
     Control,
     Limits,
+    Gates,
 ):
     """Triggers, scheduler passes, claims, the outbox, the registry, operator actions and
     reads (``Operator`` answers with the read models) over one ``Database``.

@@ -7,7 +7,18 @@ from collections.abc import Callable
 
 import falcon
 
-from flowforge.api import control, dead, errors, events, health, overview, runs, schedules, tasks
+from flowforge.api import (
+    control,
+    dead,
+    errors,
+    events,
+    gates,
+    health,
+    overview,
+    runs,
+    schedules,
+    tasks,
+)
 from flowforge.api.graph import RunGraph
 from flowforge.api.metrics import Metrics
 from flowforge.api.security import AccessLog, CsrfGuard, HostCheck, SecurityHeaders, TokenAuth
@@ -16,6 +27,7 @@ from flowforge.config import ApiConfig
 from flowforge.dashboard import pages
 from flowforge.dashboard.graph import LayoutCache
 from flowforge.errors import FlowForgeError
+from flowforge.store.breakers import Gates
 from flowforge.store.control import Control
 from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
@@ -23,7 +35,7 @@ from flowforge.store.processes import Processes
 from flowforge.store.schedules import Schedules
 
 
-class ApiStatements(Operator, Processes, Schedules, Maps, Control):
+class ApiStatements(Operator, Processes, Schedules, Maps, Control, Gates):
     """The api's part of the store: read models and the operator's actions (``Operator``
     answers with ``Reads``, its base), the process registry (``/api/v1/processes``) and the
     schedules (``/api/v1/schedules``).
@@ -83,9 +95,10 @@ def create_app(
     schedules.add_routes(app, client, store)
     app.add_route("/api/v1/events", events.SendEvent(client, max_body))
     control.add_routes(app, store, max_body)
+    gates.add_routes(app, store, max_body)
     app.add_route("/health/live", health.Live())
     ready = health.Ready(health.Checks(store, client.config.broker), tree, api.ready_cache_s)
     app.add_route("/health/ready", ready)
-    app.add_route("/metrics", Metrics(store))
+    app.add_route("/metrics", Metrics(store, store))
     pages.add_routes(app)
     return app

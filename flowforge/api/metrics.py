@@ -12,10 +12,12 @@ from collections.abc import Iterator
 
 import falcon
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from flowforge.domain.breakers import BreakerState, GateGauges, Waiting
 from flowforge.errors import FlowForgeError
+from flowforge.store.breakers import Gates
 from flowforge.store.reads import Reads
 
 FRESH_S = 15.0
@@ -24,16 +26,18 @@ FRESH_S = 15.0
 class DatabaseCollector(Collector):
     """Gauges read from PostgreSQL on each scrape."""
 
-    def __init__(self, reads: Reads) -> None:
+    def __init__(self, reads: Reads, gates: Gates) -> None:
         self._reads = reads
+        self._gates = gates
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("flowforge_database_up", "1 if PostgreSQL answered the scrape")
         try:
             states = self._reads.task_state_counts()
             outbox = self._reads.outbox_backlog()
             processes = self._reads.live_process_counts(FRESH_S)
             queues = self._reads.queue_loads(FRESH_S)
+            gated = self._gates.gauges()
         except FlowForgeError:
             up.add_metric([], 0)
             yield up
@@ -69,14 +73,48 @@ class DatabaseCollector(Collector):
             consumers.add_metric([q.queue or ""], q.consumers)
         yield ready
         yield consumers
+        yield from _gate_metrics(gated)
+
+
+#: ``flowforge_breaker_state``'s value per state (0 closed: the healthy one reads 0).
+STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+
+def _gate_metrics(gated: GateGauges) -> Iterator[Metric]:
+    """Each breaker's state (0 closed, 1 half-open, 2 open), its transitions into each state
+    (a counter the database keeps: every tree's), and the tasks parked now by why."""
+    state = GaugeMetricFamily(
+        "flowforge_breaker_state",
+        "Circuit breaker state per handler: 0 closed, 1 half-open, 2 open",
+        labels=["handler"],
+    )
+    moved = CounterMetricFamily(
+        "flowforge_breaker_transitions",
+        "Circuit breaker transitions per handler, by the state entered",
+        labels=["handler", "to_state"],
+    )
+    for gauge in gated.breakers:
+        state.add_metric([gauge.handler], STATE_VALUE[gauge.state])
+        for target, n in sorted(gauge.transitions.items()):
+            moved.add_metric([gauge.handler, str(target)], n)
+    yield state
+    yield moved
+    parked = GaugeMetricFamily(
+        "flowforge_parked_tasks",
+        "Tasks held back at their claim, by waiting_on (circuit_open, paused)",
+        labels=["waiting_on"],
+    )
+    for why in Waiting:
+        parked.add_metric([str(why)], gated.parked.get(str(why), 0))
+    yield parked
 
 
 class Metrics:
-    def __init__(self, reads: Reads) -> None:
+    def __init__(self, reads: Reads, gates: Gates) -> None:
         self._registry = CollectorRegistry()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             multiprocess.MultiProcessCollector(self._registry)  # type: ignore[no-untyped-call]
-        self._registry.register(DatabaseCollector(reads))
+        self._registry.register(DatabaseCollector(reads, gates))
 
     def on_get(self, _req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = CONTENT_TYPE_LATEST

@@ -15,7 +15,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from flowforge.cli import commands, events, exitcodes, items, output, purge, schedules, tasks
+from flowforge.cli import (
+    commands,
+    events,
+    exitcodes,
+    gates,
+    items,
+    output,
+    purge,
+    schedules,
+    tasks,
+)
 from flowforge.errormap import exit_code_for
 from flowforge.errors import FlowForgeError
 
@@ -175,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_command(sub, common)
     items.add_command(sub, common)
     tasks.add_command(sub, common)
+    gates.add_command(sub, common)
     return parser
 
 

@@ -11,15 +11,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from flowforge.config import Config
+from flowforge.store.breakers import Gates
 from flowforge.store.control import Control
 from flowforge.store.db import Database
 from flowforge.store.operator import Operator
 from flowforge.store.processes import Processes
 
 
-class CliStatements(Operator, Processes, Control):
+class CliStatements(Operator, Processes, Control, Gates):
     """Read models and the operator's actions (``Operator`` answers with ``Reads``, its base:
-    ``runs``, ``dead``, ``stats``, ``purge``), and the process registry (``ps``)."""
+    ``runs``, ``dead``, ``stats``, ``purge``), the process registry (``ps``), breakers and
+    pauses (``breakers``, ``pause``, ``resume``)."""
 
 
 @contextmanager

@@ -34,7 +34,7 @@ CONTENT_TYPES = {
 HTML_TYPE = "text/html; charset=utf-8"
 #: Revalidate every time (cheap: an ETag); a new release is never hidden behind a stale cache.
 CACHE_CONTROL = "no-cache"
-NAV = ("overview", "runs", "schedules", "dead", "processes")
+NAV = ("overview", "runs", "schedules", "dead", "processes", "flow")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ PAGES = (
     PageSpec("schedules", "Schedules", "schedules.js", "schedules"),
     PageSpec("dead", "Dead tasks", "dead.js", "dead"),
     PageSpec("processes", "Processes", "processes.js", "processes"),
+    PageSpec("flow", "Flow control", "flow.js", "flow"),
 )
 
 
@@ -175,7 +176,7 @@ class Home:
 
 def add_routes(app: App) -> None:
     """Mount the pages (``/ui``, ``/ui/runs``, ``/ui/runs/{run_id}``, ``/ui/schedules``,
-    ``/ui/dead``, ``/ui/processes``), the assets and the ``/`` redirect on ``app``."""
+    ``/ui/dead``, ``/ui/processes``, ``/ui/flow``), the assets and the ``/`` redirect on ``app``."""
     pages = render_pages()
     app.add_route("/", Home())
     app.add_route("/ui", Page(pages["overview"]))
@@ -184,4 +185,5 @@ def add_routes(app: App) -> None:
     app.add_route("/ui/schedules", Page(pages["schedules"]))
     app.add_route("/ui/dead", Page(pages["dead"]))
     app.add_route("/ui/processes", Page(pages["processes"]))
+    app.add_route("/ui/flow", Page(pages["flow"]))
     app.add_route("/ui/static/{name}", Static(load_assets()))

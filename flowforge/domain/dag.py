@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from flowforge.domain import children
+from flowforge.domain.breakers import CircuitBreaker
 from flowforge.domain.conditions import RunIf
 from flowforge.domain.names import NAME_PATTERN, priority_problem, queue_problem
 from flowforge.domain.policy import RetryPolicy
@@ -175,6 +176,7 @@ class TaskDef:
     concurrency: Concurrency | None = None  # at most limit READY/RUNNING per rendered key
     rate_limit: RateLimit | None = None  # at most limit starts per sliding window per key
     priority: int = 0  # 0..9, higher first within its queue
+    circuit_breaker: CircuitBreaker | None = None  # its handler's breaker: domain/breakers.py
 
     def __post_init__(self) -> None:
         _check_name(self.name, "task name")
@@ -182,6 +184,10 @@ class TaskDef:
         self._check_priority()
         self._check_concurrency()
         self._check_rate_limit()
+        if self.circuit_breaker is not None and not isinstance(
+            self.circuit_breaker, CircuitBreaker
+        ):
+            raise DefinitionError(f"task {self.name!r}: circuit_breaker must be a CircuitBreaker")
         self._check_depends_on()
         self._check_map()
         if self.workflow is not None or self.input is not None:
@@ -382,6 +388,7 @@ class TaskDef:
             "concurrency": self.concurrency is not None,
             "rate_limit": self.rate_limit is not None,
             "priority": self.priority != 0,
+            "circuit_breaker": self.circuit_breaker is not None,
         }
         for key, given in extras.items():
             if given:
@@ -573,6 +580,8 @@ def _task_to_dict(task: TaskDef) -> dict[str, Any]:
         data["rate_limit"] = rate
     if task.priority:  # the same: only when not the default 0
         data["priority"] = task.priority
+    if task.circuit_breaker is not None:  # the same
+        data["circuit_breaker"] = task.circuit_breaker.to_dict()
     return data
 
 

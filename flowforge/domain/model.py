@@ -258,6 +258,7 @@ class PassReport:
     conditions: int = 0  # run_if tasks decided (gate opened or skipped)
     children: int = 0  # child-workflow tasks started (or buried) or settled
     admitted: int = 0  # tasks with a concurrency or rate key admitted to READY
+    unparked: int = 0  # parked tasks a breaker or pause no longer holds (probes included)
 
     @property
     def total(self) -> int:
@@ -275,6 +276,7 @@ class PassReport:
             + self.conditions
             + self.children
             + self.admitted
+            + self.unparked
         )
 
 

@@ -72,6 +72,9 @@ class PlannedTask:
     rate_limit: int | None = None
     rate_per_s: float | None = None
     priority: int = 0
+    breaker_failures: int | None = None  # circuit_breaker's thresholds; None: none declared
+    breaker_window_s: float | None = None
+    breaker_cooldown_s: float | None = None
 
 
 @dataclass
@@ -182,6 +185,7 @@ def plan_runs(
         ids = {t.name: uuid.uuid4() for t in ordered}
         for task in ordered:
             label = f"{_where(index, len(inputs))}task {task.name!r}"
+            breaker = task.circuit_breaker
             planned = PlannedTask(
                 run_id=run_id,
                 id=ids[task.name],
@@ -212,6 +216,9 @@ def plan_runs(
                 rate_limit=None if task.rate_limit is None else task.rate_limit.limit,
                 rate_per_s=None if task.rate_limit is None else float(task.rate_limit.per),
                 priority=task.priority if priority is None else priority,
+                breaker_failures=None if breaker is None else breaker.failures,
+                breaker_window_s=None if breaker is None else breaker.window,
+                breaker_cooldown_s=None if breaker is None else breaker.cooldown,
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event

@@ -19,15 +19,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from flowforge.config import Config
 from flowforge.definitions import check_paths
+from flowforge.domain.breakers import BreakerState, Transition
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import FireRecord, PassReport, Routed
 from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
+from flowforge.store.breakers import Gates
 from flowforge.store.children import Children
 from flowforge.store.db import Database
 from flowforge.store.events import Events
@@ -48,7 +50,7 @@ SECONDS_PER_DAY = 86_400.0
 MIN_WAIT_S = 0.01
 
 
-class SchedulerStatements(Passes, Processes, Schedules, Maps, Events, Children, Limits):
+class SchedulerStatements(Passes, Processes, Schedules, Maps, Events, Children, Limits, Gates):
     """The scheduler's part of the store: its passes, the process registry, the schedules, the
     map tasks, the event waits, the child-workflow tasks."""
 
@@ -152,6 +154,9 @@ class Scheduler:
             # the end of this pass and its retry started by a later one)
             children = self._repo.settle_children(batch) + self._repo.start_children(batch)
             conditions = self._repo.evaluate_conditions(batch)  # opened gates: promoted now
+            # breakers and pauses before promote: an unparked task (a probe too) is due now
+            gated = self._repo.pass_gates(batch)
+            _log_transitions(gated.transitions)
             promoted = self._repo.promote_ready(batch)
             admitted = self._repo.admit_gated(batch)  # tasks with a concurrency or rate key
             return PassReport(
@@ -168,6 +173,7 @@ class Scheduler:
                 conditions=conditions,
                 children=children,
                 admitted=admitted,
+                unparked=gated.unparked + len(gated.transitions),
             )
 
     def _fire(self, batch: int) -> int:
@@ -247,3 +253,25 @@ def _log_fire(record: FireRecord) -> None:
         record.reason,
         extra={"action": "schedule_skipped"},
     )
+
+
+def _log_transitions(moved: Sequence[Transition]) -> None:
+    """Log each breaker transition once, whichever tree made it (the database row is the
+    record; this scheduler's pass took it)."""
+    for one in moved:
+        level = logging.WARNING if one.to_state is BreakerState.OPEN else logging.INFO
+        logger.log(
+            level,
+            "circuit breaker of handler %s: %s -> %s (%s)",
+            one.handler,
+            one.from_state,
+            one.to_state,
+            one.cause,
+            extra={
+                "action": "breaker_transition",
+                "handler": one.handler,
+                "from_state": str(one.from_state),
+                "to_state": str(one.to_state),
+                "cause": one.cause,
+            },
+        )

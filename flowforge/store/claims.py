@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.domain import transitions
+from flowforge.domain.breakers import COUNTED_FAILURES
 from flowforge.domain.model import (
     ClaimOutcome,
     ClaimResult,
@@ -50,9 +51,12 @@ class Claims(Part):
         (REUSED); a key held by a live execution undoes the claim and defers the task by
         ``key_wait_s`` without using an attempt (DEFERRED). ``local`` marks the claimed
         tasks' pending outbox rows dispatched: the worker took them straight from its own
-        finish, so no message needs to go out.
+        finish, so no message needs to go out. A task its handler's circuit breaker or a pause
+        holds is not claimed but parked (READY → RETRYING, no attempt used: LOST here; the
+        scheduler dispatches it again when nothing holds it).
         """
         transitions.check(TaskState.READY, TaskState.RUNNING)
+        transitions.check(TaskState.READY, TaskState.RETRYING)  # parked
         if not wanted:
             return []
         # most tasks have no idempotency key: their claims are one statement, one round trip
@@ -64,7 +68,7 @@ class Claims(Part):
             claim = claimed.pop((task_run_id, token), None)
             if claim is not None:
                 results.append(ClaimResult(ClaimOutcome.EXECUTE, claim))
-            else:  # keyed, a duplicate, or not READY with that token any more
+            else:  # keyed, a duplicate, held by the gate, or not READY with that token any more
                 results.append(self._claim_keyed(task_run_id, token, worker, lease_s, key_wait_s))
         return results
 
@@ -132,15 +136,24 @@ class Claims(Part):
             return Finished(frozenset(), ())
         transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
         params = {**_finish_columns(outcomes), "offer": offer, "queue": queue}
-        if then is None or then.limit <= 0:
+        # handler failures count against their handler's circuit breaker, in this transaction:
+        # only a batch with one pays for it (domain/breakers.py)
+        broke = [
+            tid
+            for tid, _, finish in outcomes
+            if finish.state is TaskState.FAILED and finish.reason in COUNTED_FAILURES
+        ]
+        if not broke and (then is None or then.limit <= 0):
             return rows.finished(self._query("finish", params))
-        transitions.check(TaskState.READY, TaskState.RUNNING)
-        return self._transaction(_finish_then_claim, params, then)
+        if then is not None and then.limit > 0:
+            transitions.check(TaskState.READY, TaskState.RUNNING)
+        return self._transaction(_finish_then_claim, params, then, broke)
 
 
 def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
     row = tx.one("claim", params)
-    if row is None:
+    if row is None:  # not READY with that token, or held by the gate: then parked (no attempt)
+        tx.all("park", {"id": params["ids"][0], "token": params["tokens"][0]})
         return ClaimResult(ClaimOutcome.LOST)
     claim = rows.claim(row)
     if claim.idempotency_key is None:
@@ -162,8 +175,15 @@ def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
     return ClaimResult(ClaimOutcome.REUSED, claim)
 
 
-def _finish_then_claim(tx: Tx, params: dict[str, Any], then: Continuation) -> Finished:
+def _finish_then_claim(
+    tx: Tx, params: dict[str, Any], then: Continuation | None, broke: Sequence[UUID]
+) -> Finished:
     finished = rows.finished(tx.all("finish", params))
+    counted = [tid for tid in broke if tid in finished.committed]  # not a stale outcome's
+    if counted:
+        tx.all("trip_breakers", {"ids": counted})
+    if then is None or then.limit <= 0:
+        return finished
     wanted = finished.ready[: then.limit]
     if not wanted:
         return finished

@@ -123,7 +123,8 @@ WITH inserted AS (
                            on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
                            max_parallel, event_name, event_key, event_timeout_s, child_workflow,
                            queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
-                           rate_per_s, priority)
+                           rate_per_s, priority, breaker_failures,
+                           breaker_window_s, breaker_cooldown_s)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
@@ -131,7 +132,8 @@ WITH inserted AS (
            CASE WHEN k.ready THEN now() END,
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
            t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit, t.rate_key,
-           t.rate_limit, t.rate_per_s, t.priority
+           t.rate_limit, t.rate_per_s, t.priority,
+           t.breaker_failures, t.breaker_window_s, t.breaker_cooldown_s
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
@@ -142,12 +144,15 @@ WITH inserted AS (
                   %(child_workflows)s::text[], %(queues)s::text[],
                   %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
                   %(rate_keys)s::text[], %(rate_limits)s::int[], %(rate_pers)s::float8[],
-                  %(admitted)s::bool[], %(priorities)s::smallint[])
+                  %(admitted)s::bool[], %(priorities)s::smallint[],
+                  %(breaker_failures)s::int[], %(breaker_windows)s::float8[],
+                  %(breaker_cooldowns)s::float8[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
                 child_workflow, queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
-                rate_per_s, admitted, priority)
+                rate_per_s, admitted, priority, breaker_failures, breaker_window_s,
+                breaker_cooldown_s)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
                   AND (t.admitted OR (t.sleep_s IS NULL AND t.for_each IS NULL
@@ -568,8 +573,8 @@ RETURNING id;
 -- Seconds (by the database clock) until the earliest start, wake-up, deadline or fire time
 -- (of the schedules of the given workflows: the ones this scheduler fires) the passes act on,
 -- or until the window of a rate key with tasks waiting for admission next loses a start (its
--- oldest start within the window ages out, and the key has room again): the scheduler sleeps
--- no longer than that. NULL when none is waiting.
+-- oldest start within the window ages out, and the key has room again), or until an open
+-- breaker's cooldown ends: the scheduler sleeps no longer than that. NULL when none is waiting.
 SELECT extract(epoch FROM least(
            (SELECT min(next_fire_at) FROM schedules
              WHERE NOT paused AND retired_at IS NULL AND workflow = ANY(%(workflows)s::text[])),
@@ -588,7 +593,12 @@ SELECT extract(epoch FROM least(
              CROSS JOIN LATERAL (
                    SELECT min(a.started_at) AS first FROM task_attempts a
                     WHERE a.rate_key = k.rate_key
-                      AND a.started_at > now() - make_interval(secs => k.per)) AS f)
+                      AND a.started_at > now() - make_interval(secs => k.per)) AS f),
+           -- a breaker's cooldown still running (one already over waits for a parked task to
+           -- probe with: the poll interval finds it)
+           (SELECT min(opened_at + make_interval(secs => cooldown_s)) FROM breakers
+             WHERE state = 'open' AND NOT held
+               AND opened_at + make_interval(secs => cooldown_s) > now())
        ) - now())::float8 AS due_in_s;
 
 -- ------------------------------------------------------------------ worker
@@ -606,11 +616,17 @@ WITH wanted AS (
            lease_owner = %(worker)s,
            lease_expires_at = now() + make_interval(secs => %(lease_s)s),
            cancel_requested = false, started_at = coalesce(t.started_at, now()),
+           parked_on = NULL,  -- a task parked once and retried now (retry-now, a rerun) is not
            updated_at = now()
       FROM wanted w
      -- (… IS TRUE): the primary key is the only way in; see runs_started below
      WHERE t.id = w.id AND (t.state = 'READY') IS TRUE AND t.fencing_token = w.token
        AND (NOT %(keyless_only)s::bool OR t.idempotency_key IS NULL)
+       -- the gate of breakers and pauses (migration 0018): nothing holds anything (an
+       -- InitPlan, evaluated once), or nothing holds this task. A task the gate holds is not
+       -- claimed here; claim_many's per-pair path parks it (park).
+       AND (NOT (SELECT flowforge_gates_closed())
+            OR flowforge_gate(t.handler, t.queue, t.id) IS NULL)
     RETURNING t.id, t.run_id, t.name, t.handler, t.attempt, t.fencing_token, t.timeout_s,
               t.idempotency_key, extract(epoch FROM now() - t.ready_at)::float8 AS dispatch_lag_s,
               t.map_id, t.item_index, t.item, t.rate_key
@@ -651,6 +667,19 @@ SELECT c.*, r.input, r.workflow,
            AND u.name IS DISTINCT FROM m.for_each) AS upstream
   FROM claimed c
   JOIN workflow_runs r ON r.id = c.run_id;
+
+-- name: park
+-- READY → RETRYING for a task the gate holds (its handler's breaker open, its queue or handler
+-- paused: flowforge_gate, migration 0018): no attempt used, no retry time (the scheduler's
+-- unpark_tasks gives it one when nothing holds it), its token bumped so the message that
+-- brought it is stale, why in parked_on. Run by claim_many for a pair its claim left alone, so
+-- only a gated (or stale) pair pays for it.
+UPDATE task_runs t
+   SET state = 'RETRYING', fencing_token = t.fencing_token + 1, retry_at = NULL,
+       parked_on = flowforge_gate(t.handler, t.queue, t.id), updated_at = now()
+ WHERE t.id = %(id)s AND t.state = 'READY' AND t.fencing_token = %(token)s
+   AND flowforge_gate(t.handler, t.queue, t.id) IS NOT NULL
+RETURNING t.id, t.parked_on;
 
 -- name: acquire_key
 -- Claims an idempotency key exclusively. A RUNNING key may be taken over only once its
@@ -1563,11 +1592,13 @@ WITH map AS (
 ), items AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
-                           on_dead, map_id, item_index, item, queue, priority)
+                           on_dead, map_id, item_index, item, queue, priority,
+                           breaker_failures, breaker_window_s, breaker_cooldown_s)
     SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
            CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
-           m.id, s.idx, s.item, m.queue, m.priority
+           m.id, s.idx, s.item, m.queue, m.priority,
+           m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s
       FROM map m
      CROSS JOIN source s
       LEFT JOIN keys k ON k.idx = s.idx
@@ -2207,13 +2238,15 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
 -- fragment: waiting_on(task)
 -- Why a task of {task} that is not executing waits (SPEC 7.4 `waiting_on`), NULL when nothing
 -- named holds it: `start_at` (its run's start time: the start gate is closed), `timer` (a
--- sleeping durable timer), `event` (an event wait), `concurrency` (dependencies met, or its
--- backoff over, and no free slot of its concurrency key yet), `rate_limit` (the same, and its
--- concurrency key, if any, has a free slot: its rate key's window is full). A new gate (a
--- breaker, a pause) adds its branch before `concurrency`'s.
+-- sleeping durable timer), `event` (an event wait), `circuit_open` or `paused` (parked at its
+-- claim: its handler's breaker is open, its queue or handler paused), `concurrency`
+-- (dependencies met, or its backoff over, and no free slot of its concurrency key yet),
+-- `rate_limit` (the same, and its concurrency key, if any, has a free slot: its rate key's
+-- window is full).
 CASE WHEN {task}.state = 'PENDING' AND {task}.start_gate THEN 'start_at'
      WHEN {task}.state = 'RUNNING' AND {task}.sleep_s IS NOT NULL THEN 'timer'
      WHEN {task}.state = 'RUNNING' AND {task}.event_name IS NOT NULL THEN 'event'
+     WHEN {task}.state = 'RETRYING' AND {task}.parked_on IS NOT NULL THEN {task}.parked_on
      WHEN {task}.needs_worker AND NOT {task}.ready_by_itself
           AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0)
                OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
@@ -2293,3 +2326,320 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
  WHERE t.rate_key = %(key)s AND t.state IN ('PENDING', 'RETRYING', 'READY', 'RUNNING')
  ORDER BY t.state IN ('READY', 'RUNNING') DESC, t.state = 'READY' DESC, t.seq
  LIMIT %(limit)s;
+
+-- ------------------------------------------------------------------ breakers and pauses (issue 20)
+
+-- name: trip_breakers
+-- After a finish, in its transaction: tasks of that batch that failed with a handler failure
+-- (domain/breakers.py COUNTED_FAILURES; the caller passes only those). Per handler, the
+-- breaker row is read and written under its row lock (ON CONFLICT sees the latest committed
+-- version), so concurrent finishes on any tree count every failure and one opens it: closed →
+-- open when these make `failures` within the window (judged by the strictest thresholds of the
+-- failing tasks that declare a breaker); half-open → open when one of them is its probe (a
+-- fresh cooldown). previous_state tells the transition, written in the same statement. Only a
+-- failure pays for this: a success or any other finish reads no breaker.
+WITH failed AS (
+    SELECT t.id, t.handler, t.breaker_failures, t.breaker_window_s, t.breaker_cooldown_s
+      FROM task_runs t
+     WHERE t.id = ANY(%(ids)s::uuid[])
+), hits AS (
+    SELECT f.handler,
+           count(*) FILTER (WHERE f.breaker_failures IS NOT NULL)::int AS n,
+           min(f.breaker_failures) AS lim, max(f.breaker_window_s) AS win,
+           max(f.breaker_cooldown_s) AS cool,
+           -- the probe among them, as the statement's snapshot has it (checked again below
+           -- on the locked row)
+           (SELECT x.probe_task_id FROM breakers x
+             WHERE x.handler = f.handler AND x.state = 'half_open'
+               AND x.probe_task_id = ANY(array_agg(f.id))) AS probe_id
+      FROM failed f
+     GROUP BY f.handler
+), tripped AS (
+    INSERT INTO breakers AS b (handler, state, previous_state, failures, failure_limit,
+                               window_s, cooldown_s, opened_at, probe_task_id)
+    SELECT h.handler, CASE WHEN h.n >= h.lim THEN 'open' ELSE 'closed' END, 'closed',
+           array_fill(now(), ARRAY[h.n]), h.lim, h.win, h.cool,
+           CASE WHEN h.n >= h.lim THEN now() END, h.probe_id
+      FROM hits h
+     WHERE h.n > 0 OR h.probe_id IS NOT NULL
+     ORDER BY h.handler  -- one lock order: two batches never deadlock on their breakers
+    ON CONFLICT (handler) DO UPDATE
+       SET state = CASE
+               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
+               THEN 'open'
+               WHEN b.state = 'closed' AND EXCLUDED.failure_limit IS NOT NULL
+                    AND cardinality(breaker_recent(b.failures || EXCLUDED.failures,
+                                                   EXCLUDED.window_s, EXCLUDED.failure_limit))
+                        >= EXCLUDED.failure_limit
+               THEN 'open'
+               ELSE b.state END,
+           previous_state = b.state,
+           failures = CASE
+               WHEN EXCLUDED.failure_limit IS NULL THEN b.failures
+               ELSE breaker_recent(b.failures || EXCLUDED.failures, EXCLUDED.window_s,
+                                   EXCLUDED.failure_limit) END,
+           failure_limit = coalesce(EXCLUDED.failure_limit, b.failure_limit),
+           window_s = coalesce(EXCLUDED.window_s, b.window_s),
+           cooldown_s = coalesce(EXCLUDED.cooldown_s, b.cooldown_s),
+           opened_at = CASE
+               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
+               THEN now()
+               WHEN b.state = 'closed' AND EXCLUDED.failure_limit IS NOT NULL
+                    AND cardinality(breaker_recent(b.failures || EXCLUDED.failures,
+                                                   EXCLUDED.window_s, EXCLUDED.failure_limit))
+                        >= EXCLUDED.failure_limit
+               THEN now()
+               ELSE b.opened_at END,
+           probe_task_id = CASE
+               WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
+               THEN NULL ELSE b.probe_task_id END,
+           updated_at = now()
+    RETURNING b.handler, b.previous_state, b.state
+)
+INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
+SELECT handler, previous_state, state,
+       CASE WHEN previous_state = 'half_open' THEN 'probe_failed' ELSE 'failures' END
+  FROM tripped
+ WHERE state <> previous_state
+RETURNING handler;
+
+-- name: settle_probes
+-- A half-open breaker whose probe has answered without a failure, or can no longer answer. Its
+-- task SUCCEEDED at the probing attempt: → closed (its failures forgotten; unpark_tasks, in the
+-- same pass, dispatches what it held). Its task is gone, finished without a verdict
+-- (cancelled, buried, a failure that does not count), reaped (its attempt used and back in
+-- READY or RETRYING) or parked by a pause: → open with its cooldown already over, so
+-- probe_breakers picks another probe in the same pass — a probe whose worker died does not
+-- wedge the breaker half-open. (A probe's handler failure reopened it in its finish:
+-- trip_breakers.) Conditional on the state, so whichever writer is first wins.
+WITH probed AS (
+    SELECT b.handler,
+           coalesce(t.state = 'SUCCEEDED' AND t.attempt = b.probe_attempt + 1, false) AS ok,
+           coalesce(t.parked_on IS NULL
+                    AND ((t.state = 'RUNNING' AND t.attempt = b.probe_attempt + 1)
+                         OR (t.state IN ('READY', 'RETRYING') AND t.attempt = b.probe_attempt)),
+                    false) AS alive
+      FROM breakers b
+      LEFT JOIN task_runs t ON t.id = b.probe_task_id
+     WHERE b.state = 'half_open'
+       FOR UPDATE OF b SKIP LOCKED
+), settled AS (
+    UPDATE breakers b
+       SET state = CASE WHEN p.ok THEN 'closed' ELSE 'open' END, previous_state = 'half_open',
+           failures = CASE WHEN p.ok THEN '{}' ELSE b.failures END, probe_task_id = NULL,
+           updated_at = now()
+      FROM probed p
+     WHERE b.handler = p.handler AND NOT p.alive
+    RETURNING b.handler, b.state
+)
+INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
+SELECT handler, 'half_open', state,
+       CASE WHEN state = 'closed' THEN 'probe_succeeded' ELSE 'probe_lost' END
+  FROM settled
+RETURNING handler;
+
+-- name: gate_work
+-- What the gate pass has to do, in one round trip: a breaker not closed (settle or probe it),
+-- a parked task (unpark it), a transition not logged (log it). All false on a system where
+-- nothing is held: the pass then costs the scheduler this statement only.
+SELECT EXISTS (SELECT 1 FROM breakers WHERE state <> 'closed') AS breakers,
+       EXISTS (SELECT 1 FROM task_runs WHERE parked_on IS NOT NULL AND state = 'RETRYING')
+           AS parked,
+       EXISTS (SELECT 1 FROM breaker_transitions WHERE NOT logged) AS unlogged;
+
+-- name: probe_breakers
+-- open → half-open for each breaker whose cooldown is over (not one an operator holds open):
+-- its oldest parked task whose queue and handler are not paused becomes its probe — unparked
+-- (a retry time of now: promote_ready or the admission pass dispatches it) and marked, and the
+-- breaker lets that task alone through the claim's gate. The breaker row is locked (two
+-- schedulers: one takes the probe slot, the other skips it) and the task too (SKIP LOCKED). A
+-- breaker with no parked task stays open until one is parked.
+WITH due AS (
+    SELECT b.handler
+      FROM breakers b
+     WHERE b.state = 'open' AND NOT b.held
+       AND b.opened_at + make_interval(secs => b.cooldown_s) <= now()
+     ORDER BY b.handler
+     LIMIT %(limit)s
+       FOR UPDATE OF b SKIP LOCKED
+), chosen AS (
+    SELECT d.handler, p.id, p.attempt
+      FROM due d
+     CROSS JOIN LATERAL (
+           SELECT t.id, t.attempt
+             FROM task_runs t
+            WHERE t.handler = d.handler AND t.parked_on IS NOT NULL AND t.state = 'RETRYING'
+              AND NOT EXISTS (SELECT 1 FROM pauses q
+                               WHERE (q.scope = 'handler' AND q.name = t.handler)
+                                  OR (q.scope = 'queue' AND q.name = t.queue))
+            ORDER BY t.seq
+            LIMIT 1
+              FOR UPDATE OF t SKIP LOCKED) AS p
+), probing AS (
+    UPDATE breakers b
+       SET state = 'half_open', previous_state = 'open', probe_task_id = c.id,
+           probe_attempt = c.attempt, updated_at = now()
+      FROM chosen c
+     WHERE b.handler = c.handler
+    RETURNING b.handler, c.id, c.attempt
+), unparked AS (
+    UPDATE task_runs t
+       SET parked_on = NULL, retry_at = now(), updated_at = now()
+      FROM probing p
+     WHERE t.id = p.id
+)
+INSERT INTO breaker_transitions (handler, from_state, to_state, cause, probe_task_id,
+                                 probe_attempt)
+SELECT handler, 'open', 'half_open', 'cooldown', id, attempt FROM probing
+RETURNING handler;
+
+-- name: unpark_tasks
+-- Parked tasks that nothing holds any more (no pause of their queue or handler, their
+-- handler's breaker closed) get a retry time of now, oldest first: promote_ready (or the
+-- admission pass, for a task with a concurrency key) dispatches them in this same pass. No
+-- attempt was used by the parking, none is used by this.
+UPDATE task_runs t
+   SET parked_on = NULL, retry_at = now(), updated_at = now()
+ WHERE t.id IN (
+       SELECT p.id
+         FROM task_runs p
+        WHERE p.parked_on IS NOT NULL AND p.state = 'RETRYING'
+          AND flowforge_gate(p.handler, p.queue, p.id) IS NULL
+        ORDER BY p.seq
+        LIMIT %(limit)s
+          FOR UPDATE OF p SKIP LOCKED)
+RETURNING t.id;
+
+-- name: log_transitions
+-- Breaker transitions not logged yet, marked logged by the scheduler that will log them: each
+-- is logged once, by one scheduler, whichever tree made it.
+UPDATE breaker_transitions x
+   SET logged = true
+ WHERE x.id IN (SELECT id FROM breaker_transitions
+                 WHERE NOT logged ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING x.id, x.handler, x.from_state, x.to_state, x.cause, x.at;
+
+-- name: known_handler
+-- Whether a handler is one FlowForge has seen: named by a task of a registered workflow
+-- version, or with a breaker row already.
+SELECT EXISTS (SELECT 1 FROM breakers WHERE handler = %(handler)s)
+    OR EXISTS (SELECT 1 FROM workflow_definitions d,
+                      jsonb_array_elements(d.definition -> 'tasks') AS t(task)
+                WHERE t.task ->> 'handler' = %(handler)s) AS known;
+
+-- name: open_breaker
+-- An operator opens a handler's breaker and holds it open: no probe runs until an operator
+-- closes it. Refused (no row) when it is held open already. Its transition (if the state
+-- changes) and the audit row are written in the same statement.
+WITH opened AS (
+    INSERT INTO breakers AS b (handler, state, previous_state, held, opened_at)
+    VALUES (%(handler)s, 'open', 'closed', true, now())
+    ON CONFLICT (handler) DO UPDATE
+       SET state = 'open', previous_state = b.state, held = true, opened_at = now(),
+           probe_task_id = NULL, updated_at = now()
+     WHERE NOT (b.state = 'open' AND b.held)
+    RETURNING b.previous_state
+), transitioned AS (
+    INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
+    SELECT %(handler)s, previous_state, 'open', 'operator' FROM opened
+     WHERE previous_state <> 'open'
+), audited AS (
+    INSERT INTO gate_audit (action, scope, name, requested_by, reason, previous_state, new_state)
+    SELECT 'breaker_open', 'handler', %(handler)s, %(by)s, %(reason)s, previous_state, 'open'
+      FROM opened
+)
+SELECT previous_state FROM opened;
+
+-- name: close_breaker
+-- An operator closes a handler's breaker (open, held open, or half-open): its failures are
+-- forgotten and the scheduler, notified, unparks its tasks. Refused (no row) when it is closed.
+WITH closed AS (
+    UPDATE breakers b
+       SET state = 'closed', previous_state = b.state, held = false, failures = '{}',
+           probe_task_id = NULL, updated_at = now()
+     WHERE b.handler = %(handler)s AND b.state <> 'closed'
+    RETURNING b.previous_state
+), transitioned AS (
+    INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
+    SELECT %(handler)s, previous_state, 'closed', 'operator' FROM closed
+), audited AS (
+    INSERT INTO gate_audit (action, scope, name, requested_by, reason, previous_state, new_state)
+    SELECT 'breaker_close', 'handler', %(handler)s, %(by)s, %(reason)s, previous_state, 'closed'
+      FROM closed
+)
+SELECT previous_state, pg_notify('flowforge_scheduler', '')::text AS notified FROM closed;
+
+-- name: list_breakers
+-- Every breaker row (one per handler that failed under a breaker or that an operator opened),
+-- with its recent failures, what is left of its cooldown, its parked tasks and transitions.
+SELECT b.handler, b.state, b.held, b.failure_limit, b.window_s, b.cooldown_s,
+       b.opened_at, b.probe_task_id, b.updated_at,
+       cardinality(breaker_recent(b.failures, coalesce(b.window_s, 0), 1000000))
+           AS recent_failures,
+       CASE WHEN b.state = 'open' AND NOT b.held
+            THEN greatest(0, extract(epoch FROM b.opened_at
+                                     + make_interval(secs => b.cooldown_s) - now()))::float8
+       END AS probe_due_in_s,
+       (SELECT count(*) FROM task_runs t
+         WHERE t.handler = b.handler AND t.parked_on = 'circuit_open'
+           AND t.state = 'RETRYING') AS parked,
+       (SELECT count(*) FROM breaker_transitions x WHERE x.handler = b.handler) AS transitions
+  FROM breakers b
+ WHERE %(handler)s::text IS NULL OR b.handler = %(handler)s
+ ORDER BY b.handler;
+
+-- name: pause
+-- Pause a queue or a handler: claims of its tasks park them from now on. Refused (no row) when
+-- it is paused already. Audited in the same statement.
+WITH paused AS (
+    INSERT INTO pauses (scope, name, paused_by, reason)
+    VALUES (%(scope)s, %(name)s, %(by)s, %(reason)s)
+    ON CONFLICT (scope, name) DO NOTHING
+    RETURNING scope
+), audited AS (
+    INSERT INTO gate_audit (action, scope, name, requested_by, reason, previous_state, new_state)
+    SELECT 'pause', %(scope)s, %(name)s, %(by)s, %(reason)s, 'running', 'paused' FROM paused
+)
+SELECT scope FROM paused;
+
+-- name: resume
+-- Resume a paused queue or handler; the scheduler, notified, unparks its tasks (those no
+-- other pause or breaker holds). Refused (no row) when it is not paused. Audited.
+WITH resumed AS (
+    DELETE FROM pauses WHERE scope = %(scope)s AND name = %(name)s
+    RETURNING scope
+), audited AS (
+    INSERT INTO gate_audit (action, scope, name, requested_by, reason, previous_state, new_state)
+    SELECT 'resume', %(scope)s, %(name)s, %(by)s, %(reason)s, 'paused', 'running' FROM resumed
+)
+SELECT scope, pg_notify('flowforge_scheduler', '')::text AS notified FROM resumed;
+
+-- name: list_pauses
+-- Every paused queue and handler, with the tasks parked as paused under it now.
+SELECT p.scope, p.name, p.paused_by, p.reason, p.paused_at,
+       (SELECT count(*) FROM task_runs t
+         WHERE t.parked_on = 'paused' AND t.state = 'RETRYING'
+           AND ((p.scope = 'handler' AND t.handler = p.name)
+                OR (p.scope = 'queue' AND t.queue = p.name))) AS parked
+  FROM pauses p
+ ORDER BY p.scope, p.name;
+
+-- name: breaker_gauges
+-- /metrics: each breaker's state and its transitions by target state (a counter kept by the
+-- database: every tree's transitions, however many apis scrape).
+SELECT b.handler, b.state,
+       (SELECT count(*) FROM breaker_transitions x
+         WHERE x.handler = b.handler AND x.to_state = 'open') AS opened,
+       (SELECT count(*) FROM breaker_transitions x
+         WHERE x.handler = b.handler AND x.to_state = 'half_open') AS half_opened,
+       (SELECT count(*) FROM breaker_transitions x
+         WHERE x.handler = b.handler AND x.to_state = 'closed') AS closed
+  FROM breakers b
+ ORDER BY b.handler;
+
+-- name: parked_counts
+-- /metrics: tasks parked now, by why.
+SELECT parked_on AS reason, count(*) AS n
+  FROM task_runs
+ WHERE parked_on IS NOT NULL AND state = 'RETRYING'
+ GROUP BY parked_on;

@@ -467,6 +467,9 @@ def task_columns(
         "rate_limits": [t.rate_limit for t in tasks],
         "rate_pers": [t.rate_per_s for t in tasks],
         "admitted": list(admitted) if admitted is not None else [False] * len(tasks),
+        "breaker_failures": [t.breaker_failures for t in tasks],
+        "breaker_windows": [t.breaker_window_s for t in tasks],
+        "breaker_cooldowns": [t.breaker_cooldown_s for t in tasks],
     }
 
 

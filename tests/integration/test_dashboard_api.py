@@ -118,6 +118,7 @@ PAGES = {
     ],
     "/ui/dead": ["apply-filters", "requeue-all", "dry-run-count", "confirm-requeue-all"],
     "/ui/processes": ["processes-table"],
+    "/ui/flow": ["breakers-table", "pauses-table", "open-breaker-form", "pause-form"],
 }
 COMMON_TESTIDS = [
     "nav-overview",
@@ -125,6 +126,7 @@ COMMON_TESTIDS = [
     "nav-schedules",
     "nav-dead",
     "nav-processes",
+    "nav-flow",
     "token",
     "save-token",
     "flash",

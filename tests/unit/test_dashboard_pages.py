@@ -23,6 +23,7 @@ NAV_TESTIDS = {
     "schedules": "nav-schedules",
     "dead": "nav-dead",
     "processes": "nav-processes",
+    "flow": "nav-flow",
 }
 IMPORT = re.compile(r"import\s*\{([^}]*)\}\s*from\s*\"\./([\w.-]+)\"", re.S)
 EXPORT = re.compile(r"export\s+(?:async\s+)?(?:function|const|class|let)\s+([\w$]+)")

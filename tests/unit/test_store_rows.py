@@ -108,6 +108,7 @@ def test_the_parts_share_no_name() -> None:
         "Children",
         "Control",
         "Limits",
+        "Gates",
     }
     owners: dict[str, list[str]] = {}
     for part in parts:
