@@ -189,7 +189,7 @@ def test_the_gate_is_at_the_claim_and_only_there() -> None:
     uses = {name for name, sql in named.items() if b"flowforge_gate(" in sql}
     assert uses == {"claim", "park", "unpark_tasks"}
     assert b"(SELECT flowforge_gates_closed())" in named["claim"]  # once per statement
-    for name in ("promote_ready", "insert_tasks", "admit_concurrency", "retry_task_now"):
+    for name in ("promote_ready", "insert_tasks", "admit_gated", "retry_task_now"):
         assert b"breakers" not in named[name] and b"pauses" not in named[name], name
 
 

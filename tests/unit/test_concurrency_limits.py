@@ -163,10 +163,11 @@ def test_why_a_task_holds_or_waits_for_a_slot() -> None:
 
 
 def test_waiting_on_names_only_the_spec_values() -> None:
-    fragment = SQL.split("-- fragment: waiting_on(task)")[1]
-    assert set(re.findall(r"THEN '([a-z_]+)'", fragment)) == {
+    fragment = SQL.split("-- fragment: waiting_on(task)")[1].split("\n-- name:")[0]
+    assert set(re.findall(r"(?:THEN|ELSE) '([a-z_]+)'", fragment)) == {
         "start_at",
         "timer",
         "event",
         "concurrency",
-    }
+        "rate_limit",
+    }  # and a parked task's parked_on: circuit_open or paused (tests/unit/test_breakers.py)
