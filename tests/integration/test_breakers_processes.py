@@ -122,6 +122,20 @@ def test_the_breaker_opens_holds_probes_and_closes_and_every_task_succeeds(
     # once the opening was visible no call but a probe's was made: every other call was
     # claimed before the first probe was even chosen
     assert all(started < first_probe[0] for (started,) in others)
+    # each transition (a database row) is logged once, by the tree's scheduler
+    rows = sql.execute(
+        "SELECT from_state, to_state, cause FROM breaker_transitions ORDER BY id"
+    ).fetchall()
+
+    def logged() -> bool:
+        log = trees[0].log()
+        return all(
+            log.count(f"circuit breaker of handler e2e.dependency: {a} -> {b} ({c})")
+            == rows.count((a, b, c))
+            for a, b, c in rows
+        )
+
+    wait_for(logged, 30.0, 0.1, "one log line per transition")
     # no parked task used an attempt: every second attempt is a failed call's retry
     calls = count(sql, "SELECT count(*) FROM test_executions")
     attempts = count(sql, "SELECT count(*) FROM task_attempts")

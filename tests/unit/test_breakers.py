@@ -19,6 +19,7 @@ from flowforge.domain.breakers import (
     MAX_BREAKER_SPAN_S,
     CircuitBreaker,
     PauseScope,
+    Waiting,
     check_handler_name,
     check_pause_target,
 )
@@ -196,3 +197,6 @@ def test_the_gate_is_at_the_claim_and_only_there() -> None:
 def test_waiting_on_names_a_parked_task_before_concurrency() -> None:
     fragment = SQL[SQL.index("-- fragment: waiting_on") :]
     assert fragment.index("parked_on") < fragment.index("'concurrency'")
+    migration = (Path(queries.__file__).parent / "migrations" / "0018_breakers.sql").read_text()
+    assert "parked_on IN ('circuit_open', 'paused')" in migration
+    assert {str(w) for w in Waiting} == {"circuit_open", "paused"}
