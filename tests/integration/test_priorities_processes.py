@@ -41,6 +41,14 @@ def started(sql: Sql, runs: list[UUID]) -> int:
     return int(row[0])
 
 
+def succeeded(sql: Sql, runs: list[UUID]) -> int:
+    row = sql.execute(
+        "SELECT count(*) FROM task_runs WHERE run_id = ANY(%s) AND state = 'SUCCEEDED'", (runs,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_priority_9_tasks_overtake_a_backlog_on_a_real_tree(
     stack: Stack, sql: Sql, tmp_path: Path, trees: list[Tree]
 ) -> None:
@@ -54,7 +62,8 @@ def test_priority_9_tasks_overtake_a_backlog_on_a_real_tree(
         ahead_at_trigger = started(sql, backlog)
         urgent = [r.run_id for r in client.trigger_many("work", [{}] * URGENT, priority=9)]
     waiting = BACKLOG - ahead_at_trigger
-    wait_for(lambda: started(sql, backlog + urgent) == BACKLOG + URGENT, DONE_S, 0.2, "every run")
+    # every task finished (not only started: its execution row is written by the handler)
+    wait_for(lambda: succeeded(sql, backlog + urgent) == BACKLOG + URGENT, DONE_S, 0.2, "every run")
     ahead = sql.execute(
         "SELECT (SELECT count(*) FROM task_attempts b JOIN task_runs bt ON bt.id = b.task_run_id"
         "         WHERE bt.run_id = ANY(%(backlog)s) AND b.started_at < a.started_at)"
