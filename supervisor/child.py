@@ -70,6 +70,27 @@ def release_free_memory() -> None:
         trim(0)
 
 
+#: glibc's ``mallopt`` parameter for the size from which a block gets its own mapping.
+M_MMAP_THRESHOLD = -3
+#: That size, fixed at glibc's own starting value (bytes).
+MMAP_THRESHOLD = 128 * 1024
+
+
+def fix_mmap_threshold() -> None:
+    """Keep every block of ``MMAP_THRESHOLD`` or more in a mapping of its own, returned to the
+    system when freed (a no-op where the C library has no ``mallopt``).
+
+    glibc raises that threshold each time such a block is freed (up to 32 MiB), and with it the
+    heap's trim threshold; from then on large blocks — a fan-in's upstream results, a map's
+    items, a big batch of rows — are carved from the heap, and their pages stay resident after
+    they are freed. Fixing the threshold turns that off. Called before the first fork, it holds
+    in every child: 2.9 MiB less for a tree of four workers after the bench's workloads
+    (docs/performance.md, "Memory")."""
+    mallopt = _libc("mallopt")
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
 def set_child_subreaper() -> None:
     """Orphaned grandchildren get reparented to this process (so it can reap them)."""
     prctl = _libc("prctl")

@@ -19,7 +19,13 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from supervisor import notify as sd
-from supervisor.child import ChildContext, release_free_memory, set_child_subreaper, spawn
+from supervisor.child import (
+    ChildContext,
+    fix_mmap_threshold,
+    release_free_memory,
+    set_child_subreaper,
+    spawn,
+)
 from supervisor.selfpipe import SignalPipe, signal_pipe
 
 
@@ -95,6 +101,7 @@ class RealOs:
         with signal_pipe(handled) as pipe:
             self._signals = pipe
             self._handled = handled
+            fix_mmap_threshold()  # before the first fork: every child inherits it
             release_free_memory()  # before the first fork: every child inherits what stays
             try:
                 yield

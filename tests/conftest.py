@@ -6,7 +6,18 @@ migrated once; each test starts from empty tables. With ``CI=true`` a missing se
 the test instead of skipping it.
 """
 
+# ruff: noqa: E402  (bytecode is switched on before anything else is imported)
 from __future__ import annotations
+
+import sys
+
+# This machine sets PYTHONDONTWRITEBYTECODE: without a cache pytest parses, rewrites and compiles
+# the asserts of every test module anew in every run and in each xdist worker (two thirds of the
+# fast loop's collection: docs/development.md, "The fast loop"), and every role process and CLI
+# the tests start compiles FlowForge from source. Written here, the caches (__pycache__,
+# git-ignored; pytest's own are tagged `-pytest-X.Y`) are checked against their sources' mtime
+# and size on every import, as always.
+sys.dont_write_bytecode = False
 
 import logging
 import os
