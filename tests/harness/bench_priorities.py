@@ -68,6 +68,26 @@ def _published_ms(conn: psycopg.Connection[Any], run_ids: list[Any]) -> list[flo
     return sorted(float(r[0]) for r in rows if r[0] is not None)
 
 
+def _outbox_pending(conn: psycopg.Connection[Any]) -> int:
+    """Outbox rows not yet published: a sample triggered while many wait meets a publisher
+    busy with its sweep."""
+    row = conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _drain_rate(conn: psycopg.Connection[Any]) -> float:
+    """The backlog's outbox rows published per second, first to last (the publisher's pace
+    while it had a backlog: every row was pending when the first went out)."""
+    row = conn.execute(
+        "SELECT count(*), extract(epoch FROM max(o.published_at) - min(o.published_at))"
+        " FROM outbox o JOIN task_runs t ON t.id = o.task_run_id"
+        " JOIN workflow_runs r ON r.id = t.run_id WHERE r.workflow = 'backlog'"
+    ).fetchone()
+    if row is None or not row[1]:
+        return 0.0
+    return float(row[0]) / float(row[1])
+
+
 def _waiting(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute(
         "SELECT count(*) FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
@@ -87,10 +107,11 @@ def measure(
     """One repetition: ``samples`` priority-9 latencies on an empty queue, then as many behind
     the backlog; records both medians and their ratio."""
     urgent = _one("urgent")
-    empty = [
-        _started_ms(conn, repo.trigger(urgent, {"i": i}, priority=9).run_id, timeout_s)
-        for i in range(samples)
-    ]
+    empty_runs = [repo.trigger(urgent, {"i": 0}, priority=9).run_id]
+    empty = [_started_ms(conn, empty_runs[0], timeout_s)]
+    for i in range(1, samples):
+        empty_runs.append(repo.trigger(urgent, {"i": i}, priority=9).run_id)
+        empty.append(_started_ms(conn, empty_runs[-1], timeout_s))
     for offset in range(0, backlog, TRIGGER_BATCH):
         count = min(backlog, offset + TRIGGER_BATCH) - offset
         repo.trigger_many(_one("backlog"), [{"i": offset + i} for i in range(count)])
@@ -99,10 +120,15 @@ def measure(
         if time.monotonic() > deadline:
             raise RuntimeError("the tree did not start on the backlog")
         time.sleep(POLL_S)
-    runs = [repo.trigger(urgent, {"b": i}, priority=9).run_id for i in range(1)]
-    behind = [_started_ms(conn, runs[0], timeout_s)]
-    for i in range(1, samples):
+    runs: list[Any] = []
+    behind: list[float] = []
+    pending: list[int] = []
+    calls: list[float] = []  # the trigger's own call, client clock: its commit is in it
+    for i in range(samples):
+        pending.append(_outbox_pending(conn))
+        called = time.perf_counter()
         runs.append(repo.trigger(urgent, {"b": i}, priority=9).run_id)
+        calls.append((time.perf_counter() - called) * 1000)
         behind.append(_started_ms(conn, runs[-1], timeout_s))
     left = _waiting(conn)
     record("priority 9 dispatch, empty queue", "ms", statistics.median(empty), n=samples)
@@ -116,10 +142,18 @@ def measure(
     )
     published = _published_ms(conn, runs)
     record(f"  of which created → published behind {backlog}", "ms", statistics.median(published))
+    record(
+        "  of which created → published, empty queue",
+        "ms",
+        statistics.median(_published_ms(conn, empty_runs)),
+    )
+    record("  outbox rows pending at each sample", "rows", max(pending), all=pending)
+    record(f"  trigger call behind {backlog}", "ms", statistics.median(calls))
     record("priority 9 behind/empty", "x", statistics.median(behind) / statistics.median(empty))
     record(f"backlog left after the samples (of {backlog})", "tasks", float(left))
     # the backlog drains before the next workload
     _wait_drained(conn, timeout_s)
+    record("  publisher pace on the backlog's outbox rows", "rows/s", _drain_rate(conn))
 
 
 def _wait_drained(conn: psycopg.Connection[Any], timeout_s: float) -> None:
