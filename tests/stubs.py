@@ -109,6 +109,16 @@ class StubBroker:
             self.on_idle()
         return taken
 
+    def take_above(self, band: int, limit: int) -> list[Delivery]:
+        self.pump(0.0)
+        taken: list[Delivery] = []
+        for buffer in reversed(self._buffers[band + 1 :]):
+            while buffer and len(taken) < limit:
+                taken.append(buffer.popleft())
+        if taken:
+            self.events.append(("take_above", (band, [d.tag for d in taken])))
+        return taken
+
     def pump(self, time_limit_s: float = 0.0) -> None:
         self._require()
         for index, queue in enumerate(self.bands):

@@ -9,11 +9,13 @@ this worker's buffer and the next take returns it first (docs/flow-control.md "P
 The worker owns the connection's thread: it calls :meth:`Consumer.take` to wait for a batch of
 up to ``limit`` deliveries, highest band first (each band's prefetch is that limit, so the
 broker pushes no more of a band until its part of the batch is acked), :meth:`Consumer.ack`
-once the batch is done (per band: the deliveries of a band are taken in order), and
-:meth:`Consumer.pump` while a handler runs in another thread, so heartbeats keep flowing however
-long the handler takes. A worker held up by a slow handler calls :meth:`Consumer.hand_back`
-*before* acking: the consumer is cancelled and anything it holds unclaimed goes back to the
-queue, so a busy (or frozen) worker never sits on messages other workers could run.
+once the batch is done (per band: the deliveries of a band are taken in order),
+:meth:`Consumer.take_above` between two tasks of a batch (a higher band's delivery that came in
+meanwhile runs before the rest of it), and :meth:`Consumer.pump` while a handler runs in
+another thread, so heartbeats keep flowing however long the handler takes. A worker held up by
+a slow handler calls :meth:`Consumer.hand_back` *before* acking: the consumer is cancelled and
+anything it holds unclaimed goes back to the queue, so a busy (or frozen) worker never sits on
+messages other workers could run.
 
 RabbitMQ cancels a consumer by itself when its queue is deleted or becomes unavailable, and
 says so with a ``basic.cancel``. The consumer then subscribes again on the next
@@ -66,6 +68,8 @@ class Deliveries(Protocol):
     def connect(self) -> None: ...
 
     def take(self, limit: int, timeout_s: float) -> list[Delivery]: ...
+
+    def take_above(self, band: int, limit: int) -> list[Delivery]: ...
 
     def ack(self, deliveries: Sequence[Delivery]) -> None: ...
 
@@ -170,6 +174,18 @@ class Consumer:
         self.pump(0.0 if any(self._buffers) else timeout_s)
         taken: list[Delivery] = []
         for buffer in reversed(self._buffers):  # the highest band first
+            while buffer and len(taken) < limit:
+                taken.append(buffer.popleft())
+        return taken
+
+    def take_above(self, band: int, limit: int) -> list[Delivery]:
+        """Up to ``limit`` deliveries of the bands above ``band`` (an index in ``BANDS``),
+        highest first, without waiting: the connection is read once, so one pushed while a
+        batch runs is seen. A batch that takes them acks them with its own (see :meth:`ack`:
+        still exact, as each band's deliveries are taken in the order they came)."""
+        self.pump(0.0)
+        taken: list[Delivery] = []
+        for buffer in reversed(self._buffers[band + 1 :]):
             while buffer and len(taken) < limit:
                 taken.append(buffer.popleft())
         return taken

@@ -123,8 +123,19 @@ class ConfirmingPublisher:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self, batch: Sequence[Dispatch], timeout_s: float = CONFIRM_TIMEOUT_S) -> set[int]:
+    def publish(
+        self,
+        batch: Sequence[Dispatch],
+        timeout_s: float = CONFIRM_TIMEOUT_S,
+        more: Callable[[], Sequence[Dispatch]] | None = None,
+        wake_fd: int | None = None,
+    ) -> set[int]:
         """Publish ``batch``; return the outbox ids the broker confirmed (acked, not returned).
+
+        With ``more`` and ``wake_fd`` (the priority lane): whenever ``wake_fd`` turns readable
+        while the confirms are awaited, ``more()`` is called (it must make ``wake_fd`` quiet
+        again) and what it returns is published in the same window, its confirms awaited and
+        counted in.
 
         Raises :class:`BrokerUnavailableError` if the connection fails, the confirms do not
         all arrive within ``timeout_s``, or the broker nacked every message of
@@ -144,10 +155,34 @@ class ConfirmingPublisher:
         self._confirmed.clear()
         self._returned.clear()
         self._nacked = 0
+        sent = self._send(batch)
+        deadline = time.monotonic() + timeout_s
+        while self._await_confirms(deadline, wake_fd if more is not None else None):
+            assert more is not None
+            sent += self._send(more())
+        if self._pending:
+            raise BrokerUnavailableError(
+                f"{len(self._pending)} publisher confirm(s) not received within {timeout_s}s"
+            )
+        if self._returned:
+            logger.warning(
+                "%d message(s) returned as unroutable; their outbox rows stay pending",
+                len(self._returned),
+                extra={"action": "publish_returned"},
+            )
+        self._judge_nacks(sent)
+        return self._confirmed - self._returned
+
+    def _send(self, batch: Sequence[Dispatch]) -> int:
+        """Publish each of ``batch`` to its band (declared first if need be); how many went."""
+        if not batch:
+            return 0
         default = self._config.queue
         targets = [(d, band_queue(d.queue or default, band(d.priority))) for d in batch]
         self._declare_all({(d.queue or default, target) for d, target in targets})
         targets = [(d, target) for d, target in targets if target in self._declared]
+        if self._channel is None:
+            raise BrokerUnavailableError("publisher is not connected")
         try:
             for dispatch, target in targets:
                 self._channel.basic_publish(
@@ -165,18 +200,18 @@ class ConfirmingPublisher:
                 self._pending[self._next_tag] = dispatch.outbox_id
         except pika.exceptions.AMQPError as exc:
             raise BrokerUnavailableError(f"publish failed: {exc!r}") from exc
-        if not self._run_until(lambda: not self._pending, timeout_s):
-            raise BrokerUnavailableError(
-                f"{len(self._pending)} publisher confirm(s) not received within {timeout_s}s"
-            )
-        if self._returned:
-            logger.warning(
-                "%d message(s) returned as unroutable; their outbox rows stay pending",
-                len(self._returned),
-                extra={"action": "publish_returned"},
-            )
-        self._judge_nacks(len(targets))
-        return self._confirmed - self._returned
+        return len(targets)
+
+    def _await_confirms(self, deadline: float, wake_fd: int | None) -> bool:
+        """Run the I/O loop until every confirm is in or ``deadline``; True if ``wake_fd``
+        turned readable first (confirms still pending)."""
+        if wake_fd is None:
+            self._run_until(lambda: not self._pending, max(deadline - time.monotonic(), 0.0))
+            return False
+        woken = self._wait_readable(
+            wake_fd, max(deadline - time.monotonic(), 0.0), lambda: not self._pending
+        )
+        return woken and bool(self._pending)
 
     def refused(self) -> list[str]:
         """The task queues the broker refused within :data:`REFUSED_RETRY_S`: their rows
@@ -223,6 +258,14 @@ class ConfirmingPublisher:
 
     def idle(self, timeout_s: float, wake_fd: int | None = None) -> None:
         """Run the I/O loop (heartbeats) for ``timeout_s`` or until ``wake_fd`` is readable."""
+        if wake_fd is None:
+            self._run_until(lambda: False, timeout_s, timeout_is_failure=False)
+        else:
+            self._wait_readable(wake_fd, timeout_s, lambda: False)
+
+    def _wait_readable(self, fd: int, timeout_s: float, done: Callable[[], bool]) -> bool:
+        """Run the I/O loop until ``done()``, ``fd`` is readable or ``timeout_s``; True if
+        ``fd`` turned readable."""
         if self._conn is None:
             raise BrokerUnavailableError("publisher is not connected")
         woken = [False]
@@ -232,13 +275,13 @@ class ConfirmingPublisher:
             woken[0] = True
             ioloop.stop()
 
-        if wake_fd is not None:
-            ioloop.add_handler(wake_fd, wake, IOLoop.READ)
+        ioloop.add_handler(fd, wake, IOLoop.READ)
         try:
-            self._run_until(lambda: woken[0], timeout_s, timeout_is_failure=False)
+            self._run_until(lambda: woken[0] or done(), timeout_s, timeout_is_failure=False)
         finally:
-            if wake_fd is not None and self._conn is not None:
-                self._conn.ioloop.remove_handler(wake_fd)
+            if self._conn is not None:
+                self._conn.ioloop.remove_handler(fd)
+        return woken[0]
 
     # ------------------------------------------------------------------ the I/O loop
 

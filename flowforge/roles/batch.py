@@ -8,6 +8,11 @@ the outcomes already known and hands back the claims queued behind it; once ever
 kept has ended, it acks (if not done yet) and commits the rest in one statement, which may claim
 the dependents it releases for this worker (:attr:`Batch.claimed`; the others are in
 :attr:`Batch.ready`).
+
+Between two tasks (and after the last), while no handler was slow, the batch asks whether a
+delivery of a higher priority band than its own came in meanwhile; if so it is claimed and runs
+next, ahead of the batch's tasks not started yet, and is finished with the batch
+(docs/flow-control.md "Priorities": no task is stopped for it, and none is released).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from flowforge.broker.consume import Delivery
 from flowforge.domain.model import Claim, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
+from flowforge.errors import FlowForgeError
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import HandlerThread, Job, classify
 from flowforge.roles.hooks import WORKER_LOGGER, Hooks
@@ -33,6 +39,9 @@ from flowforge.roles.ledger import Ledger, Then
 logger = logging.getLogger(WORKER_LOGGER)
 
 Handlers = Mapping[str, Callable[[TaskContext], Any]]
+#: Given the band a delivery must be above and the batch's size: claims of such deliveries
+#: waiting here (claimed now), and the deliveries (to ack with the batch).
+Overtake = Callable[[int, int], tuple[list[Claim], list[Delivery]]]
 
 
 @dataclass(frozen=True)
@@ -77,14 +86,49 @@ class Batch:
         self.claimed: list[Claim] = []
         self.ready: list[tuple[UUID, int]] = []
         self.abandoned = False  # a hook gave up a running handler: the worker must go
+        self._failure: FlowForgeError | None = None  # an overtaking claim failed: raised last
+        # the lowest band the batch's deliveries came on (claims without any: band 0), which
+        # a delivery must be above to overtake the rest of the batch
+        self._floor = min((d.band for d in ack), default=0)
         self._withdrawn: set[int] = set()  # id() of the jobs handed back before they started
 
-    def run(self, then: Then) -> bool:
-        """Run, ack and finish the batch; True if a handler was slow (the rest handed back)."""
+    def run(self, then: Then, overtake: Overtake | None = None) -> bool:
+        """Run, ack and finish the batch; True if a handler was slow (the rest handed back).
+
+        ``overtake``: asked between two tasks (and after the last) for claims of deliveries of
+        a band above the batch's that came in meanwhile; they run next (see :meth:`_overtake`).
+        """
+        tasks = self._prepare(self._claims)
+        self._crew.executor.submit([t.job for t in tasks])
+        slow = False
+        index = 0
+        while index < len(tasks):
+            task = tasks[index]
+            index += 1
+            if id(task.job) in self._withdrawn:
+                continue  # handed back behind a slow handler
+            # A job behind a slow one that the handler thread started before the hand-back
+            # withdrew the rest could not be handed back: it is waited for like any other.
+            if not self._wait(task, tasks[index:]):
+                slow = True
+                if self.abandoned:
+                    break  # the handler thread is stuck in it: nothing behind it can start
+            elif overtake is not None and not slow and self._failure is None:
+                self._overtake(overtake, tasks, index)
+        self._ack()
+        self._flush(then if not slow else None)
+        self._check_released(tasks)
+        if self._failure is not None:
+            raise self._failure
+        return slow
+
+    def _prepare(self, claims: Sequence[Claim]) -> list[_Task]:
+        """The handler calls of ``claims``, their leases held; a claim without a handler here
+        is recorded as failed at once."""
         crew = self._crew
-        crew.hooks.after_claim(self._claims)
+        crew.hooks.after_claim(claims)
         tasks: list[_Task] = []
-        for claim in self._claims:
+        for claim in claims:
             handler = self._handlers.get(claim.handler)
             if handler is None:
                 error = f"no handler is registered as {claim.handler!r} in this worker"
@@ -105,21 +149,38 @@ class Batch:
                 )
                 tasks.append(_Task(claim, Job(handler, ctx)))
         crew.leases.hold([(t.claim, t.job.ctx) for t in tasks])
-        crew.executor.submit([t.job for t in tasks])
-        slow = False
-        for index, task in enumerate(tasks):
-            if id(task.job) in self._withdrawn:
-                continue  # handed back behind a slow handler
-            # A job behind a slow one that the handler thread started before the hand-back
-            # withdrew the rest could not be handed back: it is waited for like any other.
-            if not self._wait(task, tasks[index + 1 :]):
-                slow = True
-                if self.abandoned:
-                    break  # the handler thread is stuck in it: nothing behind it can start
-        self._ack()
-        self._flush(then if not slow else None)
-        self._check_released(tasks)
-        return slow
+        return tasks
+
+    def _overtake(self, overtake: Overtake, tasks: list[_Task], index: int) -> None:
+        """Claim what a band above the batch's delivered while it ran, and run it next: the
+        jobs not started yet are taken back and submitted again behind it (their claims stay
+        held, their leases renewing). Its deliveries join the batch's ack: still exact per
+        band, as a band's deliveries are taken in the order they came. Should the claim fail
+        (an outage), the batch still finishes what it ran, then raises it (the role
+        reconnects; the broker requeues the deliveries taken, which are never acked)."""
+        try:
+            claims, taken = overtake(self._floor, len(tasks))
+        except FlowForgeError as exc:
+            self._failure = exc
+            return
+        if not taken:
+            return
+        self._pending_ack = [*self._pending_ack, *taken]
+        ahead = self._prepare(claims)
+        if not ahead:
+            return
+        waiting = {id(job) for job in self._crew.executor.withdraw()}
+        # the jobs the handler thread started already stay ahead: the list is the run order
+        while index < len(tasks) and id(tasks[index].job) not in waiting:
+            index += 1
+        tasks[index:index] = ahead
+        self._crew.executor.submit([t.job for t in tasks[index:]])
+        logger.debug(
+            "%d task(s) of a higher priority band run before %d of this batch",
+            len(ahead),
+            len(waiting),
+            extra={"action": "overtaken"},
+        )
 
     def _check_released(self, tasks: Sequence[_Task]) -> None:
         """Every claim of the batch is finished or handed back by now, so no lease of it may

@@ -60,17 +60,21 @@ class Intake:
         it is acked with its batch."""
         deliveries = self._broker.take(limit, timeout_s)
         self._took_at = time.monotonic()
-        wanted: list[tuple[UUID, int]] = []
-        for delivery in deliveries:
-            try:
-                message = decode(delivery.body)
-            except MessageError as exc:
-                logger.error(
-                    "dropping an undecodable message: %s", exc, extra={"action": "bad_message"}
-                )
-                continue
-            wanted.append((message.task_run_id, message.token))
-        return wanted, deliveries
+        return _named(deliveries), deliveries
+
+    def take_above(self, band: int, limit: int) -> tuple[list[tuple[UUID, int]], list[Delivery]]:
+        """As :meth:`take`, but only deliveries of a band above ``band`` already here, without
+        waiting (a batch running looks for them between two tasks). Nothing once the connection
+        broke; a failure now breaks it (kept in :attr:`broken`, as for :meth:`serve`)."""
+        if self.broken is not None:
+            return [], []
+        try:
+            deliveries = self._broker.take_above(band, limit)
+        except BrokerUnavailableError as exc:
+            logger.warning("broker connection lost while a batch runs: %s", exc)
+            self.broken = exc
+            return [], []
+        return _named(deliveries), deliveries
 
     def ack(self, taken: Sequence[Delivery]) -> None:
         """Ack the deliveries ``taken`` (the claims committed): one multiple ack per band."""
@@ -112,3 +116,19 @@ class Intake:
         self.window = 1 if slow else min(self.window * 2, self._prefetch)
         if self.broken is not None:
             raise self.broken
+
+
+def _named(deliveries: Sequence[Delivery]) -> list[tuple[UUID, int]]:
+    """The (task run, token) pairs ``deliveries`` name; an undecodable one is logged and left
+    out (it is acked with its batch)."""
+    wanted: list[tuple[UUID, int]] = []
+    for delivery in deliveries:
+        try:
+            message = decode(delivery.body)
+        except MessageError as exc:
+            logger.error(
+                "dropping an undecodable message: %s", exc, extra={"action": "bad_message"}
+            )
+            continue
+        wanted.append((message.task_run_id, message.token))
+    return wanted

@@ -2,9 +2,11 @@
 
 Each sweep locks a batch of pending outbox rows (``FOR UPDATE SKIP LOCKED``, so publishers
 divide the queue), publishes them as one confirm window and stamps exactly the rows the broker
-confirmed, in the same transaction. A failed, unroutable or unconfirmed publish leaves its row
-pending for the next sweep. While idle, the broker connection's I/O loop runs (heartbeats)
-until a NOTIFY on the outbox channel or the poll interval.
+confirmed, in the same transaction. A NOTIFY while the sweep awaits its confirms lets pending
+rows of a higher priority than its lowest join it (the priority lane, docs/flow-control.md
+"Priorities"): they do not wait for the sweep in flight. A failed, unroutable or unconfirmed
+publish leaves its row pending for the next sweep. While idle, the broker connection's I/O loop
+runs (heartbeats) until a NOTIFY on the outbox channel or the poll interval.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from flowforge.domain.model import Dispatch
 from flowforge.roles.presence import Presence
 from flowforge.store.db import Database
 from flowforge.store.notify import OUTBOX_CHANNEL, Listener
-from flowforge.store.outbox import Outbox
+from flowforge.store.outbox import More, Outbox
 from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
 
@@ -51,6 +53,8 @@ class Publisher:
         self._listener = Listener(config.database, OUTBOX_CHANNEL)
         self._broker = ConfirmingPublisher(config.broker)
         self._presence = Presence(self._repo, "publisher")
+        self._more: More | None = None  # the sweep in flight's lane (publish_outbox)
+        self._woken = False  # a NOTIFY was read during the sweep: sweep again, do not idle
 
     def initialize(self) -> None:
         self._db.open()
@@ -62,16 +66,17 @@ class Publisher:
         poll = self._config.scheduler.poll_interval_s
         while not stop.is_set():
             self._listener.drain()
+            self._woken = False
             handed, _stamped = self.sweep()
             self._presence.tick()
             beat()
-            if handed < self._batch_size:
+            if handed < self._batch_size and not self._woken:
                 self._broker.idle(poll, wake_fd=self._listener.fileno())
 
     def sweep(self) -> tuple[int, int]:
         """Publish one batch; return (rows handed to the broker, rows stamped)."""
         handed, stamped = self._repo.publish_outbox(
-            self._batch_size, self.send, self._broker.refused()
+            self._batch_size, self.send, self._broker.refused(), self._lane
         )
         if handed != stamped:
             logger.warning(
@@ -83,8 +88,20 @@ class Publisher:
         return handed, stamped
 
     def send(self, batch: Sequence[Dispatch]) -> set[int]:
-        """Publish ``batch`` and return the confirmed outbox ids (a seam for tests)."""
-        return self._broker.publish(batch)
+        """Publish ``batch`` and return the confirmed outbox ids (a seam for tests); a NOTIFY
+        while the confirms are awaited lets higher-priority rows join (the priority lane)."""
+        if self._more is None:
+            return self._broker.publish(batch)
+        return self._broker.publish(batch, more=self._joining, wake_fd=self._listener.fileno())
+
+    def _lane(self, more: More | None) -> None:
+        self._more = more
+
+    def _joining(self) -> list[Dispatch]:
+        """The NOTIFY read (so the wake is quiet again), the rows that join the sweep."""
+        self._listener.drain()
+        self._woken = True
+        return self._more() if self._more is not None else []
 
     def reset(self) -> None:
         self._broker.close()

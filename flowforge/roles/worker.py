@@ -186,13 +186,27 @@ class Worker:
     def _run(self, claims: Sequence[Claim], taken: Sequence[Delivery]) -> None:
         """Run a batch of claims (``taken``: its deliveries, empty if claimed without any)."""
         batch = Batch(self._crew, self._handlers or {}, claims, taken)
-        slow = batch.run(self._continuation)
+        slow = batch.run(self._continuation, self._overtake)
         self._claimed_next.extend(batch.claimed)
         self._ready.extend(batch.ready)
         if batch.abandoned:
             self._recycle.ask()  # its handler thread is stuck in the handler given up
         self._hooks.after_batch(slow)
         self._intake.settle(slow)
+
+    def _overtake(self, floor: int, size: int) -> tuple[list[Claim], list[Delivery]]:
+        """Claims of deliveries of a band above ``floor`` that came in while a batch of
+        ``size`` runs, and those deliveries (docs/flow-control.md "Priorities"); none while
+        stopping or due to recycle, nor beyond the room the hooks leave."""
+        if self._stop.is_set() or self.recycle:
+            return [], []
+        limit = self._room(size)
+        if limit <= 0:
+            return [], []
+        wanted, taken = self._intake.take_above(floor, limit)
+        if not taken:
+            return [], []
+        return self._ledger.claim(wanted, local=False), taken
 
     def _batch_limit(self) -> int:
         """Tasks the next batch may take (at least 1: a worker due to recycle has stopped)."""

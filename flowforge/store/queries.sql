@@ -1144,9 +1144,28 @@ SELECT id, task_run_id, fencing_token, queue, priority
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED;
 
+-- name: lock_outbox_above
+-- While a sweep waits for its confirms, a NOTIFY wakes it: pending rows of a higher priority
+-- than the sweep's lowest join it (the priority lane: a priority-9 row does not wait for a
+-- sweep of priority-0 rows in flight). The sweep's own rows are left out by id (a transaction's
+-- own locks do not make SKIP LOCKED skip them); %(skip)s as for lock_outbox.
+SELECT id, task_run_id, fencing_token, queue, priority
+  FROM outbox
+ WHERE published_at IS NULL AND priority > %(above)s
+   AND id <> ALL(%(taken)s::bigint[])
+   AND (queue IS NULL OR queue <> ALL(%(skip)s::text[]))
+ ORDER BY priority DESC, id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED;
+
 -- name: stamp_outbox
--- Only rows the broker confirmed; the publisher never writes task state.
-UPDATE outbox SET published_at = now()
+-- Only rows the broker confirmed; the publisher never writes task state. Rows that joined the
+-- sweep in flight (%(joined)s, lock_outbox_above) were published after every row it locked
+-- first, and after they were created: they take the statement's time, later than the sweep's
+-- now() (redispatch_lost reads "published after" from these stamps).
+UPDATE outbox
+   SET published_at = CASE WHEN id = ANY(%(joined)s::bigint[]) THEN statement_timestamp()
+                           ELSE now() END
  WHERE id = ANY(%(ids)s::bigint[]) AND published_at IS NULL;
 
 -- ------------------------------------------------------------------ process registry

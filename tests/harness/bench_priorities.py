@@ -7,6 +7,12 @@ waited for. The figure is the ratio of the two medians (the target: at most 2). 
 backlog was still waiting when the last sample started is recorded with it, so a sample taken
 after the backlog drained cannot pass for one behind it.
 
+Where the time goes is recorded too: the trigger call's own duration (its transaction starts
+the clock), created → published (the outbox), the outbox rows pending when each sample was
+triggered (a sweep in flight), the time from the trigger call's return to the task's start
+(what dispatching took, the trigger's own transaction left out; wall clock against the
+database's, one host) and the publisher's pace on the backlog's rows.
+
 Run alone (a tree of its own, nothing else measured)::
 
     python -m tests.harness.bench_priorities --database-url URL --broker-url URL --repeat 3
@@ -41,31 +47,58 @@ def _one(name: str) -> WorkflowDef:
     return WorkflowDef(name, (TaskDef("t", "bench.noop"),))
 
 
-def _started_ms(conn: psycopg.Connection[Any], run_id: Any, timeout_s: float) -> float:
-    """Wait until the run's task started; its dispatch latency in ms (database clock)."""
+def _started_ms(
+    conn: psycopg.Connection[Any], run_id: Any, timeout_s: float, returned: float | None = None
+) -> float:
+    """Wait until the run's task started; its dispatch latency in ms (database clock), or with
+    ``returned`` (the wall clock when the trigger call returned: the same host's clock) the
+    time from then on, which leaves the trigger's own transaction out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         row = conn.execute(
-            "SELECT extract(epoch FROM t.started_at - r.created_at) * 1000"
+            "SELECT extract(epoch FROM t.started_at - r.created_at) * 1000,"
+            " extract(epoch FROM t.started_at)"
             " FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
             " WHERE r.id = %(id)s AND t.started_at IS NOT NULL",
             {"id": run_id},
         ).fetchone()
         if row is not None:
-            return float(row[0])
+            return float(row[0]) if returned is None else (float(row[1]) - returned) * 1000
         time.sleep(POLL_S)
     raise RuntimeError(f"run {run_id} not started within {timeout_s}s")
 
 
 def _published_ms(conn: psycopg.Connection[Any], run_ids: list[Any]) -> list[float]:
-    """Each run's first outbox row: created → published (ms), where a dispatch's time goes."""
+    """Each run's first outbox row: created → published (ms), where a dispatch's time goes;
+    in the order of ``run_ids``."""
     rows = conn.execute(
-        "SELECT extract(epoch FROM min(o.published_at) - r.created_at) * 1000"
+        "SELECT r.id, extract(epoch FROM min(o.published_at) - r.created_at) * 1000"
         " FROM workflow_runs r JOIN task_runs t ON t.run_id = r.id"
         " JOIN outbox o ON o.task_run_id = t.id WHERE r.id = ANY(%(ids)s) GROUP BY r.id",
         {"ids": run_ids},
     ).fetchall()
-    return sorted(float(r[0]) for r in rows if r[0] is not None)
+    found = {r[0]: float(r[1]) for r in rows if r[1] is not None}
+    return [found[i] for i in run_ids if i in found]
+
+
+def _outbox_pending(conn: psycopg.Connection[Any]) -> int:
+    """Outbox rows not yet published: a sample triggered while many wait meets a publisher
+    busy with its sweep."""
+    row = conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _drain_rate(conn: psycopg.Connection[Any]) -> float:
+    """The backlog's outbox rows published per second, first to last (the publisher's pace
+    while it had a backlog: every row was pending when the first went out)."""
+    row = conn.execute(
+        "SELECT count(*), extract(epoch FROM max(o.published_at) - min(o.published_at))"
+        " FROM outbox o JOIN task_runs t ON t.id = o.task_run_id"
+        " JOIN workflow_runs r ON r.id = t.run_id WHERE r.workflow = 'backlog'"
+    ).fetchone()
+    if row is None or not row[1]:
+        return 0.0
+    return float(row[0]) / float(row[1])
 
 
 def _waiting(conn: psycopg.Connection[Any]) -> int:
@@ -87,10 +120,14 @@ def measure(
     """One repetition: ``samples`` priority-9 latencies on an empty queue, then as many behind
     the backlog; records both medians and their ratio."""
     urgent = _one("urgent")
-    empty = [
-        _started_ms(conn, repo.trigger(urgent, {"i": i}, priority=9).run_id, timeout_s)
-        for i in range(samples)
-    ]
+    empty_runs: list[Any] = []
+    empty: list[float] = []
+    empty_after: list[float] = []
+    for i in range(samples):
+        empty_runs.append(repo.trigger(urgent, {"i": i}, priority=9).run_id)
+        returned = time.time()
+        empty.append(_started_ms(conn, empty_runs[-1], timeout_s))
+        empty_after.append(_started_ms(conn, empty_runs[-1], timeout_s, returned))
     for offset in range(0, backlog, TRIGGER_BATCH):
         count = min(backlog, offset + TRIGGER_BATCH) - offset
         repo.trigger_many(_one("backlog"), [{"i": offset + i} for i in range(count)])
@@ -99,11 +136,19 @@ def measure(
         if time.monotonic() > deadline:
             raise RuntimeError("the tree did not start on the backlog")
         time.sleep(POLL_S)
-    runs = [repo.trigger(urgent, {"b": i}, priority=9).run_id for i in range(1)]
-    behind = [_started_ms(conn, runs[0], timeout_s)]
-    for i in range(1, samples):
+    runs: list[Any] = []
+    behind: list[float] = []
+    pending: list[int] = []
+    calls: list[float] = []  # the trigger's own call, client clock: its commit is in it
+    after: list[float] = []  # from the trigger's return: what dispatching it took
+    for i in range(samples):
+        pending.append(_outbox_pending(conn))
+        called = time.perf_counter()
         runs.append(repo.trigger(urgent, {"b": i}, priority=9).run_id)
+        returned = time.time()
+        calls.append((time.perf_counter() - called) * 1000)
         behind.append(_started_ms(conn, runs[-1], timeout_s))
+        after.append(_started_ms(conn, runs[-1], timeout_s, returned))
     left = _waiting(conn)
     record("priority 9 dispatch, empty queue", "ms", statistics.median(empty), n=samples)
     record("  empty-queue samples", "ms", max(empty), all=[round(x, 1) for x in empty])
@@ -115,11 +160,41 @@ def measure(
         backlog=backlog,
     )
     published = _published_ms(conn, runs)
-    record(f"  of which created → published behind {backlog}", "ms", statistics.median(published))
+    record(
+        f"  of which created → published behind {backlog}",
+        "ms",
+        statistics.median(published),
+        all=[round(x, 1) for x in published],
+    )
+    record(
+        "  of which created → published, empty queue",
+        "ms",
+        statistics.median(_published_ms(conn, empty_runs)),
+    )
+    record("  outbox rows pending at each sample", "rows", max(pending), all=pending)
+    record(
+        f"  trigger call behind {backlog}",
+        "ms",
+        statistics.median(calls),
+        all=[round(x, 1) for x in calls],
+    )
+    record(
+        f"  trigger returned → started behind {backlog}",
+        "ms",
+        statistics.median(after),
+        all=[round(x, 1) for x in after],
+    )
+    record("  trigger returned → started, empty queue", "ms", statistics.median(empty_after))
+    record(
+        "priority 9 returned → started behind/empty",
+        "x",
+        statistics.median(after) / statistics.median(empty_after),
+    )
     record("priority 9 behind/empty", "x", statistics.median(behind) / statistics.median(empty))
     record(f"backlog left after the samples (of {backlog})", "tasks", float(left))
     # the backlog drains before the next workload
     _wait_drained(conn, timeout_s)
+    record("  publisher pace on the backlog's outbox rows", "rows/s", _drain_rate(conn))
 
 
 def _wait_drained(conn: psycopg.Connection[Any], timeout_s: float) -> None:

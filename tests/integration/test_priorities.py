@@ -175,6 +175,56 @@ def test_the_publisher_sends_the_highest_priority_first_each_to_its_band(
         stack.delete_queue()
 
 
+def test_a_priority_row_committed_while_a_sweep_awaits_its_confirms_joins_that_sweep(
+    stack: Stack, repo: Store, sql: Sql
+) -> None:
+    """The priority lane: the row is committed (and NOTIFYs) after the sweep locked its batch
+    and before its confirms are in; it goes out in that sweep, stamped after the sweep's own
+    rows, in its band. A priority-0 row committed the same way waits for the next sweep."""
+    wf = WorkflowDef("one", (TaskDef("only", "tests.noop"),))
+    low = repo.trigger_many(wf, [{}] * 200, queue=stack.queue)
+    publisher = Publisher(load_config(stack.config_path(), env={}), batch_size=500)
+    publisher.initialize()
+    late: list[UUID] = []
+    real_send = publisher.send
+
+    def send(batch: Any) -> Any:
+        if not late:  # once the batch is locked: two more rows commit, and NOTIFY
+            late.append(repo.trigger(wf, queue=stack.queue, priority=9).run_id)
+            late.append(repo.trigger(wf, queue=stack.queue).run_id)
+        return real_send(batch)
+
+    publisher.send = send  # type: ignore[method-assign]
+    try:
+        assert publisher.sweep() == (201, 201)  # the 200 locked first, and the priority-9 row
+        stamps = dict(
+            sql.execute(
+                "SELECT t.run_id, o.published_at FROM outbox o"
+                " JOIN task_runs t ON t.id = o.task_run_id"
+                " WHERE t.run_id = ANY(%s) OR t.run_id = %s",
+                ([late[0], late[1]], low[0].run_id),
+            ).fetchall()
+        )
+        assert stamps[late[1]] is None  # priority 0 is not above the sweep's lowest
+        assert stamps[late[0]] > stamps[low[0].run_id]  # published after the sweep's rows
+        assert publisher.sweep() == (1, 1)
+    finally:
+        publisher.shutdown()
+    try:
+        with broker_channel(stack) as channel:
+            depths = [
+                int(
+                    channel.queue_declare(
+                        band_queue(stack.queue, i), passive=True
+                    ).method.message_count
+                )
+                for i in (0, 2)  # band p1 had no row: never declared
+            ]
+        assert depths == [201, 1]
+    finally:
+        stack.delete_queue()
+
+
 def test_a_priority_9_task_behind_a_backlog_runs_before_most_of_it(
     stack: Stack, repo: Store, sql: Sql
 ) -> None:

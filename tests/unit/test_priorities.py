@@ -22,9 +22,11 @@ from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
 from flowforge.domain.names import BANDS, band, band_queue, priority_problem
 from flowforge.domain.plan import plan_runs
-from flowforge.errors import DefinitionError, InputError
+from flowforge.domain.states import TaskState
+from flowforge.errors import DatabaseUnavailableError, DefinitionError, InputError
 from flowforge.roles.context import TaskContext
 from flowforge.store import queries
+from tests.helpers import wait_for
 from tests.unit.test_worker_loop import make_rig
 
 SQL = Path(queries.__file__).with_name("queries.sql").read_text()
@@ -243,3 +245,129 @@ def test_deliveries_left_in_a_lower_band_stay_unacked_until_their_own_batch() ->
         assert rig.broker.unacked == 0
     finally:
         rig.worker.shutdown()
+
+
+# ---------------------------------------------------------------- overtaking within a batch
+
+
+def rig_with_an_arrival(
+    priority: int, batch_priority: int = 0, fast_ms: float | None = None
+) -> tuple[Any, list[str], list[UUID]]:
+    """A rig whose 4th task (the first of the third batch: windows 1, 2, 4) publishes one
+    task of ``priority``; its 5th waits until that one is claimed (or a bound), so the batch
+    is still running when the worker looks. Returns the rig, the names run, the arrival."""
+    ran: list[str] = []
+    arrival: list[UUID] = []
+
+    def backlog(ctx: TaskContext) -> None:
+        ran.append("backlog")
+        if len(ran) == 4:
+            (urgent,) = rig.store.add("urgent", 1)
+            rig.broker.publish(urgent, 1, priority=priority)
+            arrival.append(urgent)
+        elif len(ran) == 5 and priority > batch_priority:
+            wait_for(lambda: rig.store.tasks[arrival[0]].state is TaskState.RUNNING)
+
+    kwargs = {} if fast_ms is None else {"fast_ms": fast_ms}
+    rig = make_rig(
+        handlers={"backlog": backlog, "urgent": lambda ctx: ran.append("urgent")}, **kwargs
+    )
+    for task_id in rig.store.add("backlog", 12):
+        rig.broker.publish(task_id, 1, priority=batch_priority)
+    return rig, ran, arrival
+
+
+def test_a_higher_band_delivery_runs_before_the_rest_of_the_batch_it_arrived_during() -> None:
+    rig, ran, arrival = rig_with_an_arrival(priority=9)
+    try:
+        rig.run()
+    finally:
+        rig.worker.shutdown()
+    # tasks 4-7 are one batch: the urgent one runs after the 4th, or the 5th if the handler
+    # thread had started it (never after the 7th, as it would in the next batch)
+    assert ran.index("urgent") in (4, 5), ran
+    assert ran.count("urgent") == 1 and ran.count("backlog") == 12
+    assert rig.broker.takes()[:3] == [1, 2, 4]
+    # claimed alone while the batch ran, finished with it, acked with it (exact per band)
+    trace = rig.trace("take", "take_above", "claim_many", "finish_many")
+    third = [i for i, name in enumerate(trace) if name == "take"][2]
+    assert trace[third : third + 5] == [
+        "take",
+        "claim_many",
+        "take_above",
+        "claim_many",
+        "finish_many",
+    ]
+    assert ("claim_many", 1) in rig.journal and ("finish_many", 5) in rig.journal
+    assert rig.broker.unacked == 0 and sorted(rig.broker.acks()) == rig.broker.acks()
+    assert rig.store.tasks[arrival[0]].attempt == 1
+    assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
+
+
+@pytest.mark.parametrize(("priority", "batch_priority"), [(0, 0), (5, 9), (1, 9)])
+def test_a_delivery_of_the_batch_band_or_below_waits_for_a_batch_of_its_own(
+    priority: int, batch_priority: int
+) -> None:
+    rig, ran, _arrival = rig_with_an_arrival(priority, batch_priority)
+    try:
+        rig.run()
+    finally:
+        rig.worker.shutdown()
+    assert "take_above" not in [name for name, _ in rig.journal]
+    assert ran.index("urgent") >= 7, ran  # not within the third batch (tasks 4-7)
+    assert rig.broker.unacked == 0
+
+
+def test_a_slow_handler_after_an_overtake_hands_back_what_waits_behind_it() -> None:
+    rig, ran, arrival = rig_with_an_arrival(priority=9, fast_ms=200.0)
+    handlers = dict(rig.worker._handlers or {})
+    backlog = handlers["backlog"]
+
+    def slow_fifth(ctx: TaskContext) -> None:
+        backlog(ctx)
+        if len(ran) == 5:  # slow once the urgent one is claimed: until the hand-back
+            rig.store.released.wait(10.0)
+
+    rig.worker._handlers = {**handlers, "backlog": slow_fifth}
+    rig.store.on_release = rig.broker.publish  # the outbox row a release writes
+    try:
+        rig.run()
+    finally:
+        rig.worker.shutdown()
+    assert ran.count("urgent") == 1 and ran.count("backlog") == 12  # each exactly once
+    released = [size for name, size in rig.journal if name == "release_claims"]
+    assert released in ([2], [3])  # 6 and 7 (and the urgent one unless it ran before 5)
+    assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
+    assert rig.store.tasks[arrival[0]].attempt == 1  # a release un-counts its attempt
+    assert rig.broker.unacked == 0
+
+
+def test_an_overtaking_claim_that_fails_leaves_its_delivery_unacked_and_the_batch_finished() -> (
+    None
+):
+    rig, ran, arrival = rig_with_an_arrival(priority=9)
+    handlers = dict(rig.worker._handlers or {})
+    backlog = handlers["backlog"]
+
+    def fourth_breaks_the_store(ctx: TaskContext) -> None:
+        if len(ran) == 3:
+            rig.store.outages["claim_many"] = 1  # the overtaking claim meets an outage
+        if len(ran) == 4:  # no wait for a claim that cannot happen
+            ran.append("backlog")
+            return
+        backlog(ctx)
+
+    rig.worker._handlers = {**handlers, "backlog": fourth_breaks_the_store}
+    with pytest.raises(DatabaseUnavailableError):
+        rig.run()
+    assert ran.count("backlog") == 7 and "urgent" not in ran  # the third batch ran whole
+    assert ("finish_many", 4) in rig.journal
+    assert rig.broker.unacked == 1  # the urgent delivery only: requeued by the reconnect
+    rig.worker.reset()  # what run_role does
+    try:
+        rig.run()
+    finally:
+        rig.worker.shutdown()
+    assert ran.count("urgent") == 1 and ran.count("backlog") == 12
+    assert rig.store.tasks[arrival[0]].attempt == 1
+    assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
