@@ -102,6 +102,15 @@ def check_text(text: Any, what: str, max_bytes: int = MAX_KEY_BYTES) -> str:
     return text
 
 
+def check_note(requested_by: Any, reason: Any, label: str) -> None:
+    """What an operator wrote for an audit row (who, and why: ``label`` names the reason in
+    the error), refused — never altered — before any change if PostgreSQL text could not hold
+    it: not text, NUL, a lone surrogate, over :data:`MAX_NOTE_BYTES`. ``reason`` may be None."""
+    check_text(requested_by, "requested_by", MAX_NOTE_BYTES)
+    if reason is not None:
+        check_text(reason, label, MAX_NOTE_BYTES)
+
+
 def clean_text(text: str, max_chars: int, *, keep_end: bool = False) -> str:
     """``text`` cut to ``max_chars`` characters (its start, or its end with ``keep_end``, as
     for a traceback) with each NUL and lone surrogate replaced by U+FFFD. Never refuses."""

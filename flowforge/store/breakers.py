@@ -27,7 +27,7 @@ from flowforge.domain.breakers import (
     check_handler_name,
     check_pause_target,
 )
-from flowforge.domain.values import MAX_NOTE_BYTES, check_text
+from flowforge.domain.values import check_note
 from flowforge.errors import NotFoundError, WrongStateError
 from flowforge.store.db import Row
 from flowforge.store.part import Part, Tx
@@ -66,21 +66,21 @@ class Gates(Part):
         """Open ``handler``'s breaker by hand and hold it open (no probe) until closed by hand.
         :class:`NotFoundError` for a handler no workflow names, :class:`WrongStateError` when
         it is held open already. Audited."""
-        _check_request(requested_by, reason)
+        check_note(requested_by, reason, "the reason")
         return self._transaction(_open, check_handler_name(handler), requested_by, reason)
 
     def close_breaker(self, handler: str, requested_by: str, reason: str | None) -> GateChange:
         """Close ``handler``'s breaker by hand (from open, held open or half-open): its failures
         are forgotten and its parked tasks dispatched by the scheduler. :class:`WrongStateError`
         when it is closed. Audited."""
-        _check_request(requested_by, reason)
+        check_note(requested_by, reason, "the reason")
         return self._transaction(_close, check_handler_name(handler), requested_by, reason)
 
     def pause(self, scope: str, name: str, requested_by: str, reason: str | None) -> GateChange:
         """Pause a queue or a handler: from the commit, no task of it is claimed (each is parked,
         ``waiting_on: paused``); tasks already running finish. :class:`WrongStateError` when it
         is paused already; :class:`NotFoundError` for a handler no workflow names. Audited."""
-        _check_request(requested_by, reason)
+        check_note(requested_by, reason, "the reason")
         kind, target = check_pause_target(scope, name)
         return self._transaction(_pause_target, kind, target, requested_by, reason)
 
@@ -88,15 +88,9 @@ class Gates(Part):
         """Resume a paused queue or handler: its parked tasks are dispatched by the scheduler
         (those no other pause or breaker holds). :class:`WrongStateError` when it is not
         paused. Audited."""
-        _check_request(requested_by, reason)
+        check_note(requested_by, reason, "the reason")
         kind, target = check_pause_target(scope, name)
         return self._transaction(_resume_target, kind, target, requested_by, reason)
-
-
-def _check_request(requested_by: str, reason: str | None) -> None:
-    check_text(requested_by, "requested_by", MAX_NOTE_BYTES)
-    if reason is not None:
-        check_text(reason, "the reason", MAX_NOTE_BYTES)
 
 
 def _pass_gates(tx: Tx, limit: int) -> GatePass:

@@ -35,7 +35,7 @@ from flowforge.domain.control import (
 from flowforge.domain.model import parse_id
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import NOT_STARTED_TASK_STATES, TaskState
-from flowforge.domain.values import MAX_KEY_BYTES, MAX_NOTE_BYTES, check_text
+from flowforge.domain.values import MAX_KEY_BYTES, check_note, check_text
 from flowforge.errors import NotFoundError, WrongStateError
 from flowforge.store import rows
 from flowforge.store.db import Row
@@ -99,9 +99,7 @@ class Control(Reads):
             else (TaskState.RETRYING,),
             TARGET[action],
         )
-        check_text(requested_by, "requested_by", MAX_NOTE_BYTES)
-        if reason is not None:
-            check_text(reason, f"the {action.replace('_', '-')} reason", MAX_NOTE_BYTES)
+        check_note(requested_by, reason, f"the {action.replace('_', '-')} reason")
         done = self._transaction(_control, action, tid, requested_by, reason)
         logger.info(  # after the commit: a retried transaction logs once
             "%s of task run %s (%s) by %r: %s%s",

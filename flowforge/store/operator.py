@@ -24,7 +24,7 @@ from flowforge.domain.model import (
     parse_id,
 )
 from flowforge.domain.states import CancelCause, RunState, TaskState
-from flowforge.domain.values import MAX_NOTE_BYTES, check_text
+from flowforge.domain.values import MAX_NOTE_BYTES, check_note, check_text
 from flowforge.errors import NotDeadError, NotFinishedError, NotFoundError
 from flowforge.store import rows
 from flowforge.store.part import Tx
@@ -112,7 +112,7 @@ class Operator(Reads):
         transitions.check(
             (TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED), TaskState.PENDING
         )
-        _check_note(requested_by, reason, "the rerun reason")
+        check_note(requested_by, reason, "the rerun reason")
         if from_task is not None:
             check_text(from_task, "the task to rerun from", MAX_NOTE_BYTES)
         rerun = self._transaction(_rerun, rid, requested_by, reason, from_task)
@@ -179,16 +179,7 @@ def _check_requeue(requested_by: str, reason: str | None) -> None:
     over MAX_NOTE_BYTES."""
     transitions.check(TaskState.DEAD, TaskState.PENDING)
     transitions.check(TaskState.CANCELLED, TaskState.PENDING)  # its collateral cancellations
-    _check_note(requested_by, reason, "the requeue reason")
-
-
-def _check_note(requested_by: str, reason: str | None, label: str) -> None:
-    """What an operator wrote for an audit row (requeue, rerun), refused (never altered) before
-    any change if PostgreSQL text could not hold it: NUL, a lone surrogate, over
-    MAX_NOTE_BYTES. ``label`` names the reason in the error."""
-    check_text(requested_by, "requested_by", MAX_NOTE_BYTES)
-    if reason is not None:
-        check_text(reason, label, MAX_NOTE_BYTES)
+    check_note(requested_by, reason, "the requeue reason")
 
 
 def _log_requeued(tid: UUID) -> None:

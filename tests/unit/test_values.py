@@ -25,9 +25,11 @@ from flowforge.domain.states import TaskState
 from flowforge.domain.values import (
     MAX_DEPTH,
     MAX_KEY_BYTES,
+    MAX_NOTE_BYTES,
     REPLACEMENT,
     JsonText,
     _nesting,
+    check_note,
     check_text,
     clean_text,
     to_json,
@@ -297,3 +299,27 @@ def test_worker_max_result_bytes_is_one_mib_by_default_and_must_be_positive(
         path.write_text(f"worker:\n  max_result_bytes: {bad}\n")
         with pytest.raises(ConfigError, match="max_result_bytes"):
             load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    ("requested_by", "reason", "error", "named"),
+    [
+        ("ops\x00", None, UnstorableValueError, "requested_by"),
+        ("ops", "a\ud800b", UnstorableValueError, "the bury reason"),
+        (7, None, UnstorableValueError, "requested_by"),
+        ("ops", ["why"], UnstorableValueError, "the bury reason"),
+        ("ops", "x" * (MAX_NOTE_BYTES + 1), ValueTooLargeError, "the bury reason"),
+        ("é" * (MAX_NOTE_BYTES // 2 + 1), None, ValueTooLargeError, "requested_by"),
+    ],
+)
+def test_an_operator_note_is_refused_by_class_naming_its_field(
+    requested_by: Any, reason: Any, error: type[Exception], named: str
+) -> None:
+    """One check for every audited action (task control, requeue, rerun, breakers, pauses)."""
+    with pytest.raises(error, match=named):
+        check_note(requested_by, reason, "the bury reason")
+
+
+def test_an_operator_note_may_leave_out_the_reason() -> None:
+    check_note("ops", None, "the bury reason")
+    check_note("ops", "x" * MAX_NOTE_BYTES, "the bury reason")
