@@ -172,11 +172,7 @@ class Consumer:
             self._prefetch = limit
             self.resume()
         self.pump(0.0 if any(self._buffers) else timeout_s)
-        taken: list[Delivery] = []
-        for buffer in reversed(self._buffers):  # the highest band first
-            while buffer and len(taken) < limit:
-                taken.append(buffer.popleft())
-        return taken
+        return _highest_first(self._buffers, limit)
 
     def take_above(self, band: int, limit: int) -> list[Delivery]:
         """Up to ``limit`` deliveries of the bands above ``band`` (an index in ``BANDS``),
@@ -184,11 +180,7 @@ class Consumer:
         batch runs is seen. A batch that takes them acks them with its own (see :meth:`ack`:
         still exact, as each band's deliveries are taken in the order they came)."""
         self.pump(0.0)
-        taken: list[Delivery] = []
-        for buffer in reversed(self._buffers[band + 1 :]):
-            while buffer and len(taken) < limit:
-                taken.append(buffer.popleft())
-        return taken
+        return _highest_first(self._buffers[band + 1 :], limit)
 
     def hand_back(self) -> int:
         """Stop consuming and requeue every delivery received but not taken; return how many.
@@ -259,3 +251,13 @@ class Consumer:
         self._buffers[index].append(
             Delivery(method.delivery_tag, body, bool(method.redelivered), index)
         )
+
+
+def _highest_first(buffers: Sequence[collections.deque[Delivery]], limit: int) -> list[Delivery]:
+    """Up to ``limit`` deliveries popped from ``buffers`` (bands, lowest first), the highest
+    band's first and each band's in the order they came."""
+    taken: list[Delivery] = []
+    for buffer in reversed(buffers):
+        while buffer and len(taken) < limit:
+            taken.append(buffer.popleft())
+    return taken
