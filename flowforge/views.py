@@ -249,6 +249,9 @@ def pause_dict(pause: Pause) -> dict[str, Any]:
 
 
 def gate_change_dict(done: GateChange) -> dict[str, Any]:
-    """What a breaker or pause action did (its API answer, ``--json``)."""
+    """What a breaker or pause action did (its API answer, ``--json``): a breaker's names its
+    ``key`` (null: the handler's own breaker); a pause's has none."""
     data: dict[str, Any] = to_dict(done)
+    if not done.action.startswith("breaker"):
+        del data["key"]
     return data

@@ -78,27 +78,57 @@ class DatabaseCollector(Collector):
 
 #: ``flowforge_breaker_state``'s value per state (0 closed: the healthy one reads 0).
 STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+#: Most keyed breakers ``flowforge_breaker_state`` shows per scrape (the key is rendered from
+#: run input: unbounded without this).
+MAX_KEYED_SERIES = 100
 
 
 def _gate_metrics(gated: GateGauges) -> Iterator[Metric]:
     """Each breaker's state (0 closed, 1 half-open, 2 open), its transitions into each state
-    (a counter the database keeps: every tree's), and the tasks parked now by why."""
+    (a counter the database keeps: every tree's), and the tasks parked now by why.
+
+    Keyed breakers (``circuit_breaker.key``) would make a series per rendered key, which the
+    run input decides: the state gauge shows every handler-wide breaker (``key=""``) but only
+    the keyed ones not closed (a key absent reads closed), at most
+    :data:`MAX_KEYED_SERIES` of them (the rows come not-closed first, newest change first),
+    and ``flowforge_breakers_keyed_not_closed{handler}`` counts them all; the transition
+    counter is per handler, summed over its keys."""
     state = GaugeMetricFamily(
         "flowforge_breaker_state",
-        "Circuit breaker state per handler: 0 closed, 1 half-open, 2 open",
-        labels=["handler"],
+        "Circuit breaker state per handler and key ('' the handler's own; keyed ones only when "
+        "not closed): 0 closed, 1 half-open, 2 open",
+        labels=["handler", "key"],
     )
     moved = CounterMetricFamily(
         "flowforge_breaker_transitions",
-        "Circuit breaker transitions per handler, by the state entered",
+        "Circuit breaker transitions per handler (its keys' summed), by the state entered",
         labels=["handler", "to_state"],
     )
+    keyed_open = GaugeMetricFamily(
+        "flowforge_breakers_keyed_not_closed",
+        "Keyed circuit breakers of a handler that are open or half-open",
+        labels=["handler"],
+    )
+    totals: dict[tuple[str, BreakerState], int] = {}
+    not_closed: dict[str, int] = {}
+    shown = 0
     for gauge in gated.breakers:
-        state.add_metric([gauge.handler], STATE_VALUE[gauge.state])
-        for target, n in sorted(gauge.transitions.items()):
-            moved.add_metric([gauge.handler, str(target)], n)
+        if not gauge.key:
+            state.add_metric([gauge.handler, ""], STATE_VALUE[gauge.state])
+        elif gauge.state is not BreakerState.CLOSED:
+            not_closed[gauge.handler] = not_closed.get(gauge.handler, 0) + 1
+            if shown < MAX_KEYED_SERIES:
+                state.add_metric([gauge.handler, gauge.key], STATE_VALUE[gauge.state])
+                shown += 1
+        for target, n in gauge.transitions.items():
+            totals[gauge.handler, target] = totals.get((gauge.handler, target), 0) + n
+    for (handler, target), n in sorted(totals.items()):
+        moved.add_metric([handler, str(target)], n)
+    for handler, n in sorted(not_closed.items()):
+        keyed_open.add_metric([handler], n)
     yield state
     yield moved
+    yield keyed_open
     parked = GaugeMetricFamily(
         "flowforge_parked_tasks",
         "Tasks held back at their claim, by waiting_on (circuit_open, paused)",

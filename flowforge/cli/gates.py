@@ -1,10 +1,11 @@
 """``flowforge breakers list|open|close`` and ``flowforge pause|resume queue|handler NAME``:
 circuit breakers and pauses (SPEC 7.4; docs/flow-control.md "Circuit breakers and pauses").
 
-Each action is audited (``--by``, default the OS user; ``--reason``). A bad name or note is
-exit 2, checked before anything connects; a handler no workflow names exit 5; a state that
-refuses the action (a breaker held open already or closed, a queue paused already or not
-paused) exit 6. ``--json``: the API's answer.
+``--key KEY`` names one key's breaker of the handler (``circuit_breaker.key``); without it,
+the handler's own breaker. Each action is audited (``--by``, default the OS user;
+``--reason``). A bad name, key or note is exit 2, checked before anything connects; a handler
+no workflow names exit 5; a state that refuses the action (a breaker held open already or
+closed, a queue paused already or not paused) exit 6. ``--json``: the API's answer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from typing import Any
 
 from flowforge.cli import exitcodes, output
 from flowforge.config import load_config
-from flowforge.domain.breakers import GateChange, check_handler_name, check_pause_target
+from flowforge.domain.breakers import (
+    GateChange,
+    breaker_name,
+    check_breaker_key,
+    check_handler_name,
+    check_pause_target,
+)
 from flowforge.domain.values import MAX_NOTE_BYTES, check_text
 from flowforge.views import breaker_dict, gate_change_dict, pause_dict
 
@@ -27,6 +34,7 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
     p = acts.add_parser("list", help="every breaker: state, failures, cooldown", parents=[common])
     p.set_defaults(handler=list_breakers)
     p.add_argument("name", nargs="?", default=None, metavar="HANDLER")
+    p.add_argument("--key", default=None, help="only this key's breaker")
     p.add_argument("--json", action="store_true", help="print JSON")
     for action, text in (
         ("open", "open a handler's breaker and hold it open (no probe), audited"),
@@ -35,6 +43,9 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         p = acts.add_parser(action, help=text, parents=[common])
         p.set_defaults(handler=breaker_action, act=action)
         p.add_argument("name", metavar="HANDLER")
+        p.add_argument(
+            "--key", default=None, help="that key's breaker (default: the handler's own)"
+        )
         _note_flags(p)
     for verb, text in (
         ("pause", "stop claiming the tasks of a queue or a handler, audited"),
@@ -70,10 +81,12 @@ def _note(args: argparse.Namespace) -> tuple[str, str | None]:
 def list_breakers(args: argparse.Namespace) -> int:
     if args.name is not None:
         check_handler_name(args.name)
+    if args.key is not None:
+        check_breaker_key(args.key, "--key")
     from flowforge.cli.statements import opened
 
     with opened(load_config(getattr(args, "config", None))) as store:
-        found = store.breakers(args.name)
+        found = store.breakers(args.name, args.key)
     if args.json:
         output.emit_json({"breakers": [breaker_dict(b) for b in found]})
         return exitcodes.OK
@@ -81,10 +94,21 @@ def list_breakers(args: argparse.Namespace) -> int:
         output.line("no breaker has tripped or been opened")
         return exitcodes.OK
     output.table(
-        ("HANDLER", "STATE", "HELD", "FAILURES", "RULE", "PROBE IN", "PARKED", "TRANSITIONS"),
+        (
+            "HANDLER",
+            "KEY",
+            "STATE",
+            "HELD",
+            "FAILURES",
+            "RULE",
+            "PROBE IN",
+            "PARKED",
+            "TRANSITIONS",
+        ),
         [
             (
                 b.handler,
+                b.key,  # '': the handler's own breaker
                 b.state,
                 "yes" if b.held else "",
                 b.recent_failures,
@@ -119,12 +143,13 @@ def list_pauses(args: argparse.Namespace) -> int:
 
 def breaker_action(args: argparse.Namespace) -> int:
     handler = check_handler_name(args.name)  # judged before anything connects
+    key = None if args.key is None else check_breaker_key(args.key, "--key")
     by, reason = _note(args)
     from flowforge.cli.statements import opened
 
     with opened(load_config(getattr(args, "config", None))) as store:
         act = store.open_breaker if args.act == "open" else store.close_breaker
-        return _done(args, act(handler, by, reason))
+        return _done(args, act(handler, by, reason, key))
 
 
 def pause_action(args: argparse.Namespace) -> int:
@@ -141,6 +166,10 @@ def _done(args: argparse.Namespace, done: GateChange) -> int:
     if args.json:
         output.emit_json(gate_change_dict(done))
     else:
-        what = "breaker of handler" if done.action.startswith("breaker") else done.scope
-        output.line(f"{what} {done.name!r}: {done.previous_state} -> {done.new_state}")
+        what = (
+            breaker_name(done.name, done.key)
+            if done.action.startswith("breaker")
+            else f"{done.scope} {done.name!r}"
+        )
+        output.line(f"{what}: {done.previous_state} -> {done.new_state}")
     return exitcodes.OK

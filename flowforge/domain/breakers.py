@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from flowforge.domain.names import NAME_PATTERN, queue_problem
 from flowforge.domain.reasons import FailureReason
+from flowforge.domain.values import check_text
 from flowforge.errors import DefinitionError, InputError
 
 #: Most failures a breaker may be set to count (its window keeps at most this many times).
@@ -55,19 +56,29 @@ class Waiting(StrEnum):
 
 @dataclass(frozen=True)
 class CircuitBreaker:
-    """``circuit_breaker: {failures, window, cooldown}`` (SPEC 7.4): after ``failures`` counted
-    failures of the task's handler within ``window`` seconds, the handler's breaker opens and
-    its tasks wait, using no attempt; ``cooldown`` seconds later one probe runs (half-open):
-    its success closes the breaker, its failure opens it again for another cooldown.
+    """``circuit_breaker: {failures, window, cooldown, key}`` (SPEC 7.4): after ``failures``
+    counted failures of the task's handler within ``window`` seconds, the handler's breaker
+    opens and its tasks wait, using no attempt; ``cooldown`` seconds later one probe runs
+    (half-open): its success closes the breaker, its failure opens it again for another
+    cooldown.
 
-    The breaker is the handler's, shared by every task (of any workflow or tree) that runs it;
-    each failure is judged by the failing task's own numbers."""
+    Without ``key`` the breaker is the handler's, shared by every task (of any workflow or
+    tree) that runs it and declares no key. ``key``: a template over the run input (a map's
+    item: over the input, ``item`` and ``index``), rendered like a rate key; each rendered key
+    of the handler has its own breaker, which holds only the tasks with that key. Each failure
+    is judged by the failing task's own numbers."""
 
     failures: int
     window: float
     cooldown: float
+    key: str | None = None
 
     def __post_init__(self) -> None:
+        if self.key is not None:
+            # dag imports this module: the template rules are read at call time
+            from flowforge.domain.dag import check_template
+
+            check_template(self.key, "circuit_breaker.key")
         count = self.failures
         if (
             isinstance(count, bool)
@@ -93,9 +104,37 @@ class CircuitBreaker:
                 )
             object.__setattr__(self, label, float(value))
 
-    def to_dict(self) -> dict[str, float | int]:
-        """The canonical form (the workflow digest's)."""
-        return {"failures": self.failures, "window": self.window, "cooldown": self.cooldown}
+    def to_dict(self) -> dict[str, float | int | str]:
+        """The canonical form (the workflow digest's; ``key`` only when set, so the digests of
+        workflows without one stay as they were)."""
+        data: dict[str, float | int | str] = {
+            "failures": self.failures,
+            "window": self.window,
+            "cooldown": self.cooldown,
+        }
+        if self.key is not None:
+            data["key"] = self.key
+        return data
+
+
+def breaker_name(handler: str, key: str | None) -> str:
+    """How messages and logs name a breaker: ``breaker of handler 'h'``, or with a key
+    ``breaker of handler 'h' key 'k'`` (key None or '': the handler-wide one)."""
+    return f"breaker of handler {handler!r}" + (f" key {key!r}" if key else "")
+
+
+def check_breaker_key(key: object, label: str = "breaker key") -> str:
+    """``key`` if it can name a keyed breaker: text PostgreSQL can store and index, not empty
+    (``''`` is the handler-wide breaker's, which a task or an operator names by giving no key).
+    :class:`InputError` naming ``label`` otherwise — the same rule for a rendered key and for
+    the key an operator types."""
+    if not isinstance(key, str):
+        raise InputError(f"{label} must be text, not {type(key).__name__}")
+    if key == "":
+        raise InputError(
+            f"{label} is empty: '' is the handler's own breaker (give no key to name it)"
+        )
+    return check_text(key, label)
 
 
 def check_handler_name(name: object) -> str:
@@ -126,9 +165,11 @@ def check_pause_target(scope: object, name: object) -> tuple[PauseScope, str]:
 
 @dataclass(frozen=True)
 class Breaker:
-    """One handler's breaker as the database holds it (``flowforge breakers list``)."""
+    """One breaker as the database holds it (``flowforge breakers list``): a handler's, or one
+    key's of a handler (``key`` ``''``: the handler-wide one)."""
 
     handler: str
+    key: str
     state: BreakerState
     held: bool  # opened by an operator: no probe until one closes it
     recent_failures: int  # counted failures within its window
@@ -138,7 +179,7 @@ class Breaker:
     opened_at: datetime | None  # the last opening
     probe_due_in_s: float | None  # an automatic open breaker: seconds left of its cooldown
     probe_task_id: str | None  # half-open: the task run probing
-    parked: int  # tasks of the handler held back by it
+    parked: int  # tasks held back by it (of the handler, with its key)
     transitions: int
     updated_at: datetime
 
@@ -161,6 +202,7 @@ class Transition:
     scheduler)."""
 
     handler: str
+    key: str  # '': the handler-wide breaker
     from_state: BreakerState
     to_state: BreakerState
     cause: str  # failures, cooldown, probe_succeeded, probe_failed, probe_lost, operator
@@ -176,6 +218,7 @@ class GateChange:
     name: str
     previous_state: str  # closed, open, half_open; or running, paused
     new_state: str
+    key: str | None = None  # a keyed breaker's key (None: the handler's breaker, or a pause)
 
 
 @dataclass(frozen=True)
@@ -183,6 +226,7 @@ class BreakerGauge:
     """One breaker as ``/metrics`` shows it: its state and its transitions into each state."""
 
     handler: str
+    key: str  # '': the handler-wide breaker
     state: BreakerState
     transitions: dict[BreakerState, int]
 

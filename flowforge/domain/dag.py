@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from flowforge.domain import children
-from flowforge.domain.breakers import CircuitBreaker
+from flowforge.domain.breakers import CircuitBreaker, check_breaker_key
 from flowforge.domain.conditions import RunIf
 from flowforge.domain.names import NAME_PATTERN, priority_problem, queue_problem
 from flowforge.domain.policy import RetryPolicy
@@ -503,14 +503,21 @@ class WorkflowDef:
                     ("concurrency.key", task.concurrency.key if task.concurrency else None),
                     ("rate_limit.key", task.rate_limit.key if task.rate_limit else None),
                     (
+                        "circuit_breaker.key",
+                        task.circuit_breaker.key if task.circuit_breaker else None,
+                    ),
+                    (
                         "wait_for_event.key",
                         task.wait_for_event.key if task.wait_for_event else None,
                     ),
                 ):
                     if template is None:
                         continue
+                    where = f"task {task.name!r}: {label}"
                     try:
-                        render_key(template, schedule.input, f"task {task.name!r}: {label}")
+                        rendered = render_key(template, schedule.input, where)
+                        if label == "circuit_breaker.key":  # '' would be the handler's breaker
+                            check_breaker_key(rendered, where)
                     except InputError as exc:
                         raise ScheduleError(f"schedules[{index}].input", str(exc)) from None
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowforge.domain.breakers import check_breaker_key
 from flowforge.domain.dag import DEFAULT_MAX_ITEMS, render_key
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
@@ -32,6 +33,7 @@ class ItemKeys:
 
     idempotency_keys: list[str | None]
     ordering_keys: list[str | None]
+    breaker_keys: list[str | None]
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ def plan_items(
 ) -> ItemKeys | MapFailure:
     """Judge ``source`` (the upstream result) and render the items' keys.
 
-    ``templates``: the map task's stored definition (its ``idempotency_key`` and
-    ``ordering_key`` entries are used); ``max_items``: the workflow's bound (None: 10,000).
+    ``templates``: the map task's stored definition (its ``idempotency_key``,
+    ``ordering_key`` and ``circuit_breaker.key`` entries are used); ``max_items``: the
+    workflow's bound (None: 10,000).
     """
     bound = DEFAULT_MAX_ITEMS if max_items is None else int(max_items)
     if not isinstance(source, list):
@@ -77,9 +80,19 @@ def plan_items(
         return ItemKeys(
             idempotency_keys=_render_all(templates.get("idempotency_key"), run_input, source),
             ordering_keys=_render_all(templates.get("ordering_key"), run_input, source),
+            breaker_keys=[
+                None if key is None else check_breaker_key(key, "item key template")
+                for key in _render_all(_breaker_template(templates), run_input, source)
+            ],
         )
     except (InputError, UnstorableValueError) as exc:
         return MapFailure(FailureReason.ITEM_KEY_ERROR, str(exc))
+
+
+def _breaker_template(templates: Mapping[str, Any]) -> str | None:
+    breaker = templates.get("circuit_breaker")
+    key = breaker.get("key") if isinstance(breaker, Mapping) else None
+    return key if isinstance(key, str) else None
 
 
 def _render_all(

@@ -16,6 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.domain import timing
+from flowforge.domain.breakers import check_breaker_key
 from flowforge.domain.conditions import is_conditional
 from flowforge.domain.dag import TaskDef, WorkflowDef, render_key
 from flowforge.domain.names import priority_problem
@@ -75,6 +76,7 @@ class PlannedTask:
     breaker_failures: int | None = None  # circuit_breaker's thresholds; None: none declared
     breaker_window_s: float | None = None
     breaker_cooldown_s: float | None = None
+    breaker_key: str | None = None  # circuit_breaker.key rendered; None: the handler's breaker
 
 
 @dataclass
@@ -219,6 +221,7 @@ def plan_runs(
                 breaker_failures=None if breaker is None else breaker.failures,
                 breaker_window_s=None if breaker is None else breaker.window,
                 breaker_cooldown_s=None if breaker is None else breaker.cooldown,
+                breaker_key=_breaker_key(task, run_input, label),
             )
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
@@ -259,6 +262,16 @@ def _rate_key(task: TaskDef, run_input: Mapping[str, Any], label: str) -> str | 
     if task.rate_limit.key is None:
         return task.handler
     return _render(task.rate_limit.key, run_input, f"{label} rate_limit.key")
+
+
+def _breaker_key(task: TaskDef, run_input: Mapping[str, Any], label: str) -> str | None:
+    """The task's breaker key rendered over the run input (None: no key, the handler's breaker;
+    a map's items render theirs at expansion, domain/maps.py); never '' (the handler's)."""
+    breaker = task.circuit_breaker
+    if breaker is None or breaker.key is None or task.for_each is not None:
+        return None
+    where = f"{label} circuit_breaker.key"
+    return check_breaker_key(render_key(breaker.key, run_input, where), where)
 
 
 def _check_priority(priority: int | None) -> None:

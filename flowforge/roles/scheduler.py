@@ -262,14 +262,16 @@ def _log_transitions(moved: Sequence[Transition]) -> None:
         level = logging.WARNING if one.to_state is BreakerState.OPEN else logging.INFO
         logger.log(
             level,
-            "circuit breaker of handler %s: %s -> %s (%s)",
+            "circuit breaker of handler %s%s: %s -> %s (%s)",
             one.handler,
+            f" key {one.key!r}" if one.key else "",  # '': the handler-wide breaker
             one.from_state,
             one.to_state,
             one.cause,
             extra={
                 "action": "breaker_transition",
                 "handler": one.handler,
+                "breaker_key": one.key,
                 "from_state": str(one.from_state),
                 "to_state": str(one.to_state),
                 "cause": one.cause,

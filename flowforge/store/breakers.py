@@ -24,6 +24,8 @@ from flowforge.domain.breakers import (
     Pause,
     PauseScope,
     Transition,
+    breaker_name,
+    check_breaker_key,
     check_handler_name,
     check_pause_target,
 )
@@ -46,12 +48,16 @@ class Gates(Part):
         unlogged, one statement finds that and the pass ends there."""
         return self._transaction(_pass_gates, limit)
 
-    def breakers(self, handler: str | None = None) -> list[Breaker]:
-        """Every handler's breaker (or ``handler``'s), with its recent failures, cooldown left,
-        parked tasks and transitions."""
+    def breakers(self, handler: str | None = None, key: str | None = None) -> list[Breaker]:
+        """Every breaker (or ``handler``'s: its handler-wide one and each key's; with ``key``,
+        that key's only), with its recent failures, cooldown left, parked tasks and
+        transitions. :class:`InputError` for a malformed handler name or key."""
         if handler is not None:
             check_handler_name(handler)
-        return [_breaker(r) for r in self._query("list_breakers", {"handler": handler})]
+        if key is not None:
+            check_breaker_key(key)
+        params = {"handler": handler, "key": key}
+        return [_breaker(r) for r in self._query("list_breakers", params)]
 
     def pauses(self) -> list[Pause]:
         """Every paused queue and handler, with the tasks parked under it."""
@@ -62,19 +68,28 @@ class Gates(Part):
         parked now by why."""
         return self._transaction(_gauges)
 
-    def open_breaker(self, handler: str, requested_by: str, reason: str | None) -> GateChange:
-        """Open ``handler``'s breaker by hand and hold it open (no probe) until closed by hand.
-        :class:`NotFoundError` for a handler no workflow names, :class:`WrongStateError` when
-        it is held open already. Audited."""
+    def open_breaker(
+        self, handler: str, requested_by: str, reason: str | None, key: str | None = None
+    ) -> GateChange:
+        """Open ``handler``'s breaker (with ``key``: that key's breaker of the handler) by hand
+        and hold it open (no probe) until closed by hand. A key need not have failed yet: its
+        breaker is made open. :class:`InputError` for a malformed name or key (an empty key
+        too: no key names the handler's breaker), :class:`NotFoundError` for a handler no
+        workflow names, :class:`WrongStateError` when it is held open already. Audited."""
         check_note(requested_by, reason, "the reason")
-        return self._transaction(_open, check_handler_name(handler), requested_by, reason)
+        target = _target(handler, key)
+        return self._transaction(_open, *target, requested_by, reason)
 
-    def close_breaker(self, handler: str, requested_by: str, reason: str | None) -> GateChange:
-        """Close ``handler``'s breaker by hand (from open, held open or half-open): its failures
-        are forgotten and its parked tasks dispatched by the scheduler. :class:`WrongStateError`
-        when it is closed. Audited."""
+    def close_breaker(
+        self, handler: str, requested_by: str, reason: str | None, key: str | None = None
+    ) -> GateChange:
+        """Close ``handler``'s breaker (with ``key``: that key's) by hand (from open, held open
+        or half-open): its failures are forgotten and its parked tasks dispatched by the
+        scheduler. :class:`WrongStateError` when it is closed (or has never opened).
+        Audited."""
         check_note(requested_by, reason, "the reason")
-        return self._transaction(_close, check_handler_name(handler), requested_by, reason)
+        target = _target(handler, key)
+        return self._transaction(_close, *target, requested_by, reason)
 
     def pause(self, scope: str, name: str, requested_by: str, reason: str | None) -> GateChange:
         """Pause a queue or a handler: from the commit, no task of it is claimed (each is parked,
@@ -107,11 +122,17 @@ def _pass_gates(tx: Tx, limit: int) -> GatePass:
     return GatePass(unparked, tuple(_transition(r) for r in moved))
 
 
+def _target(handler: str, key: str | None) -> tuple[str, str]:
+    """(handler, key) of an operator's breaker action, checked; key '' is the handler's."""
+    return check_handler_name(handler), "" if key is None else check_breaker_key(key)
+
+
 def _gauges(tx: Tx) -> GateGauges:
     return GateGauges(
         tuple(
             BreakerGauge(
                 r["handler"],
+                r["key"],
                 BreakerState(r["state"]),
                 {
                     BreakerState.OPEN: r["opened"],
@@ -131,23 +152,35 @@ def _known(tx: Tx, handler: str) -> None:
         raise NotFoundError(f"no workflow names handler {handler!r}")
 
 
-def _open(tx: Tx, handler: str, by: str, reason: str | None) -> GateChange:
+def _open(tx: Tx, handler: str, key: str, by: str, reason: str | None) -> GateChange:
     _known(tx, handler)
-    row = tx.one("open_breaker", {"handler": handler, "by": by, "reason": reason})
+    params = {"handler": handler, "key": key, "by": by, "reason": reason}
+    row = tx.one("open_breaker", params)
     if row is None:
-        raise WrongStateError(f"the breaker of handler {handler!r} is held open already")
+        raise WrongStateError(f"the {breaker_name(handler, key)} is held open already")
     return GateChange(
-        "breaker_open", "handler", handler, row["previous_state"], str(BreakerState.OPEN)
+        "breaker_open",
+        "handler",
+        handler,
+        row["previous_state"],
+        str(BreakerState.OPEN),
+        key or None,
     )
 
 
-def _close(tx: Tx, handler: str, by: str, reason: str | None) -> GateChange:
+def _close(tx: Tx, handler: str, key: str, by: str, reason: str | None) -> GateChange:
     _known(tx, handler)
-    row = tx.one("close_breaker", {"handler": handler, "by": by, "reason": reason})
+    params = {"handler": handler, "key": key, "by": by, "reason": reason}
+    row = tx.one("close_breaker", params)
     if row is None:
-        raise WrongStateError(f"the breaker of handler {handler!r} is closed already")
+        raise WrongStateError(f"the {breaker_name(handler, key)} is closed already")
     return GateChange(
-        "breaker_close", "handler", handler, row["previous_state"], str(BreakerState.CLOSED)
+        "breaker_close",
+        "handler",
+        handler,
+        row["previous_state"],
+        str(BreakerState.CLOSED),
+        key or None,
     )
 
 
@@ -170,6 +203,7 @@ def _resume_target(tx: Tx, scope: PauseScope, name: str, by: str, reason: str | 
 def _transition(row: Row) -> Transition:
     return Transition(
         row["handler"],
+        row["key"],
         BreakerState(row["from_state"]),
         BreakerState(row["to_state"]),
         row["cause"],
@@ -180,6 +214,7 @@ def _transition(row: Row) -> Transition:
 def _breaker(row: Row) -> Breaker:
     return Breaker(
         handler=row["handler"],
+        key=row["key"],
         state=BreakerState(row["state"]),
         held=row["held"],
         recent_failures=row["recent_failures"],

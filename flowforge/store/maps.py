@@ -116,6 +116,7 @@ def _expand(tx: Tx, limit: int, buried: list[tuple[UUID, MapFailure]]) -> int:
                 "id": row["id"],
                 "idem_keys": planned.idempotency_keys,
                 "ordering_keys": planned.ordering_keys,
+                "breaker_keys": planned.breaker_keys,
             },
         )
         done += int(expanded["expanded"]) if expanded else 0

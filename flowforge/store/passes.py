@@ -160,12 +160,18 @@ class Passes(Part):
         return None if value is None else float(value)
 
     def purge(self, age_s: float, limit: int, *, key_age_s: float | None = None) -> int:
-        """Retention: delete up to ``limit`` each of finished runs and published outbox rows
-        older than ``age_s`` and SUCCEEDED idempotency keys unused for ``key_age_s`` (seconds;
-        None leaves keys alone); returns the rows deleted. A run with a DEAD (or any
-        unsettled) task is never deleted."""
-        ages = {"purge_runs": age_s, "purge_outbox": age_s, "purge_keys": key_age_s}
-        return self._transaction(_purge, ages, limit)
+        """Retention: delete up to ``limit`` each of finished runs, published outbox rows,
+        logged breaker transitions and gate audit rows older than ``age_s`` and SUCCEEDED
+        idempotency keys unused for ``key_age_s`` (seconds; None leaves keys alone); returns
+        the rows deleted. A run with a DEAD (or any unsettled) task is never deleted, nor a
+        breaker transition not logged yet."""
+        ages = {
+            "purge_runs": age_s,
+            "purge_outbox": age_s,
+            "purge_keys": key_age_s,
+            "purge_gate_audit": age_s,
+        }
+        return self._transaction(_purge, ages, age_s, limit)
 
     @staticmethod
     def _observed(outcomes: list[Routed], observe: Observer | None) -> int:
@@ -292,12 +298,15 @@ def _expire(tx: Tx, limit: int) -> list[UUID]:
     return ended
 
 
-def _purge(tx: Tx, ages: Mapping[str, float | None], limit: int) -> int:
-    return sum(
+def _purge(tx: Tx, ages: Mapping[str, float | None], age_s: float, limit: int) -> int:
+    deleted = sum(
         tx.count(name, {"age_s": age, "limit": limit})
         for name, age in ages.items()
         if age is not None
     )
+    # counted from the row it returns (its rowcount, a SELECT's, would be 1)
+    row = tx.one("purge_breaker_transitions", {"age_s": age_s, "limit": limit})
+    return deleted + (int(row["purged"]) if row else 0)
 
 
 def _decision_columns(

@@ -124,7 +124,7 @@ WITH inserted AS (
                            max_parallel, event_name, event_key, event_timeout_s, child_workflow,
                            queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
                            rate_per_s, priority, breaker_failures,
-                           breaker_window_s, breaker_cooldown_s)
+                           breaker_window_s, breaker_cooldown_s, breaker_key)
     SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
            t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
            t.start_gate, t.sleep_s, t.run_if,
@@ -133,7 +133,7 @@ WITH inserted AS (
            t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
            t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit, t.rate_key,
            t.rate_limit, t.rate_per_s, t.priority,
-           t.breaker_failures, t.breaker_window_s, t.breaker_cooldown_s
+           t.breaker_failures, t.breaker_window_s, t.breaker_cooldown_s, t.breaker_key
       FROM unnest(%(run_ids)s::uuid[], %(ids)s::uuid[], %(names)s::text[], %(handlers)s::text[],
                   %(pending)s::int[], %(max_attempts)s::int[], %(base_delays)s::float8[],
                   %(max_delays)s::float8[], %(jitters)s::text[], %(timeouts)s::float8[],
@@ -146,13 +146,13 @@ WITH inserted AS (
                   %(rate_keys)s::text[], %(rate_limits)s::int[], %(rate_pers)s::float8[],
                   %(admitted)s::bool[], %(priorities)s::smallint[],
                   %(breaker_failures)s::int[], %(breaker_windows)s::float8[],
-                  %(breaker_cooldowns)s::float8[])
+                  %(breaker_cooldowns)s::float8[], %(breaker_keys)s::text[])
            AS t(run_id, id, name, handler, pending_deps, max_attempts, base_delay_s, max_delay_s,
                 jitter, timeout_s, idempotency_key, ordering_key, on_dead, start_gate, sleep_s,
                 run_if, for_each, max_parallel, event_name, event_key, event_timeout_s,
                 child_workflow, queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
                 rate_per_s, admitted, priority, breaker_failures, breaker_window_s,
-                breaker_cooldown_s)
+                breaker_cooldown_s, breaker_key)
      CROSS JOIN LATERAL (
            SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
                   AND (t.admitted OR (t.sleep_s IS NULL AND t.for_each IS NULL
@@ -432,6 +432,43 @@ WITH doomed AS (
 )
 DELETE FROM idempotency_keys k USING doomed WHERE k.key = doomed.key;
 
+-- name: purge_breaker_transitions
+-- Breaker transitions older than the retention, in a bounded batch, oldest first — only rows
+-- already logged (the scheduler marks a row logged when it takes it to log: an unlogged row is
+-- never deleted, and one being logged right now is locked and skipped). What goes is added to
+-- breaker_transitions_purged (in key order: two purges never deadlock), so the counts
+-- `breakers list` and /metrics show never go down.
+WITH doomed AS (
+    SELECT id FROM breaker_transitions
+     WHERE logged AND at < now() - make_interval(secs => %(age_s)s)
+     ORDER BY at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM breaker_transitions x USING doomed WHERE x.id = doomed.id
+    RETURNING x.handler, x.key, x.to_state
+), counted AS (
+    INSERT INTO breaker_transitions_purged AS p (handler, key, to_state, n)
+    SELECT handler, key, to_state, count(*) FROM gone
+     GROUP BY handler, key, to_state
+     ORDER BY handler, key, to_state
+    ON CONFLICT (handler, key, to_state) DO UPDATE SET n = p.n + EXCLUDED.n
+)
+SELECT count(*) AS purged FROM gone;
+
+-- name: purge_gate_audit
+-- Operator actions on breakers and pauses older than the retention, in a bounded batch: the
+-- audit of a run's tasks (task, requeue, rerun audit) goes with its run after the same time,
+-- so operator_actions keeps one horizon for every kind of action.
+WITH doomed AS (
+    SELECT id FROM gate_audit
+     WHERE requested_at < now() - make_interval(secs => %(age_s)s)
+     ORDER BY requested_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM gate_audit g USING doomed WHERE g.id = doomed.id;
+
 -- name: release_conditions
 -- Conditional (run_if) dependents of tasks that died or were cancelled count them as
 -- finished (a success counted down in its finishing statement already): pending_deps 1 left
@@ -626,7 +663,7 @@ WITH wanted AS (
        -- InitPlan, evaluated once), or nothing holds this task. A task the gate holds is not
        -- claimed here; claim_many's per-pair path parks it (park).
        AND (NOT (SELECT flowforge_gates_closed())
-            OR flowforge_gate(t.handler, t.queue, t.id) IS NULL)
+            OR flowforge_gate(t.handler, t.queue, t.breaker_key, t.id) IS NULL)
     RETURNING t.id, t.run_id, t.name, t.handler, t.attempt, t.fencing_token, t.timeout_s,
               t.idempotency_key, extract(epoch FROM now() - t.ready_at)::float8 AS dispatch_lag_s,
               t.map_id, t.item_index, t.item, t.rate_key
@@ -676,9 +713,9 @@ SELECT c.*, r.input, r.workflow,
 -- only a gated (or stale) pair pays for it.
 UPDATE task_runs t
    SET state = 'RETRYING', fencing_token = t.fencing_token + 1, retry_at = NULL,
-       parked_on = flowforge_gate(t.handler, t.queue, t.id), updated_at = now()
+       parked_on = flowforge_gate(t.handler, t.queue, t.breaker_key, t.id), updated_at = now()
  WHERE t.id = %(id)s AND t.state = 'READY' AND t.fencing_token = %(token)s
-   AND flowforge_gate(t.handler, t.queue, t.id) IS NOT NULL
+   AND flowforge_gate(t.handler, t.queue, t.breaker_key, t.id) IS NOT NULL
 RETURNING t.id, t.parked_on;
 
 -- name: acquire_key
@@ -1605,19 +1642,19 @@ WITH map AS (
       JOIN task_runs u ON u.run_id = m.run_id AND u.name = m.for_each
      CROSS JOIN LATERAL jsonb_array_elements(u.result) WITH ORDINALITY AS e(item, n)
 ), keys AS (
-    SELECT (k.n - 1)::int AS idx, k.idem, k.okey
-      FROM unnest(%(idem_keys)s::text[], %(ordering_keys)s::text[]) WITH ORDINALITY
-           AS k(idem, okey, n)
+    SELECT (k.n - 1)::int AS idx, k.idem, k.okey, k.bkey
+      FROM unnest(%(idem_keys)s::text[], %(ordering_keys)s::text[], %(breaker_keys)s::text[])
+           WITH ORDINALITY AS k(idem, okey, bkey, n)
 ), items AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
                            on_dead, map_id, item_index, item, queue, priority,
-                           breaker_failures, breaker_window_s, breaker_cooldown_s)
+                           breaker_failures, breaker_window_s, breaker_cooldown_s, breaker_key)
     SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
            CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
            m.id, s.idx, s.item, m.queue, m.priority,
-           m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s
+           m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s, k.bkey
       FROM map m
      CROSS JOIN source s
       LEFT JOIN keys k ON k.idx = s.idx
@@ -2350,7 +2387,8 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
 
 -- name: trip_breakers
 -- After a finish, in its transaction: tasks of that batch that failed with a handler failure
--- (domain/breakers.py COUNTED_FAILURES; the caller passes only those). Per handler, the
+-- (domain/breakers.py COUNTED_FAILURES; the caller passes only those). Per breaker (handler and
+-- breaker key, '' for a task without one: migration 0020), the
 -- breaker row is read and written under its row lock (ON CONFLICT sees the latest committed
 -- version), so concurrent finishes on any tree count every failure and one opens it: closed →
 -- open when these make `failures` within the window (judged by the strictest thresholds of the
@@ -2358,31 +2396,32 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
 -- fresh cooldown). previous_state tells the transition, written in the same statement. Only a
 -- failure pays for this: a success or any other finish reads no breaker.
 WITH failed AS (
-    SELECT t.id, t.handler, t.breaker_failures, t.breaker_window_s, t.breaker_cooldown_s
+    SELECT t.id, t.handler, coalesce(t.breaker_key, '') AS key, t.breaker_failures,
+           t.breaker_window_s, t.breaker_cooldown_s
       FROM task_runs t
      WHERE t.id = ANY(%(ids)s::uuid[])
 ), hits AS (
-    SELECT f.handler,
+    SELECT f.handler, f.key,
            count(*) FILTER (WHERE f.breaker_failures IS NOT NULL)::int AS n,
            min(f.breaker_failures) AS lim, max(f.breaker_window_s) AS win,
            max(f.breaker_cooldown_s) AS cool,
            -- the probe among them, as the statement's snapshot has it (checked again below
            -- on the locked row)
            (SELECT x.probe_task_id FROM breakers x
-             WHERE x.handler = f.handler AND x.state = 'half_open'
+             WHERE x.handler = f.handler AND x.key = f.key AND x.state = 'half_open'
                AND x.probe_task_id = ANY(array_agg(f.id))) AS probe_id
       FROM failed f
-     GROUP BY f.handler
+     GROUP BY f.handler, f.key
 ), tripped AS (
-    INSERT INTO breakers AS b (handler, state, previous_state, failures, failure_limit,
+    INSERT INTO breakers AS b (handler, key, state, previous_state, failures, failure_limit,
                                window_s, cooldown_s, opened_at, probe_task_id)
-    SELECT h.handler, CASE WHEN h.n >= h.lim THEN 'open' ELSE 'closed' END, 'closed',
+    SELECT h.handler, h.key, CASE WHEN h.n >= h.lim THEN 'open' ELSE 'closed' END, 'closed',
            array_fill(now(), ARRAY[h.n]), h.lim, h.win, h.cool,
            CASE WHEN h.n >= h.lim THEN now() END, h.probe_id
       FROM hits h
      WHERE h.n > 0 OR h.probe_id IS NOT NULL
-     ORDER BY h.handler  -- one lock order: two batches never deadlock on their breakers
-    ON CONFLICT (handler) DO UPDATE
+     ORDER BY h.handler, h.key  -- one lock order: two batches never deadlock on their breakers
+    ON CONFLICT (handler, key) DO UPDATE
        SET state = CASE
                WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
                THEN 'open'
@@ -2413,10 +2452,10 @@ WITH failed AS (
                WHEN b.state = 'half_open' AND b.probe_task_id = EXCLUDED.probe_task_id
                THEN NULL ELSE b.probe_task_id END,
            updated_at = now()
-    RETURNING b.handler, b.previous_state, b.state
+    RETURNING b.handler, b.key, b.previous_state, b.state
 )
-INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
-SELECT handler, previous_state, state,
+INSERT INTO breaker_transitions (handler, key, from_state, to_state, cause)
+SELECT handler, key, previous_state, state,
        CASE WHEN previous_state = 'half_open' THEN 'probe_failed' ELSE 'failures' END
   FROM tripped
  WHERE state <> previous_state
@@ -2432,7 +2471,7 @@ RETURNING handler;
 -- wedge the breaker half-open. (A probe's handler failure reopened it in its finish:
 -- trip_breakers.) Conditional on the state, so whichever writer is first wins.
 WITH probed AS (
-    SELECT b.handler,
+    SELECT b.handler, b.key,
            coalesce(t.state = 'SUCCEEDED' AND t.attempt = b.probe_attempt + 1, false) AS ok,
            coalesce(t.parked_on IS NULL
                     AND ((t.state = 'RUNNING' AND t.attempt = b.probe_attempt + 1)
@@ -2448,11 +2487,11 @@ WITH probed AS (
            failures = CASE WHEN p.ok THEN '{}' ELSE b.failures END, probe_task_id = NULL,
            updated_at = now()
       FROM probed p
-     WHERE b.handler = p.handler AND NOT p.alive
-    RETURNING b.handler, b.state
+     WHERE b.handler = p.handler AND b.key = p.key AND NOT p.alive
+    RETURNING b.handler, b.key, b.state
 )
-INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
-SELECT handler, 'half_open', state,
+INSERT INTO breaker_transitions (handler, key, from_state, to_state, cause)
+SELECT handler, key, 'half_open', state,
        CASE WHEN state = 'closed' THEN 'probe_succeeded' ELSE 'probe_lost' END
   FROM settled
 RETURNING handler;
@@ -2474,20 +2513,21 @@ SELECT EXISTS (SELECT 1 FROM breakers WHERE state <> 'closed') AS breakers,
 -- schedulers: one takes the probe slot, the other skips it) and the task too (SKIP LOCKED). A
 -- breaker with no parked task stays open until one is parked.
 WITH due AS (
-    SELECT b.handler
+    SELECT b.handler, b.key
       FROM breakers b
      WHERE b.state = 'open' AND NOT b.held
        AND b.opened_at + make_interval(secs => b.cooldown_s) <= now()
-     ORDER BY b.handler
+     ORDER BY b.handler, b.key
      LIMIT %(limit)s
        FOR UPDATE OF b SKIP LOCKED
 ), chosen AS (
-    SELECT d.handler, p.id, p.attempt
+    SELECT d.handler, d.key, p.id, p.attempt
       FROM due d
      CROSS JOIN LATERAL (
            SELECT t.id, t.attempt
              FROM task_runs t
-            WHERE t.handler = d.handler AND t.parked_on IS NOT NULL AND t.state = 'RETRYING'
+            WHERE t.handler = d.handler AND coalesce(t.breaker_key, '') = d.key
+              AND t.parked_on IS NOT NULL AND t.state = 'RETRYING'
               AND NOT EXISTS (SELECT 1 FROM pauses q
                                WHERE (q.scope = 'handler' AND q.name = t.handler)
                                   OR (q.scope = 'queue' AND q.name = t.queue))
@@ -2499,22 +2539,22 @@ WITH due AS (
        SET state = 'half_open', previous_state = 'open', probe_task_id = c.id,
            probe_attempt = c.attempt, updated_at = now()
       FROM chosen c
-     WHERE b.handler = c.handler
-    RETURNING b.handler, c.id, c.attempt
+     WHERE b.handler = c.handler AND b.key = c.key
+    RETURNING b.handler, b.key, c.id, c.attempt
 ), unparked AS (
     UPDATE task_runs t
        SET parked_on = NULL, retry_at = now(), updated_at = now()
       FROM probing p
      WHERE t.id = p.id
 )
-INSERT INTO breaker_transitions (handler, from_state, to_state, cause, probe_task_id,
+INSERT INTO breaker_transitions (handler, key, from_state, to_state, cause, probe_task_id,
                                  probe_attempt)
-SELECT handler, 'open', 'half_open', 'cooldown', id, attempt FROM probing
+SELECT handler, key, 'open', 'half_open', 'cooldown', id, attempt FROM probing
 RETURNING handler;
 
 -- name: unpark_tasks
 -- Parked tasks that nothing holds any more (no pause of their queue or handler, their
--- handler's breaker closed) get a retry time of now, oldest first: promote_ready (or the
+-- breaker closed) get a retry time of now, oldest first: promote_ready (or the
 -- admission pass, for a task with a concurrency key) dispatches them in this same pass. No
 -- attempt was used by the parking, none is used by this.
 UPDATE task_runs t
@@ -2523,7 +2563,7 @@ UPDATE task_runs t
        SELECT p.id
          FROM task_runs p
         WHERE p.parked_on IS NOT NULL AND p.state = 'RETRYING'
-          AND flowforge_gate(p.handler, p.queue, p.id) IS NULL
+          AND flowforge_gate(p.handler, p.queue, p.breaker_key, p.id) IS NULL
         ORDER BY p.seq
         LIMIT %(limit)s
           FOR UPDATE OF p SKIP LOCKED)
@@ -2536,7 +2576,7 @@ UPDATE breaker_transitions x
    SET logged = true
  WHERE x.id IN (SELECT id FROM breaker_transitions
                  WHERE NOT logged ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING x.id, x.handler, x.from_state, x.to_state, x.cause, x.at;
+RETURNING x.id, x.handler, x.key, x.from_state, x.to_state, x.cause, x.at;
 
 -- name: known_handler
 -- Whether a handler is one FlowForge has seen: named by a task of a registered workflow
@@ -2547,51 +2587,58 @@ SELECT EXISTS (SELECT 1 FROM breakers WHERE handler = %(handler)s)
                 WHERE t.task ->> 'handler' = %(handler)s) AS known;
 
 -- name: open_breaker
--- An operator opens a handler's breaker and holds it open: no probe runs until an operator
--- closes it. Refused (no row) when it is held open already. Its transition (if the state
--- changes) and the audit row are written in the same statement.
+-- An operator opens a breaker (a handler's: key '', or one key's) and holds it open: no probe
+-- runs until an operator closes it. Refused (no row) when it is held open already. Its
+-- transition (if the state changes) and the audit row are written in the same statement.
 WITH opened AS (
-    INSERT INTO breakers AS b (handler, state, previous_state, held, opened_at)
-    VALUES (%(handler)s, 'open', 'closed', true, now())
-    ON CONFLICT (handler) DO UPDATE
+    INSERT INTO breakers AS b (handler, key, state, previous_state, held, opened_at)
+    VALUES (%(handler)s, %(key)s, 'open', 'closed', true, now())
+    ON CONFLICT (handler, key) DO UPDATE
        SET state = 'open', previous_state = b.state, held = true, opened_at = now(),
            probe_task_id = NULL, updated_at = now()
      WHERE NOT (b.state = 'open' AND b.held)
     RETURNING b.previous_state
 ), transitioned AS (
-    INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
-    SELECT %(handler)s, previous_state, 'open', 'operator' FROM opened
+    INSERT INTO breaker_transitions (handler, key, from_state, to_state, cause)
+    SELECT %(handler)s, %(key)s, previous_state, 'open', 'operator' FROM opened
      WHERE previous_state <> 'open'
 ), audited AS (
-    INSERT INTO gate_audit (action, scope, name, requested_by, reason, previous_state, new_state)
-    SELECT 'breaker_open', 'handler', %(handler)s, %(by)s, %(reason)s, previous_state, 'open'
+    INSERT INTO gate_audit (action, scope, name, key, requested_by, reason, previous_state,
+                            new_state)
+    SELECT 'breaker_open', 'handler', %(handler)s, nullif(%(key)s, ''), %(by)s, %(reason)s,
+           previous_state, 'open'
       FROM opened
 )
 SELECT previous_state FROM opened;
 
 -- name: close_breaker
--- An operator closes a handler's breaker (open, held open, or half-open): its failures are
--- forgotten and the scheduler, notified, unparks its tasks. Refused (no row) when it is closed.
+-- An operator closes a breaker (a handler's: key '', or one key's; open, held open, or
+-- half-open): its failures are forgotten and the scheduler, notified, unparks its tasks.
+-- Refused (no row) when it is closed.
 WITH closed AS (
     UPDATE breakers b
        SET state = 'closed', previous_state = b.state, held = false, failures = '{}',
            probe_task_id = NULL, updated_at = now()
-     WHERE b.handler = %(handler)s AND b.state <> 'closed'
+     WHERE b.handler = %(handler)s AND b.key = %(key)s AND b.state <> 'closed'
     RETURNING b.previous_state
 ), transitioned AS (
-    INSERT INTO breaker_transitions (handler, from_state, to_state, cause)
-    SELECT %(handler)s, previous_state, 'closed', 'operator' FROM closed
+    INSERT INTO breaker_transitions (handler, key, from_state, to_state, cause)
+    SELECT %(handler)s, %(key)s, previous_state, 'closed', 'operator' FROM closed
 ), audited AS (
-    INSERT INTO gate_audit (action, scope, name, requested_by, reason, previous_state, new_state)
-    SELECT 'breaker_close', 'handler', %(handler)s, %(by)s, %(reason)s, previous_state, 'closed'
+    INSERT INTO gate_audit (action, scope, name, key, requested_by, reason, previous_state,
+                            new_state)
+    SELECT 'breaker_close', 'handler', %(handler)s, nullif(%(key)s, ''), %(by)s, %(reason)s,
+           previous_state, 'closed'
       FROM closed
 )
 SELECT previous_state, pg_notify('flowforge_scheduler', '')::text AS notified FROM closed;
 
 -- name: list_breakers
--- Every breaker row (one per handler that failed under a breaker or that an operator opened),
--- with its recent failures, what is left of its cooldown, its parked tasks and transitions.
-SELECT b.handler, b.state, b.held, b.failure_limit, b.window_s, b.cooldown_s,
+-- Every breaker row (one per handler, or handler and key, that failed under a breaker or that
+-- an operator opened), with its recent failures, what is left of its cooldown, its parked
+-- tasks and transitions (those retention deleted included). Filtered by handler and key when
+-- given (NULL: any).
+SELECT b.handler, b.key, b.state, b.held, b.failure_limit, b.window_s, b.cooldown_s,
        b.opened_at, b.probe_task_id, b.updated_at,
        cardinality(breaker_recent(b.failures, coalesce(b.window_s, 0), 1000000))
            AS recent_failures,
@@ -2600,12 +2647,16 @@ SELECT b.handler, b.state, b.held, b.failure_limit, b.window_s, b.cooldown_s,
                                      + make_interval(secs => b.cooldown_s) - now()))::float8
        END AS probe_due_in_s,
        (SELECT count(*) FROM task_runs t
-         WHERE t.handler = b.handler AND t.parked_on = 'circuit_open'
-           AND t.state = 'RETRYING') AS parked,
-       (SELECT count(*) FROM breaker_transitions x WHERE x.handler = b.handler) AS transitions
+         WHERE t.handler = b.handler AND coalesce(t.breaker_key, '') = b.key
+           AND t.parked_on = 'circuit_open' AND t.state = 'RETRYING') AS parked,
+       (SELECT count(*) FROM breaker_transitions x
+         WHERE x.handler = b.handler AND x.key = b.key)
+       + (SELECT coalesce(sum(p.n), 0)::bigint FROM breaker_transitions_purged p
+           WHERE p.handler = b.handler AND p.key = b.key) AS transitions
   FROM breakers b
- WHERE %(handler)s::text IS NULL OR b.handler = %(handler)s
- ORDER BY b.handler;
+ WHERE (%(handler)s::text IS NULL OR b.handler = %(handler)s)
+   AND (%(key)s::text IS NULL OR b.key = %(key)s)
+ ORDER BY b.handler, b.key;
 
 -- name: pause
 -- Pause a queue or a handler: claims of its tasks park them from now on. Refused (no row) when
@@ -2645,16 +2696,25 @@ SELECT p.scope, p.name, p.paused_by, p.reason, p.paused_at,
 
 -- name: breaker_gauges
 -- /metrics: each breaker's state and its transitions by target state (a counter kept by the
--- database: every tree's transitions, however many apis scrape).
-SELECT b.handler, b.state,
-       (SELECT count(*) FROM breaker_transitions x
-         WHERE x.handler = b.handler AND x.to_state = 'open') AS opened,
-       (SELECT count(*) FROM breaker_transitions x
-         WHERE x.handler = b.handler AND x.to_state = 'half_open') AS half_opened,
-       (SELECT count(*) FROM breaker_transitions x
-         WHERE x.handler = b.handler AND x.to_state = 'closed') AS closed
+-- database: every tree's transitions, however many apis scrape, with those retention deleted:
+-- it never goes down). The handler-wide breakers (key '') first, then the keyed ones, those
+-- not closed first, most recently changed first: the caller bounds the keyed series it shows.
+SELECT b.handler, b.key, b.state,
+       coalesce(c.opened, 0)::bigint AS opened,
+       coalesce(c.half_opened, 0)::bigint AS half_opened,
+       coalesce(c.closed, 0)::bigint AS closed
   FROM breakers b
- ORDER BY b.handler;
+ CROSS JOIN LATERAL (
+       SELECT sum(u.n) FILTER (WHERE u.to_state = 'open') AS opened,
+              sum(u.n) FILTER (WHERE u.to_state = 'half_open') AS half_opened,
+              sum(u.n) FILTER (WHERE u.to_state = 'closed') AS closed
+         FROM (SELECT x.to_state, count(*) AS n FROM breaker_transitions x
+                WHERE x.handler = b.handler AND x.key = b.key
+                GROUP BY x.to_state
+               UNION ALL
+               SELECT p.to_state, p.n FROM breaker_transitions_purged p
+                WHERE p.handler = b.handler AND p.key = b.key) AS u) AS c
+ ORDER BY b.key <> '', b.state = 'closed', b.updated_at DESC, b.handler, b.key;
 
 -- name: parked_counts
 -- /metrics: tasks parked now, by why.

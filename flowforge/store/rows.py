@@ -470,6 +470,7 @@ def task_columns(
         "breaker_failures": [t.breaker_failures for t in tasks],
         "breaker_windows": [t.breaker_window_s for t in tasks],
         "breaker_cooldowns": [t.breaker_cooldown_s for t in tasks],
+        "breaker_keys": [t.breaker_key for t in tasks],
     }
 
 

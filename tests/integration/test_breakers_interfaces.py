@@ -113,6 +113,7 @@ def test_api_breakers_pauses_and_refusals(config: Path, repo: Store, sql: Sql) -
             "name": HANDLER,
             "previous_state": "closed",
             "new_state": "open",
+            "key": None,  # the handler's own breaker (migration 0020)
         }
         (shown,) = api.get("/api/v1/breakers").json()["breakers"]
         assert (shown["state"], shown["held"]) == ("open", True)
@@ -157,7 +158,7 @@ def test_metrics_show_breaker_state_transitions_and_parked(
         try_claim(repo, sql, tid)
     with serve_config(config) as api:
         text = api.get("/metrics").body.decode()
-    assert f'flowforge_breaker_state{{handler="{HANDLER}"}} 2.0' in text
+    assert f'flowforge_breaker_state{{handler="{HANDLER}",key=""}} 2.0' in text
     assert f'flowforge_breaker_transitions_total{{handler="{HANDLER}",to_state="open"}} 1.0' in text
     assert 'flowforge_parked_tasks{waiting_on="circuit_open"} 2.0' in text
     assert 'flowforge_parked_tasks{waiting_on="paused"} 0.0' in text

@@ -104,7 +104,7 @@ def test_yaml_refuses_bad_failures(failures: Any) -> None:
     "breaker",
     [
         {"failures": 5, "window": "60s"},  # no cooldown
-        {"failures": 5, "window": "60s", "cooldown": "30s", "key": "x"},  # unknown key
+        {"failures": 5, "window": "60s", "cooldown": "30s", "keys": "x"},  # unknown key
         "5/60s/30s",  # not a mapping
         [5, 60, 30],
     ],

@@ -35,6 +35,7 @@ INDIRECT_NAMES = (
     "purge_runs",
     "purge_outbox",
     "purge_keys",
+    "purge_gate_audit",
 )
 PLACEHOLDER = re.compile(r"%\((?P<name>[a-z_][a-z0-9_]*)\)s")
 

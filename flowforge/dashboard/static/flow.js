@@ -24,15 +24,22 @@ async function act(path, question, done) {
   if (note === null) return;
   try {
     const change = await postJSON(path, note);
-    flash(`${done} ${change.name}: ${change.previous_state} → ${change.new_state}.`, "ok");
+    const key = change.key ? ` key ${change.key}` : "";
+    flash(`${done} ${change.name}${key}: ${change.previous_state} → ${change.new_state}.`, "ok");
   } catch (err) {
     flash(describe(err), "error");
   }
   poll.now();
 }
 
-function breakerPath(handler, action) {
-  return `/api/v1/breakers/${encodeURIComponent(handler)}/${action}`;
+// key "" (or absent): the handler's own breaker; a keyed one is named by ?key=
+function breakerPath(handler, action, key = "") {
+  const query = key ? `?key=${encodeURIComponent(key)}` : "";
+  return `/api/v1/breakers/${encodeURIComponent(handler)}/${action}${query}`;
+}
+
+function breakerName(b) {
+  return b.key ? `${b.handler} key ${b.key}` : b.handler;
 }
 
 function pausePath(scope, name, action) {
@@ -48,7 +55,7 @@ function breakerRow(b) {
   if (b.state !== "closed") {
     actions.push(
       button("close-breaker", "Close", () =>
-        act(breakerPath(b.handler, "close"), `Close the breaker of ${b.handler}? Its parked tasks run again.`, "Breaker of"),
+        act(breakerPath(b.handler, "close", b.key), `Close the breaker of ${breakerName(b)}? Its parked tasks run again.`, "Breaker of"),
       ),
     );
   }
@@ -57,15 +64,16 @@ function breakerRow(b) {
       button(
         "hold-breaker",
         "Hold open",
-        () => act(breakerPath(b.handler, "open"), `Open the breaker of ${b.handler} and hold it open (no probe)?`, "Breaker of"),
+        () => act(breakerPath(b.handler, "open", b.key), `Open the breaker of ${breakerName(b)} and hold it open (no probe)?`, "Breaker of"),
         true,
       ),
     );
   }
   return el(
     "tr",
-    { "data-handler": b.handler },
+    { "data-handler": b.handler, "data-key": b.key },
     el("td", {}, b.handler),
+    el("td", { "data-testid": "breaker-key" }, b.key || "—"),
     el("td", { "data-testid": "breaker-state", "data-state": b.state }, STATE_TEXT[b.state] + (b.held ? " (held)" : "")),
     el("td", { class: "num" }, String(b.recent_failures)),
     el("td", {}, rule(b)),
@@ -98,7 +106,7 @@ function pauseRow(p) {
 
 async function refresh() {
   const [breakers, pauses] = await Promise.all([getJSON("/api/v1/breakers"), getJSON("/api/v1/pauses")]);
-  const bkey = (b) => `${b.handler}|${b.state}|${b.held}|${b.recent_failures}|${b.parked}|${b.transitions}|${Math.ceil(b.probe_due_in_s ?? -1)}`;
+  const bkey = (b) => `${b.handler}|${b.key}|${b.state}|${b.held}|${b.recent_failures}|${b.parked}|${b.transitions}|${Math.ceil(b.probe_due_in_s ?? -1)}`;
   renderRows($("[data-testid=breakers-table] tbody"), breakers.breakers, bkey, breakerRow);
   $("#breakers-empty").hidden = breakers.breakers.length > 0;
   const pkey = (p) => `${p.scope}|${p.name}|${p.parked}`;
@@ -111,7 +119,9 @@ const poll = poller(REFRESH_MS, refresh);
 $("[data-testid=open-breaker-form]").addEventListener("submit", (event) => {
   event.preventDefault();
   const handler = $("[data-testid=open-breaker-handler]").value.trim();
-  if (handler) act(breakerPath(handler, "open"), `Open the breaker of ${handler} and hold it open (no probe)?`, "Breaker of");
+  const key = $("[data-testid=open-breaker-key]").value;
+  const name = key ? `${handler} key ${key}` : handler;
+  if (handler) act(breakerPath(handler, "open", key), `Open the breaker of ${name} and hold it open (no probe)?`, "Breaker of");
 });
 $("[data-testid=pause-form]").addEventListener("submit", (event) => {
   event.preventDefault();
