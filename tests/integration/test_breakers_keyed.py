@@ -1,0 +1,281 @@
+"""A circuit breaker per key (``circuit_breaker.key``, migration 0020) and retention of breaker
+transitions, against real PostgreSQL.
+
+Tasks of one handler with different rendered keys have different breakers: the failures of key
+A's tasks open A's breaker and hold only A's tasks, while B's tasks run and SUCCEED. Every count
+is read from the database.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from flowforge.domain.breakers import BreakerState, CircuitBreaker
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.model import ClaimOutcome
+from flowforge.domain.states import TaskState
+from flowforge.errors import InputError, WrongStateError
+from tests.helpers import claim_task, dispatch, drain, task_ids
+from tests.integration.test_breakers import (
+    HANDLER,
+    NOW_RETRY,
+    facts,
+    fail,
+    succeed,
+    try_claim,
+)
+from tests.store import Store
+
+pytestmark = pytest.mark.integration
+
+Sql = psycopg.Connection[tuple[Any, ...]]
+
+KEYED = CircuitBreaker(failures=3, window=60.0, cooldown=30.0, key="partner-{region}")
+DAY_S = 86_400.0
+
+
+def keyed(name: str = "keyed", breaker: CircuitBreaker | None = KEYED) -> WorkflowDef:
+    return WorkflowDef(name, (TaskDef("call", HANDLER, retry=NOW_RETRY, circuit_breaker=breaker),))
+
+
+def ready(repo: Store, region: str, runs: int, **workflow: Any) -> list[UUID]:
+    """``runs`` READY tasks of :func:`keyed` for ``region``, oldest first."""
+    ids = [repo.trigger(keyed(**workflow), {"region": region}).run_id for _ in range(runs)]
+    return [repo.get_run(r).tasks[0].id for r in ids]
+
+
+def breakers(sql: Sql) -> dict[str, tuple[str, UUID | None]]:
+    """Every breaker row of HANDLER: key → (state, probe task)."""
+    rows = sql.execute(
+        "SELECT key, state, probe_task_id FROM breakers WHERE handler = %s", (HANDLER,)
+    ).fetchall()
+    return {str(k): (str(s), p) for k, s, p in rows}
+
+
+def transitions(sql: Sql) -> list[tuple[str, str, str, str]]:
+    rows = sql.execute(
+        "SELECT key, from_state, to_state, cause FROM breaker_transitions ORDER BY id"
+    ).fetchall()
+    return [(str(k), str(a), str(b), str(c)) for k, a, b, c in rows]
+
+
+def states(sql: Sql, ids: list[UUID]) -> list[str]:
+    rows = sql.execute(
+        "SELECT state FROM task_runs WHERE id = ANY(%s) ORDER BY seq", (ids,)
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def cooldown_over(sql: Sql, key: str) -> None:
+    sql.execute(
+        "UPDATE breakers SET opened_at = opened_at - interval '1 hour' WHERE key = %s", (key,)
+    )
+
+
+def open_key(repo: Store, sql: Sql, region: str, extra: int) -> list[UUID]:
+    """Three failures of ``region``'s tasks open its breaker; ``extra`` more READY tasks."""
+    tasks = ready(repo, region, 3 + extra)
+    for tid in tasks[:3]:
+        fail(repo, sql, tid)
+    assert breakers(sql)[f"partner-{region}"][0] == "open"
+    return tasks[3:]
+
+
+def test_one_keys_failures_open_its_breaker_only_and_the_other_keys_tasks_succeed(
+    repo: Store, sql: Sql
+) -> None:
+    eu_waiting = open_key(repo, sql, "eu", extra=2)
+    us = ready(repo, "us", 4)
+    unkeyed = [repo.get_run(repo.trigger(keyed("plain", None)).run_id).tasks[0].id]
+    rows = sql.execute(
+        "SELECT breaker_key FROM task_runs WHERE id = ANY(%s)", (eu_waiting + us + unkeyed,)
+    ).fetchall()
+    assert sorted(r[0] or "" for r in rows) == ["", *["partner-eu"] * 2, *["partner-us"] * 4]
+    # eu's tasks are parked (no attempt used); us's and the unkeyed one run meanwhile
+    for tid in eu_waiting:
+        assert try_claim(repo, sql, tid) is ClaimOutcome.LOST
+        assert facts(sql, tid) == ("RETRYING", 0, "circuit_open", False, 0)
+        assert repo.get_task(tid).waiting_on == "circuit_open"
+    for tid in us + unkeyed:
+        succeed(repo, sql, tid)
+    assert states(sql, us + unkeyed) == ["SUCCEEDED"] * 5
+    # one failure of us's counts against us's breaker only
+    fail(repo, sql, ready(repo, "us", 1)[0])
+    assert breakers(sql) == {"partner-eu": ("open", None), "partner-us": ("closed", None)}
+    assert transitions(sql) == [("partner-eu", "closed", "open", "failures")]
+    drain(repo)  # eu's cooldown runs: still parked, nothing else moved
+    assert states(sql, eu_waiting) == ["RETRYING", "RETRYING"]
+    shown = {b.key: b for b in repo.breakers(HANDLER)}
+    assert (shown["partner-eu"].state, shown["partner-eu"].parked) == (BreakerState.OPEN, 2)
+    assert (shown["partner-us"].recent_failures, shown["partner-us"].parked) == (1, 0)
+
+
+def test_each_key_probes_on_its_own_cooldown(repo: Store, sql: Sql) -> None:
+    eu = open_key(repo, sql, "eu", extra=2)
+    us = open_key(repo, sql, "us", extra=1)
+    for tid in eu + us:
+        assert try_claim(repo, sql, tid) is ClaimOutcome.LOST
+    cooldown_over(sql, "partner-eu")
+    drain(repo)
+    # eu's oldest parked task is its probe; us's breaker, cooldown running, has none
+    assert breakers(sql) == {"partner-eu": ("half_open", eu[0]), "partner-us": ("open", None)}
+    succeed(repo, sql, eu[0])
+    drain(repo)
+    assert breakers(sql)["partner-eu"] == ("closed", None)
+    succeed(repo, sql, eu[1])  # unparked by the closing
+    assert facts(sql, us[0]) == ("RETRYING", 0, "circuit_open", False, 0)  # us still held
+    # us's probe fails: us opens again for a fresh cooldown, eu stays closed
+    cooldown_over(sql, "partner-us")
+    drain(repo)
+    assert breakers(sql)["partner-us"] == ("half_open", us[0])
+    fail(repo, sql, us[0])
+    assert breakers(sql) == {"partner-eu": ("closed", None), "partner-us": ("open", None)}
+    assert [t for t in transitions(sql) if t[0] == "partner-us"][-1] == (
+        "partner-us",
+        "half_open",
+        "open",
+        "probe_failed",
+    )
+
+
+def plain_task(repo: Store) -> UUID:
+    """A READY task of HANDLER that declares no breaker key."""
+    return repo.get_run(repo.trigger(keyed("plain", None)).run_id).tasks[0].id
+
+
+def test_an_operator_opens_and_closes_one_keys_breaker(repo: Store, sql: Sql) -> None:
+    eu, us = ready(repo, "eu", 2), ready(repo, "us", 2)
+    plain = [plain_task(repo), plain_task(repo)]
+    done = repo.open_breaker(HANDLER, "ann", "region down", key="partner-us")
+    assert (done.key, done.previous_state, done.new_state) == ("partner-us", "closed", "open")
+    assert try_claim(repo, sql, us[0]) is ClaimOutcome.LOST
+    succeed(repo, sql, eu[0])  # another key and the handler's unkeyed tasks are not held
+    succeed(repo, sql, plain[0])
+    # the handler's own breaker holds its unkeyed tasks only, not a keyed one
+    repo.open_breaker(HANDLER, "ann", None)
+    assert try_claim(repo, sql, plain[1]) is ClaimOutcome.LOST
+    succeed(repo, sql, eu[1])
+    repo.close_breaker(HANDLER, "ann", None)
+    with pytest.raises(WrongStateError, match="key 'partner-us' is held open already"):
+        repo.open_breaker(HANDLER, "ann", None, key="partner-us")
+    with pytest.raises(InputError, match="empty"):
+        repo.close_breaker(HANDLER, "ann", None, key="")
+    assert [b.key for b in repo.breakers(HANDLER, "partner-us")] == ["partner-us"]
+    closed = repo.close_breaker(HANDLER, "bob", "back", key="partner-us")
+    assert (closed.key, closed.previous_state) == ("partner-us", "open")
+    with pytest.raises(WrongStateError, match="closed already"):
+        repo.close_breaker(HANDLER, "bob", None, key="partner-us")
+    drain(repo)
+    succeed(repo, sql, us[0])  # unparked by the close
+    succeed(repo, sql, us[1])
+    succeed(repo, sql, plain[1])
+    assert states(sql, eu + us + plain) == ["SUCCEEDED"] * 6
+    audit = sql.execute("SELECT action, key FROM gate_audit ORDER BY id").fetchall()
+    assert audit == [
+        ("breaker_open", "partner-us"),
+        ("breaker_open", None),
+        ("breaker_close", None),
+        ("breaker_close", "partner-us"),
+    ]
+    details = sql.execute(
+        "SELECT details FROM operator_actions WHERE source = 'gate_audit' ORDER BY id"
+    ).fetchall()
+    assert details[0][0] == {"scope": "handler", "name": HANDLER, "key": "partner-us"}
+    assert details[1][0] == {"scope": "handler", "name": HANDLER}
+
+
+def test_a_maps_items_render_their_breaker_key_per_item(repo: Store, sql: Sql) -> None:
+    breaker = CircuitBreaker(3, 60, 30, key="partner-{item[region]}")
+    wf = WorkflowDef(
+        "mapped_keyed",
+        (
+            TaskDef("list", "tests.noop"),
+            TaskDef("process", HANDLER, for_each="list", circuit_breaker=breaker),
+        ),
+    )
+    run_id = repo.trigger(wf, {}).run_id
+    ids = task_ids(repo, run_id)
+    claim = claim_task(repo, sql, ids["list"])
+    result = [{"region": "eu"}, {"region": "us"}]
+    assert repo.finish(ids["list"], claim.fencing_token, TaskState.SUCCEEDED, result=result)
+    dispatch(sql)
+    drain(repo)
+    rows = sql.execute(
+        "SELECT name, breaker_key, breaker_failures FROM task_runs WHERE run_id = %s ORDER BY name",
+        (run_id,),
+    ).fetchall()
+    assert rows == [
+        ("list", None, None),
+        ("process", None, 3),
+        ("process[0]", "partner-eu", 3),
+        ("process[1]", "partner-us", 3),
+    ]
+
+
+def test_a_child_runs_tasks_render_their_key_from_the_child_input(repo: Store, sql: Sql) -> None:
+    repo.register_workflows([keyed("child_keyed")])
+    parent = WorkflowDef(
+        "parent_keyed",
+        (TaskDef("start", workflow="child_keyed", input={"region": "{zone}"}),),
+    )
+    run_id = repo.trigger(parent, {"zone": "ap"}).run_id
+    drain(repo)
+    row = sql.execute(
+        "SELECT c.breaker_key FROM task_runs c JOIN workflow_runs r ON r.id = c.run_id"
+        " WHERE r.parent_run_id = %s",
+        (run_id,),
+    ).fetchone()
+    assert row == ("partner-ap",)
+
+
+def test_a_trigger_whose_key_cannot_render_is_refused_and_creates_nothing(
+    repo: Store, sql: Sql
+) -> None:
+    with pytest.raises(InputError, match="circuit_breaker.key"):
+        repo.trigger(keyed(), {"zone": "eu"})  # no region
+    empty = CircuitBreaker(3, 60, 30, key="{region}")
+    with pytest.raises(InputError, match="empty"):
+        repo.trigger(keyed("empty", empty), {"region": ""})  # '' is the handler's breaker
+    assert sql.execute("SELECT count(*) FROM workflow_runs").fetchone() == (0,)
+
+
+def test_retention_deletes_old_logged_transitions_only_and_counts_stay(
+    repo: Store, sql: Sql
+) -> None:
+    eu = open_key(repo, sql, "eu", extra=1)
+    repo.close_breaker(HANDLER, "ann", None, key="partner-eu")
+    drain(repo)  # the scheduler's gate pass logs (and marks) both transitions
+    repo.open_breaker(HANDLER, "ann", None, key="partner-us")  # not logged yet
+    assert sql.execute("SELECT count(*) FROM breaker_transitions WHERE NOT logged").fetchone() == (
+        1,
+    )
+    counted = {b.key: b.transitions for b in repo.breakers(HANDLER)}
+    gauges = {g.key: g.transitions for g in repo.gauges().breakers}
+    sql.execute("UPDATE breaker_transitions SET at = at - interval '40 days'")
+    sql.execute("UPDATE gate_audit SET requested_at = requested_at - interval '40 days'")
+    recent = repo.open_breaker(HANDLER, "ann", "recent", key="partner-eu")  # a new audit row
+    assert recent.new_state == "open"
+    # bounded per pass: a limit of 1 deletes one transition and one audit row
+    assert repo.purge(30 * DAY_S, 1) == 2
+    assert repo.purge(30 * DAY_S, 100) == 2  # the other logged transition, one audit row
+    assert repo.purge(30 * DAY_S, 100) == 0
+    left = sql.execute(
+        "SELECT key, to_state, logged FROM breaker_transitions ORDER BY id"
+    ).fetchall()
+    # the unlogged old one is kept; so is the recent opening (logged or not)
+    assert left == [("partner-us", "open", False), ("partner-eu", "open", False)]
+    assert sql.execute("SELECT action, reason FROM gate_audit").fetchall() == [
+        ("breaker_open", "recent")
+    ]
+    # the counts the CLI and /metrics show never go down (plus the recent opening of eu)
+    after = {b.key: b.transitions for b in repo.breakers(HANDLER)}
+    assert after == {"partner-eu": counted["partner-eu"] + 1, "partner-us": 1}
+    moved = {g.key: g.transitions for g in repo.gauges().breakers}
+    assert moved["partner-eu"][BreakerState.CLOSED] == gauges["partner-eu"][BreakerState.CLOSED]
+    assert moved["partner-eu"][BreakerState.OPEN] == gauges["partner-eu"][BreakerState.OPEN] + 1
+    assert eu  # its task stayed parked throughout (held open again)
+    assert try_claim(repo, sql, eu[0]) is ClaimOutcome.LOST
