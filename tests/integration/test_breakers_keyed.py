@@ -235,7 +235,7 @@ def test_a_child_runs_tasks_render_their_key_from_the_child_input(repo: Store, s
 def test_a_trigger_whose_key_cannot_render_is_refused_and_creates_nothing(
     repo: Store, sql: Sql
 ) -> None:
-    with pytest.raises(InputError, match="circuit_breaker.key"):
+    with pytest.raises(InputError, match=r"circuit_breaker\.key"):
         repo.trigger(keyed(), {"zone": "eu"})  # no region
     empty = CircuitBreaker(3, 60, 30, key="{region}")
     with pytest.raises(InputError, match="empty"):
