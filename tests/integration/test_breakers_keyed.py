@@ -8,17 +8,24 @@ is read from the database.
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import psycopg
 import pytest
 
+from flowforge.cli import exitcodes
 from flowforge.domain.breakers import BreakerState, CircuitBreaker
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.states import TaskState
 from flowforge.errors import InputError, WrongStateError
+from tests.api_client import assert_json_error, serve_config, write_config
+from tests.cli_runner import assert_refused as refused
+from tests.cli_runner import run_config as flowforge
 from tests.helpers import claim_task, dispatch, drain, task_ids
 from tests.integration.test_breakers import (
     HANDLER,
@@ -279,3 +286,103 @@ def test_retention_deletes_old_logged_transitions_only_and_counts_stay(
     assert moved["partner-eu"][BreakerState.OPEN] == gauges["partner-eu"][BreakerState.OPEN] + 1
     assert eu  # its task stayed parked throughout (held open again)
     assert try_claim(repo, sql, eu[0]) is ClaimOutcome.LOST
+
+
+# ------------------------------------------------------------------ the CLI, the api, /metrics
+
+
+@pytest.fixture
+def config(tmp_path: Path, clean_database_url: str) -> Path:
+    return write_config(tmp_path, clean_database_url, {})
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert result.stderr == ""
+    return result.stdout
+
+
+def test_cli_lists_opens_and_closes_one_keys_breaker(config: Path, repo: Store, sql: Sql) -> None:
+    open_key(repo, sql, "eu", extra=0)
+    us = ready(repo, "us", 1)
+    out = ok(flowforge(config, "breakers", "list"))
+    header, row = out.splitlines()[:2]
+    assert header.split()[:3] == ["HANDLER", "KEY", "STATE"]
+    assert row.split()[:3] == [HANDLER, "partner-eu", "open"]
+    out = ok(flowforge(config, "breakers", "open", HANDLER, "--key", "partner-us", "--by", "ann"))
+    assert out == f"breaker of handler '{HANDLER}' key 'partner-us': closed -> open\n"
+    assert try_claim(repo, sql, us[0]) is ClaimOutcome.LOST
+    (shown,) = json.loads(
+        ok(flowforge(config, "breakers", "list", "--key", "partner-us", "--json"))
+    )["breakers"]
+    assert (shown["key"], shown["state"], shown["held"], shown["parked"]) == (
+        "partner-us",
+        "open",
+        True,
+        1,
+    )
+    data = json.loads(
+        ok(flowforge(config, "breakers", "close", HANDLER, "--key", "partner-us", "--json"))
+    )
+    assert (data["key"], data["previous_state"], data["new_state"]) == (
+        "partner-us",
+        "open",
+        "closed",
+    )
+    refused(
+        flowforge(config, "breakers", "close", HANDLER, "--key", "partner-us"),
+        exitcodes.REFUSED,
+        "key 'partner-us' is closed already",
+    )
+    refused(flowforge(config, "breakers", "open", HANDLER, "--key", ""), exitcodes.USAGE, "empty")
+    refused(flowforge(config, "breakers", "list", HANDLER, "--key", ""), exitcodes.USAGE, "--key")
+    refused(
+        flowforge(config, "breakers", "open", "no.such", "--key", "k"),
+        exitcodes.NOT_FOUND,
+        "no workflow",
+    )
+    refused(
+        flowforge(config, "breakers", "open", HANDLER, "--key", "a\udcffb"),
+        exitcodes.USAGE,
+        "--key",
+    )
+    assert sql.execute("SELECT action, key FROM gate_audit ORDER BY id").fetchall() == [
+        ("breaker_open", "partner-us"),
+        ("breaker_close", "partner-us"),
+    ]
+
+
+def test_api_names_a_keyed_breaker_by_its_query_parameter(
+    config: Path, repo: Store, sql: Sql
+) -> None:
+    us = ready(repo, "us", 1)
+    path = f"/api/v1/breakers/{HANDLER}"
+    with serve_config(config) as api:
+        reply = api.post(f"{path}/open?key=partner-us", {"reason": "region down"})
+        assert reply.status == 200, reply.body
+        assert reply.json() == {
+            "action": "breaker_open",
+            "scope": "handler",
+            "name": HANDLER,
+            "key": "partner-us",
+            "previous_state": "closed",
+            "new_state": "open",
+        }
+        assert try_claim(repo, sql, us[0]) is ClaimOutcome.LOST
+        (shown,) = api.get("/api/v1/breakers?key=partner-us").json()["breakers"]
+        assert (shown["key"], shown["parked"]) == ("partner-us", 1)
+        assert api.get("/api/v1/breakers?key=other").json() == {"breakers": []}
+        assert api.get(f"/api/v1/breakers?handler={HANDLER}").json()["breakers"] == [shown]
+        assert "empty" in assert_json_error(api.post(f"{path}/open?key="), 400)
+        assert_json_error(api.post(f"{path}/close?key=a%00b"), 400)
+        assert_json_error(api.get("/api/v1/breakers?key="), 400)
+        assert_json_error(api.get("/api/v1/breakers?handler=bad%20name"), 400)
+        assert_json_error(api.post("/api/v1/breakers/no.such/open?key=k"), 404)
+        assert "closed already" in assert_json_error(api.post(f"{path}/close"), 409)
+        text = api.get("/metrics").body.decode()
+        assert f'flowforge_breaker_state{{handler="{HANDLER}",key="partner-us"}} 2.0' in text
+        assert f'flowforge_breakers_keyed_not_closed{{handler="{HANDLER}"}} 1.0' in text
+        assert api.post(f"{path}/close?key=partner-us").status == 200
+        text = api.get("/metrics").body.decode()
+        assert 'key="partner-us"' not in text  # closed: its series is gone
+    assert sql.execute("SELECT count(*) FROM gate_audit").fetchone() == (2,)
