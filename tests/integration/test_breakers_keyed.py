@@ -23,10 +23,11 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.states import TaskState
 from flowforge.errors import InputError, WrongStateError
+from flowforge.store import queries
 from tests.api_client import assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_refused as refused
 from tests.cli_runner import run_config as flowforge
-from tests.helpers import claim_task, dispatch, drain, task_ids
+from tests.helpers import claim_task, dispatch, drain, outbox_token, task_ids
 from tests.integration.test_breakers import (
     HANDLER,
     NOW_RETRY,
@@ -386,3 +387,42 @@ def test_api_names_a_keyed_breaker_by_its_query_parameter(
         text = api.get("/metrics").body.decode()
         assert 'key="partner-us"' not in text  # closed: its series is gone
     assert sql.execute("SELECT count(*) FROM gate_audit").fetchone() == (2,)
+
+
+def claim_counting_gates(sql: Sql, tids: list[UUID]) -> tuple[int, int]:
+    """Run the claim of ``tids`` in a transaction rolled back: (tasks claimed, calls of
+    flowforge_gate it made), the calls counted by PostgreSQL (track_functions)."""
+    tokens = [outbox_token(sql, t) for t in tids]
+    params = {
+        "ids": tids,
+        "tokens": tokens,
+        "worker": "w",
+        "lease_s": 30.0,
+        "keyless_only": False,
+        "local": False,
+    }
+    counted: tuple[int, int] = (0, 0)
+    with sql.transaction(force_rollback=True):
+        sql.execute("SET LOCAL track_functions = 'pl'")
+        claimed = len(sql.execute(queries.load()["claim"], params).fetchall())
+        row = sql.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+            " WHERE funcname = 'flowforge_gate'"
+        ).fetchone()
+        assert row is not None
+        counted = (claimed, int(row[0]))
+    return counted
+
+
+def test_the_claim_of_a_task_nothing_holds_calls_no_gate_keyed_or_not(
+    repo: Store, sql: Sql
+) -> None:
+    eu = ready(repo, "eu", 3)
+    plain = [plain_task(repo)]
+    # nothing held: the InitPlan (flowforge_gates_closed) answers once, no task's gate is read
+    assert claim_counting_gates(sql, eu + plain) == (4, 0)
+    # another key's breaker open: each task's gate is read, and its own key lets it through
+    repo.open_breaker(HANDLER, "ann", None, key="partner-us")
+    assert claim_counting_gates(sql, eu + plain) == (4, 4)
+    repo.open_breaker(HANDLER, "ann", None, key="partner-eu")
+    assert claim_counting_gates(sql, eu + plain)[0] == 1  # eu's are held now
