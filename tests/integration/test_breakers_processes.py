@@ -169,3 +169,67 @@ def test_pausing_a_queue_stops_its_claims_until_resumed_and_loses_nothing(
         assert count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1") == 0
     finally:
         db.close()
+
+
+KEYED = workflow_from_mapping(
+    {
+        "name": "partner_keyed",
+        "tasks": [
+            {
+                "name": "call",
+                "handler": "e2e.dependency",
+                "retry": {"max_attempts": 50, "base_delay": 0.2, "max_delay": 0.5},
+                "circuit_breaker": {
+                    "failures": FAILURES,
+                    "window": "60s",
+                    "cooldown": "1s",
+                    "key": "partner-{region}",
+                },
+            }
+        ],
+    }
+)
+RUNS_PER_KEY = 20
+
+
+def test_one_keys_breaker_holds_its_tasks_while_the_other_keys_run_and_succeed(
+    stack: Stack, sql: Sql, tmp_path: Path, trees: list[Tree]
+) -> None:
+    eu_down, us_down = tmp_path / "eu-down", tmp_path / "us-down"  # us's is never down
+    config = stack.config_path(processes={"workers": 4})
+    trees.append(Tree(config, tmp_path / "tree.log", env=stack.env()))
+    trees[0].ready()
+    eu_down.touch()
+    opened = "SELECT count(*) FROM breaker_transitions WHERE key = %s AND cause = 'failures'"
+    with Client(load_config(config, env={}), [KEYED]) as client:
+        eu_input = {"region": "eu", "down": str(eu_down)}
+        eu = [r.run_id for r in client.trigger_many("partner_keyed", [eu_input] * RUNS_PER_KEY)]
+        wait_for(lambda: count(sql, opened, "partner-eu") == 1, 60.0, 0.05, "eu's breaker")
+        us_input = {"region": "us", "down": str(us_down)}
+        us = [r.run_id for r in client.trigger_many("partner_keyed", [us_input] * RUNS_PER_KEY)]
+    # us's tasks run and succeed while eu's breaker holds eu's (eu's dependency is still down)
+    wait_for(lambda: all_succeeded(sql, trees[0], us), DONE_S, 0.1, "every us run")
+    states = dict(
+        sql.execute("SELECT key, state FROM breakers WHERE handler = 'e2e.dependency'").fetchall()
+    )
+    assert states == {"partner-eu": states["partner-eu"]} and states["partner-eu"] != "closed"
+    executed = "SELECT count(*) FROM test_executions WHERE run_id = ANY(%s)"
+    assert count(sql, executed, us) == RUNS_PER_KEY  # each once: none held, none failed
+    down_calls = "SELECT count(*) FROM test_executions WHERE handler = 'e2e.dependency:down'"
+    held_back = count(sql, down_calls)
+    # most of eu's tasks never called its dependency: the failures that opened the breaker,
+    # the calls in flight then (4 workers, each with at most a batch claimed) and the probes
+    probes = count(sql, "SELECT count(*) FROM breaker_transitions WHERE cause = 'cooldown'")
+    print(
+        f"keyed: {RUNS_PER_KEY} us runs succeeded (one call each) while eu's breaker held; "
+        f"eu's calls while down: {held_back} of {RUNS_PER_KEY} tasks ({probes} probes)"
+    )
+    assert held_back <= FAILURES + 4 * 10 + probes
+    eu_down.unlink()  # eu's dependency is back: its next probe closes its breaker
+    wait_for(lambda: all_succeeded(sql, trees[0], eu), DONE_S, 0.2, "every eu run")
+    closed = "SELECT count(*) FROM breaker_transitions WHERE key = %s AND cause = %s"
+    assert count(sql, closed, "partner-eu", "probe_succeeded") == 1
+    assert count(sql, "SELECT count(*) FROM breaker_transitions WHERE key <> 'partner-eu'") == 0
+    assert count(sql, "SELECT count(*) FROM task_runs WHERE parked_on IS NOT NULL") == 0
+    line = "circuit breaker of handler e2e.dependency key 'partner-eu': closed -> open (failures)"
+    wait_for(lambda: trees[0].log().count(line) == 1, 30.0, 0.1, "the opening logged once")
