@@ -79,6 +79,40 @@ def test_hold_a_breaker_open_and_close_it_from_the_flow_page(
     ]
 
 
+def test_a_keyed_breaker_is_listed_and_its_buttons_act_on_its_key_only(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    wait_run(sql, dashboard.trigger("ui-pair"), "SUCCEEDED")  # e2e.record is a known handler
+    prompts = answer_prompts(page, "region down")
+    page.goto(dashboard.url("/ui/flow"))
+    save_token(page, dashboard.token)
+    expect(page.locator("#breakers-empty")).to_be_visible()
+    keyed_opens = posts_to(page, r"/api/v1/breakers/e2e\.record/open\?key=partner-eu$")
+    page.locator("[data-testid=open-breaker-handler]").fill("e2e.record")
+    page.locator("[data-testid=open-breaker-key]").fill("partner-eu")
+    page.locator("[data-testid=open-breaker]").click()
+    rows = "[data-testid=breakers-table] tbody tr[data-handler='e2e.record']"
+    keyed = page.locator(f"{rows}[data-breaker-key='partner-eu']")
+    expect(keyed.locator("[data-testid=breaker-key]")).to_have_text("partner-eu")
+    expect(keyed.locator("[data-testid=breaker-state]")).to_have_text("open (held)")
+    page.locator("[data-testid=open-breaker-key]").fill("")
+    page.locator("[data-testid=open-breaker]").click()  # the handler's own breaker
+    own = page.locator(f"{rows}[data-breaker-key='']")
+    expect(own.locator("[data-testid=breaker-state]")).to_have_text("open (held)")
+    screenshot("keyed-breaker")
+    closes = posts_to(page, r"/api/v1/breakers/e2e\.record/close\?key=partner-eu$")
+    keyed.locator("[data-testid=close-breaker]").click()
+    expect(keyed.locator("[data-testid=breaker-state]")).to_have_text("closed")
+    expect(own.locator("[data-testid=breaker-state]")).to_have_text("open (held)")
+    assert prompts == ["prompt"] * 3 and len(keyed_opens) == 1 and len(closes) == 1
+    audit = sql.execute("SELECT action, key FROM gate_audit ORDER BY id").fetchall()
+    assert audit == [
+        ("breaker_open", "partner-eu"),
+        ("breaker_open", None),
+        ("breaker_close", "partner-eu"),
+    ]
+
+
 def test_pause_a_queue_and_resume_it_from_the_flow_page(
     page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
 ) -> None:

@@ -71,7 +71,7 @@ function breakerRow(b) {
   }
   return el(
     "tr",
-    { "data-handler": b.handler, "data-key": b.key },
+    { "data-handler": b.handler, "data-breaker-key": b.key },
     el("td", {}, b.handler),
     el("td", { "data-testid": "breaker-key" }, b.key || "—"),
     el("td", { "data-testid": "breaker-state", "data-state": b.state }, STATE_TEXT[b.state] + (b.held ? " (held)" : "")),
