@@ -126,19 +126,23 @@ def _take_pending(signum: int) -> bool:
     return signal.sigtimedwait([signum], 0) is not None
 
 
-def test_up_started_with_a_stop_pending_keeps_it_pending_for_the_tree(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("command", [["up"], ["role", "worker"]], ids=["up", "role"])
+def test_up_and_role_started_with_a_stop_pending_keep_it_pending_for_their_handlers(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The image's entrypoint execs `flowforge up` with SIGTERM/SIGINT blocked: a stop that came
     during the interpreter's start must still be pending at the exec into the tree (its
-    handlers take it there), not delivered on the way (as PID 1: dropped)."""
+    handlers take it there), not delivered on the way (as PID 1: dropped). The same for
+    `flowforge role`, whose handlers come with its stop event."""
     seen: list[tuple[set[int], set[int]]] = []
 
-    def fake_become_tree(_config: object, _path: str | None, _label: str) -> None:
+    def handlers_next(*_args: object) -> int:
         seen.append((signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.sigpending()))
         raise SystemExit(0)
 
-    monkeypatch.setattr("flowforge.tree.become_tree", fake_become_tree)
+    monkeypatch.setattr("flowforge.tree.become_tree", handlers_next)
+    monkeypatch.setattr("flowforge.boot.run", handlers_next)
+    monkeypatch.setattr("supervisor.logs.configure", lambda *_args: None)
     config = tmp_path / "c.yaml"
     config.write_text("processes:\n  workers: 1\n")
     delivered: list[int] = []  # here, not the default action (which would end pytest)
@@ -147,11 +151,11 @@ def test_up_started_with_a_stop_pending_keeps_it_pending_for_the_tree(
     signal.raise_signal(signal.SIGTERM)
     try:
         with pytest.raises(SystemExit):
-            main(["-c", str(config), "up"])
+            main(["-c", str(config), *command])
     finally:
         pending = _take_pending(signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous)
-    assert pending and not delivered, "the stop was delivered before the tree"
+    assert pending and not delivered, "the stop was delivered before the handlers existed"
     ((blocked, pending_then),) = seen
     assert set(STOP) <= blocked and signal.SIGTERM in pending_then
 
