@@ -78,15 +78,17 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def up(args: argparse.Namespace) -> int:
-    from flowforge import up as tree
-    from flowforge.tree import become_tree
-
     # A stop that comes before the supervisor's handlers exist stays pending (a blocked signal
     # survives the exec into the tree) and becomes a drain once they do. Unblocked, it would
     # end the process unannounced, and as PID 1 in a container (where the kernel ignores a
     # signal without a handler) it would be lost: `podman stop` would wait for its SIGKILL.
+    # Blocked here, they are blocked only once the interpreter and the command line have
+    # loaded; the container image's entrypoint blocks them before the exec (Containerfile).
     before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
+        from flowforge import up as tree
+        from flowforge.tree import become_tree
+
         # a bad config stops here: one line, exit 2, nothing started; the tree logs its warnings
         config = _config(args, warn=False)
     except BaseException:

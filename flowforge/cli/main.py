@@ -11,6 +11,7 @@ import argparse
 import importlib.metadata
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -200,12 +201,23 @@ def _configure_logging(verbosity: int) -> None:
     )
 
 
+#: The commands that leave SIGTERM and SIGINT blocked as they found them: each unblocks them once
+#: its handlers exist (supervisor/selfpipe.py), so a stop blocked until then is not lost. Every
+#: other command unblocks them before it runs, so they stop it even when whoever started it
+#: blocked them (the container image's entrypoint does, docs/operations.md).
+KEEP_STOP_SIGNALS_BLOCKED = (commands.up, commands.role)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code (the console script exits with it)."""
     args = build_parser().parse_args(argv)
     verbosity = getattr(args, "verbose", 0) or 0
     _configure_logging(verbosity)
     try:
+        if args.handler not in KEEP_STOP_SIGNALS_BLOCKED:
+            # the image's entrypoint starts every command with them blocked (for `up`'s sake); a
+            # stop that came meanwhile arrives here, inside this try: SIGINT is "interrupted"
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, commands.STOP_SIGNALS)
         return int(args.handler(args))
     except FlowForgeError as exc:
         sys.stderr.write(f"flowforge: {_one_line(exc)}\n")

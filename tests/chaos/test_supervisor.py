@@ -137,16 +137,33 @@ def ns_pids(pid: int) -> list[int]:
     return [pid]
 
 
-def blocked_signals(pid: int) -> set[int]:
-    """The signals ``pid`` blocks (``SigBlk``); none once it is gone."""
+def signals_of(pid: int, field: str) -> set[int]:
+    """The signals of a ``/proc/<pid>/status`` mask (``SigBlk``: blocked, ``SigCgt``: with a
+    handler); none once ``pid`` is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return set()
     mask = next(
-        int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigBlk:")
+        int(line.split()[1], 16) for line in status.splitlines() if line.startswith(f"{field}:")
     )
     return {bit + 1 for bit in range(64) if mask >> bit & 1}
+
+
+def runs_python(pid: int) -> bool:
+    """Whether ``pid`` has exec'd this interpreter (its argv[0] is ``sys.executable``).
+
+    Before that, the child of ``unshare --fork`` is unshare: already PID 1 of the new
+    namespace, it shows SIGINT and SIGTERM blocked (unshare blocks them around its fork) until it
+    unblocks them just before its exec, and a SIGTERM pending then meets a PID 1's default
+    action and is dropped. That mask is unshare's, not flowforge's: read a mask only after this
+    returned True (the exec keeps the mask, so it is the interpreter's from then on).
+    """
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return argv0 == os.fsencode(sys.executable)
 
 
 def _kill(pid: int, signum: int) -> None:
@@ -247,10 +264,18 @@ class _Process:
 class Tree(_Process):
     """``flowforge -c CONFIG up`` with its output (JSON log lines) in a file."""
 
-    def __init__(self, config: Path, env: dict[str, str], log: Path, pid_namespace: bool) -> None:
+    def __init__(
+        self,
+        config: Path,
+        env: dict[str, str],
+        log: Path,
+        pid_namespace: bool,
+        entry: tuple[str, ...] = (),
+    ) -> None:
         self.log_path = log
         self._log = log.open("ab")
-        command = [sys.executable, "-m", "flowforge.cli", "-c", str(config), "up"]
+        # entry: what execs the interpreter (the image's entrypoint is `env --block-signal=…`)
+        command = [*entry, sys.executable, "-m", "flowforge.cli", "-c", str(config), "up"]
         proc = subprocess.Popen(
             [*UNSHARE, *command] if pid_namespace else command,
             cwd=REPO,
@@ -411,9 +436,9 @@ def up(stack: Stack, tmp_path: Path) -> Iterator[Callable[..., Tree]]:
     """Start ``flowforge up`` trees; every one still running at the end is stopped."""
     started: list[Tree] = []
 
-    def start(config: Path, pid_namespace: bool = False) -> Tree:
+    def start(config: Path, pid_namespace: bool = False, entry: tuple[str, ...] = ()) -> Tree:
         log = tmp_path / f"tree-{len(started)}.log"
-        tree = Tree(config, stack.env(), log, pid_namespace)
+        tree = Tree(config, stack.env(), log, pid_namespace, entry)
         started.append(tree)
         return tree
 
@@ -850,17 +875,49 @@ def test_as_pid_1_a_sigterm_that_comes_before_the_handlers_exist_is_not_lost(
     """PID 1 of a namespace ignores a signal it has no handler for: a `podman stop` in the
     first instants of a container was lost, and the engine waited for its SIGKILL. `flowforge
     up` blocks SIGTERM and SIGINT from its start (they stay pending across the exec into the
-    tree) until the supervisor's handlers exist, which then drain at once."""
+    tree) until the supervisor's handlers exist, which then drain at once. The SIGTERM goes to
+    flowforge once it blocks them, not to unshare's child before its exec (runs_python)."""
     tree = up(write_config(stack, processes={"workers": 1}), pid_namespace=True)
     pid = tree.supervisor_pid
-    wait_for(
-        lambda: signal.SIGTERM in blocked_signals(pid) or not tree.running(),
+    wait_for(  # runs_python first: the mask is read only once it is the interpreter's
+        lambda: (
+            (runs_python(pid) and signal.SIGTERM in signals_of(pid, "SigBlk")) or not tree.running()
+        ),
         timeout=READY_S,
         interval=0.002,
         what="flowforge up to block the stop signals",
     )
     assert ns_pids(pid)[-1] == 1, "not PID 1 of its namespace"
     assert not tree.supervisor_events("tree_ready"), "too late: the handlers already exist"
+    _kill(pid, signal.SIGTERM)
+    assert tree.wait(STOP_S) == exitcodes.CLEAN, tree.text()
+    assert "draining (received SIGTERM)" in tree.text()
+
+
+#: The container image's entrypoint: flowforge exec'd with the stop signals already blocked.
+BLOCKING_ENTRY = ("env", "--block-signal=TERM,INT")
+
+
+@needs_unshare
+def test_as_pid_1_started_with_the_stop_signals_blocked_a_sigterm_at_its_exec_is_not_lost(
+    stack: Stack, up: Callable[..., Tree]
+) -> None:
+    """The image's entrypoint blocks SIGTERM and SIGINT before it execs `flowforge up`, so the
+    interpreter's own start (before `flowforge up` blocks them itself) loses no stop either:
+    a SIGTERM at the first instant of the flowforge process stays pending and drains."""
+    tree = up(
+        write_config(stack, processes={"workers": 1}), pid_namespace=True, entry=BLOCKING_ENTRY
+    )
+    pid = tree.supervisor_pid
+    wait_for(
+        lambda: runs_python(pid) or not tree.running(),
+        timeout=READY_S,
+        interval=0.001,
+        what="env to exec the interpreter",
+    )
+    assert ns_pids(pid)[-1] == 1, "not PID 1 of its namespace"
+    assert signal.SIGTERM in signals_of(pid, "SigBlk"), "the entrypoint did not block it"
+    assert signal.SIGTERM not in signals_of(pid, "SigCgt"), "too late: a handler exists"
     _kill(pid, signal.SIGTERM)
     assert tree.wait(STOP_S) == exitcodes.CLEAN, tree.text()
     assert "draining (received SIGTERM)" in tree.text()

@@ -229,7 +229,12 @@ def test_the_runtime_stage_has_no_compiler_no_pip_and_runs_flowforge_up_unprivil
     config = json.loads(podman("image", "inspect", "--format", "{{json .Config}}", image))
     assert config["User"] == "10001:10001"
     assert config["StopSignal"] == "SIGTERM"
-    assert config["Entrypoint"] == ["/opt/flowforge/bin/flowforge"] and config["Cmd"] == ["up"]
+    assert config["Entrypoint"] == [
+        "/usr/bin/env",
+        "--block-signal=TERM,INT",
+        "/opt/flowforge/bin/flowforge",
+    ]
+    assert config["Cmd"] == ["up"]
     assert "FLOWFORGE_CONFIG=/etc/flowforge/config.yaml" in config["Env"]
     health = json.loads(podman("image", "inspect", "--format", "{{json .HealthCheck}}", image))
     assert health["Test"] == ["CMD", "/opt/flowforge/bin/python", "-m", "flowforge.healthcheck"]

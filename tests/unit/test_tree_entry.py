@@ -116,6 +116,76 @@ def test_up_runs_the_tree_in_its_own_process_when_no_interpreter_can_be_executed
     assert line.startswith("flowforge: no fresh interpreter (") and "running the tree here" in line
 
 
+# ------------------------------------------------------------------ started with stops blocked
+
+STOP = [signal.SIGTERM, signal.SIGINT]
+
+
+def _take_pending(signum: int) -> bool:
+    """Whether ``signum`` was pending (it is no longer): so the test leaves none behind."""
+    return signal.sigtimedwait([signum], 0) is not None
+
+
+@pytest.mark.parametrize("command", [["up"], ["role", "worker"]], ids=["up", "role"])
+def test_up_and_role_started_with_a_stop_pending_keep_it_pending_for_their_handlers(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image's entrypoint execs `flowforge up` with SIGTERM/SIGINT blocked: a stop that came
+    during the interpreter's start must still be pending at the exec into the tree (its
+    handlers take it there), not delivered on the way (as PID 1: dropped). The same for
+    `flowforge role`, whose handlers come with its stop event."""
+    seen: list[tuple[set[int], set[int]]] = []
+
+    def handlers_next(*_args: object) -> int:
+        seen.append((signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.sigpending()))
+        raise SystemExit(0)
+
+    monkeypatch.setattr("flowforge.tree.become_tree", handlers_next)
+    monkeypatch.setattr("flowforge.boot.run", handlers_next)
+    monkeypatch.setattr("supervisor.logs.configure", lambda *_args: None)
+    config = tmp_path / "c.yaml"
+    config.write_text("processes:\n  workers: 1\n")
+    delivered: list[int] = []  # here, not the default action (which would end pytest)
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: delivered.append(signum))
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP)
+    signal.raise_signal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit):
+            main(["-c", str(config), *command])
+    finally:
+        pending = _take_pending(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)
+    assert pending and not delivered, "the stop was delivered before the handlers existed"
+    ((blocked, pending_then),) = seen
+    assert set(STOP) <= blocked and signal.SIGTERM in pending_then
+
+
+def test_any_other_command_started_with_the_stop_signals_blocked_unblocks_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`podman run IMAGE migrate` (or any command but `up` and `role`) starts blocked as well;
+    it must stop on SIGTERM/SIGINT as any command does, a SIGINT that came meanwhile included."""
+    masks: list[set[int]] = []
+    monkeypatch.setattr(
+        "flowforge.cli.commands.workflows_list",
+        lambda _args: masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, [])) or 0,
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text("processes:\n  workers: 1\n")
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP)
+    assert main(["-c", str(config), "workflows", "list"]) == exitcodes.OK
+    assert masks and not set(STOP) & masks[0]
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP)
+    signal.raise_signal(signal.SIGINT)
+    try:
+        code = main(["-c", str(config), "workflows", "list"])
+    finally:
+        left = _take_pending(signal.SIGINT)
+    assert (code, left, len(masks)) == (130, False, 1), "the pending SIGINT must interrupt it"
+    assert capsys.readouterr().err == "flowforge: interrupted\n"
+
+
 # ------------------------------------------------------------------ secrets across the exec
 
 SECRET_ENV = {
