@@ -1591,8 +1591,10 @@ SELECT t.id, t.run_id, t.name, t.for_each, r.input, u.result AS source,
 -- map RUNNING (and the unique (map_id, item_index) would refuse a second item anyway). Items
 -- past max_parallel wait behind a closed slot (pending_deps 1) that open_item_slots opens;
 -- promote_ready makes the others READY, lowest item first under its batch limit (the outbox
--- rows of one statement carry no order among themselves). An empty list leaves the map
--- RUNNING with no items: settle_maps completes it in the same pass.
+-- rows of one statement carry no order among themselves). An item with a concurrency or rate
+-- key (rendered per item, with the map's limits) is not ready_by_itself: admit_gated admits
+-- it, as any limited task. An empty list leaves the map RUNNING with no items: settle_maps
+-- completes it in the same pass.
 WITH map AS (
     UPDATE task_runs t
        SET state = 'RUNNING', started_at = coalesce(t.started_at, now()), updated_at = now()
@@ -1605,19 +1607,24 @@ WITH map AS (
       JOIN task_runs u ON u.run_id = m.run_id AND u.name = m.for_each
      CROSS JOIN LATERAL jsonb_array_elements(u.result) WITH ORDINALITY AS e(item, n)
 ), keys AS (
-    SELECT (k.n - 1)::int AS idx, k.idem, k.okey
-      FROM unnest(%(idem_keys)s::text[], %(ordering_keys)s::text[]) WITH ORDINALITY
-           AS k(idem, okey, n)
+    SELECT (k.n - 1)::int AS idx, k.idem, k.okey, k.ckey, k.rkey
+      FROM unnest(%(idem_keys)s::text[], %(ordering_keys)s::text[],
+                  %(concurrency_keys)s::text[], %(rate_keys)s::text[]) WITH ORDINALITY
+           AS k(idem, okey, ckey, rkey, n)
 ), items AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
                            on_dead, map_id, item_index, item, queue, priority,
-                           breaker_failures, breaker_window_s, breaker_cooldown_s)
+                           breaker_failures, breaker_window_s, breaker_cooldown_s,
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_per_s)
     SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
            CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
            m.id, s.idx, s.item, m.queue, m.priority,
-           m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s
+           m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s,
+           k.ckey, CASE WHEN k.ckey IS NOT NULL THEN %(concurrency_limit)s::int END,
+           k.rkey, CASE WHEN k.rkey IS NOT NULL THEN %(rate_limit)s::int END,
+           CASE WHEN k.rkey IS NOT NULL THEN %(rate_per_s)s::float8 END
       FROM map m
      CROSS JOIN source s
       LEFT JOIN keys k ON k.idx = s.idx
