@@ -85,18 +85,18 @@ def plan_items(
     concurrency = templates.get("concurrency") or {}
     rate = templates.get("rate_limit") or {}
     try:
-        rate_keys = (
-            [None] * len(source)
-            if not rate
-            else [str(templates.get("handler"))] * len(source)
-            if rate.get("key") is None  # the handler's limit
-            else _render_all(rate["key"], run_input, source, "rate_limit.key")
-        )
+        rate_keys: list[str | None]
+        if rate and rate.get("key") is None:  # the handler's limit, as on any task
+            rate_keys = [str(templates.get("handler"))] * len(source)
+        else:
+            rate_keys = _render_all(rate.get("key"), run_input, source, "rate_limit.key")
         return ItemKeys(
             idempotency_keys=_render_all(
                 templates.get("idempotency_key"), run_input, source, "idempotency_key"
             ),
-            ordering_keys=_render_all(templates.get("ordering_key"), run_input, source, "ordering_key"),
+            ordering_keys=_render_all(
+                templates.get("ordering_key"), run_input, source, "ordering_key"
+            ),
             concurrency_keys=_render_all(
                 concurrency.get("key"), run_input, source, "concurrency.key"
             ),

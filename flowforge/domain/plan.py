@@ -215,11 +215,7 @@ def plan_runs(
                 breaker_window_s=None if breaker is None else breaker.window,
                 breaker_cooldown_s=None if breaker is None else breaker.cooldown,
             )
-            if task.for_each is None:
-                _limit(planned, task, run_input, label)
-            else:  # the map's keys are its items', rendered at expansion (domain/maps.py)
-                for key, template in task.key_templates():
-                    check_item_key(template, run_input, f"{label} {key}")
+            _limit(planned, task, run_input, label)
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
                 planned.event_name = wait.name
@@ -245,8 +241,13 @@ def _render(template: str | None, run_input: Mapping[str, Any], label: str) -> s
 
 
 def _limit(planned: PlannedTask, task: TaskDef, run_input: Mapping[str, Any], label: str) -> None:
-    """The task's concurrency and rate keys rendered, with their limits (not a map's: its
-    items carry them)."""
+    """The task's concurrency and rate keys rendered, with their limits. Not a map's: its items
+    carry them, rendered at expansion (domain/maps.py); what its key templates read of the run
+    input is checked here all the same, as it is the same for every item."""
+    if task.for_each is not None:
+        for key, template in task.key_templates():
+            check_item_key(template, run_input, f"{label} {key}")
+        return
     planned.concurrency_key = _concurrency_key(task, run_input, label)
     if task.concurrency is not None:
         planned.concurrency_limit = task.concurrency.limit
