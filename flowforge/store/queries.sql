@@ -2191,14 +2191,31 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 -- Tasks of one key that declare different rules: the smallest limit (and for a rate key the
 -- longest per) among the waiting ones applies. Rate room is ranked among the tasks the
 -- concurrency keys let through, so a task held by its concurrency key takes no rate room.
+-- Only the oldest waiting tasks of each key are candidates, as many as the largest limit its
+-- waiting tasks declare (no more can be admitted) and at most per_key: a key with 10,000
+-- waiting map items costs a pass what its limit's worth of them cost, not a lock on each.
 WITH candidates AS (
-    SELECT t.id FROM task_runs t
-     WHERE t.concurrency_key = ANY(%(ckeys)s::text[]) AND
+    SELECT c.id
+      FROM unnest(%(ckeys)s::text[]) AS k(key)
+     CROSS JOIN LATERAL (
+           SELECT t.id FROM task_runs t
+            WHERE t.concurrency_key = k.key AND
 -- use: awaiting_admission(t)
+            ORDER BY t.seq
+            LIMIT least(%(per_key)s, (SELECT max(u.concurrency_limit) FROM task_runs u
+                                       WHERE u.concurrency_key = k.key
+                                         AND u.state IN ('PENDING', 'RETRYING')))) AS c
     UNION
-    SELECT t.id FROM task_runs t
-     WHERE t.rate_key = ANY(%(rkeys)s::text[]) AND
+    SELECT c.id
+      FROM unnest(%(rkeys)s::text[]) AS k(key)
+     CROSS JOIN LATERAL (
+           SELECT t.id FROM task_runs t
+            WHERE t.rate_key = k.key AND
 -- use: awaiting_admission(t)
+            ORDER BY t.seq
+            LIMIT least(%(per_key)s, (SELECT max(u.rate_limit) FROM task_runs u
+                                       WHERE u.rate_key = k.key
+                                         AND u.state IN ('PENDING', 'RETRYING')))) AS c
 ), waiting AS (
     SELECT t.id, t.seq, t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit,
            t.rate_per_s

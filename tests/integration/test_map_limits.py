@@ -31,6 +31,8 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError
+from flowforge.store import queries
+from flowforge.store.db import Database
 from tests.api_client import Api, assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_refused, run_config
 from tests.helpers import claim_task, dispatch, drain, task_ids
@@ -454,3 +456,42 @@ def test_a_map_with_limits_validates_and_triggers(api: Api, config: Path, sql: S
         "SELECT concurrency_key, rate_key FROM task_runs WHERE name = 'process'"
     ).fetchone()
     assert row == (None, None)  # the map's row: its items will carry the keys
+
+
+# ------------------------------------------------------------------ the admission pass at scale
+
+
+def test_a_pass_over_a_keys_many_waiting_items_takes_only_what_the_limit_can_admit(
+    repo: Store, sql: Sql, db: Database
+) -> None:
+    """A key with hundreds of waiting items: a pass admits its limit's worth, oldest first,
+    and its candidates are those (never a lock on every waiting item); the engine's sessions
+    compile no statement (JIT off: its estimates for such a pass cross jit_above_cost)."""
+    wf = mapped(concurrency=Concurrency("partner", 4))
+    run_id = run_list(repo, sql, wf, list(range(600)))
+    ready = [r[0] for r in items(sql, run_id) if r[1] == "READY"]
+    assert ready == [0, 1, 2, 3]
+    named = queries.load()
+    with db.transaction() as cur:  # rows are mappings
+        cur.execute(
+            b"EXPLAIN (ANALYZE, FORMAT JSON) " + named["admit_gated"],
+            {"ckeys": ["partner"], "rkeys": [], "per_key": 100},
+        )
+        explained = cur.fetchone()
+        cur.execute(b"SELECT current_setting('jit') AS jit")
+        assert cur.fetchone() == {"jit": "off"}
+    assert explained is not None
+    plan = explained["QUERY PLAN"]
+    locked = _node(plan[0]["Plan"], "LockRows")
+    assert locked is not None and locked["Actual Rows"] == 4  # not 596 waiting items
+
+
+def _node(plan: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The first plan node of ``kind`` (depth first), or None."""
+    if plan.get("Node Type") == kind:
+        return plan
+    for child in plan.get("Plans", ()):
+        found = _node(child, kind)
+        if found is not None:
+            return found
+    return None
