@@ -20,6 +20,7 @@ from flowforge.domain.plan import plan_runs
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.schedule import ScheduleDef
 from flowforge.errors import DefinitionError, InputError
+from flowforge.store import queries
 
 
 def mapped(**process: Any) -> WorkflowDef:
@@ -198,3 +199,15 @@ def test_an_item_that_cannot_fill_its_key_buries_the_map_whole(
     failure = plan_items(items, {}, stored(wf), None)
     assert isinstance(failure, MapFailure)
     assert failure.reason is FailureReason.ITEM_KEY_ERROR and fragment in failure.error
+
+
+def test_the_statements_that_create_or_open_items_never_make_one_ready() -> None:
+    """An item becomes READY only through promote_ready (unlimited: ready_by_itself) or the
+    admission pass (keyed): the expansion, opening a max_parallel slot and the map's requeue
+    leave every item PENDING; the expansion writes the keys that make ready_by_itself false."""
+    named = queries.load()
+    for name in ("expand_map", "open_item_slots", "requeue_map_items", "reopen_map"):
+        assert "'READY'" not in named[name].decode(), name
+    expand = named["expand_map"].decode()
+    for column in ("concurrency_key", "concurrency_limit", "rate_key", "rate_limit", "rate_per_s"):
+        assert column in expand.split("INSERT INTO task_runs")[1].split("SELECT")[0], column
