@@ -1737,13 +1737,15 @@ SELECT map_id, state, count(*) AS n
 
 -- name: map_items_page
 -- A page of a map's items in item order, after item index %(after)s (-1: from the start), in
--- state %(state)s only unless it is null (task_runs_map_item_idx walks them in order).
-SELECT id, item_index, state, attempt, failure_reason, last_error, result, item,
-       idempotency_key, started_at, finished_at
-  FROM task_runs
- WHERE map_id = %(id)s AND item_index > %(after)s
-   AND (%(state)s::text IS NULL OR state = %(state)s::text)
- ORDER BY item_index
+-- state %(state)s only unless it is null (task_runs_map_item_idx walks them in order), each
+-- with why it waits (an item held by its concurrency or rate key: docs/flow-control.md).
+SELECT t.id, t.item_index, t.state, t.attempt, t.failure_reason, t.last_error, t.result, t.item,
+       t.idempotency_key, t.started_at, t.finished_at,
+-- use: waiting_on(t)
+  FROM task_runs t
+ WHERE t.map_id = %(id)s AND t.item_index > %(after)s
+   AND (%(state)s::text IS NULL OR t.state = %(state)s::text)
+ ORDER BY t.item_index
  LIMIT %(limit)s;
 
 -- name: requeue_map_items

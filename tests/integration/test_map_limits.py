@@ -212,6 +212,12 @@ def test_a_maps_items_never_hold_more_than_the_limit_per_key(repo: Store, sql: S
     assert len(waiting) == 14
     item = repo.get_task(waiting[0][5])
     assert (item.waiting_on, item.attempt, item.concurrency_limit) == ("concurrency", 0, limit)
+    # the map's items page says it too, item by item
+    page = repo.map_page(task_ids(repo, run_id)["process"], limit=500)
+    assert {(i.state, i.waiting_on) for i in page.items} == {
+        (TaskState.READY, None),
+        (TaskState.PENDING, "concurrency"),
+    }
 
     def check() -> None:
         assert all(n <= limit for n in held(sql).values()), held(sql)
