@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
+from flowforge.domain.dag import Concurrency, EventWait, RateLimit, TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 
 #: A workflow file whose second task is ``{{name: process, {process}}}``, with ``{top}``
@@ -188,6 +188,55 @@ BAD_FILES = [
         id="in-upstream-not-dep",
     ),
     pytest.param("handler: e2e.item, input: {a: 1}", "", "input is only for", id="in-no-workflow"),
+    # a map's concurrency and rate keys (issue 20): rendered per item, as its other keys
+    pytest.param(
+        "handler: e2e.item, for_each: list, concurrency: {key: 't-{index[0]}', limit: 2}",
+        "",
+        "index is the item's position",
+        id="ckey-index",
+    ),
+    pytest.param(
+        "handler: e2e.item, for_each: list, concurrency: {key: '{item.tenant}', limit: 2}",
+        "",
+        "concurrency.key",
+        id="ckey-attr",
+    ),
+    pytest.param(
+        "handler: e2e.item, for_each: list, concurrency: {key: '{item', limit: 2}",
+        "",
+        "malformed template",
+        id="ckey-malformed",
+    ),
+    pytest.param(
+        "handler: e2e.item, for_each: list, concurrency: {key: t, limit: 0}",
+        "",
+        "concurrency.limit",
+        id="climit-zero",
+    ),
+    pytest.param(
+        "handler: e2e.item, for_each: list, concurrency: {limit: 2}",
+        "",
+        "concurrency.key",
+        id="ckey-missing",
+    ),
+    pytest.param(
+        "handler: e2e.item, for_each: list, rate_limit: {limit: 5, per: 1s, key: '{index[1]}'}",
+        "",
+        "index is the item's position",
+        id="rkey-index",
+    ),
+    pytest.param(
+        "handler: e2e.item, for_each: list, rate_limit: {limit: 5, per: 0, key: '{item}'}",
+        "",
+        "rate_limit.per",
+        id="rper-zero",
+    ),
+    pytest.param(
+        "handler: e2e.item, for_each: list, idempotency_key: '{index[0]}'",
+        "",
+        "index is the item's position",
+        id="key-index",
+    ),
 ]
 
 
@@ -362,6 +411,29 @@ BAD_PYTHON = [
         id="in-upstream-not-dep",
     ),
     pytest.param(lambda: TaskDef("c", "h.c", input={}), "input is only for", id="in-no-workflow"),
+    # a map's concurrency and rate keys (issue 20)
+    pytest.param(
+        lambda: _map(handler="h.p", for_each="list", concurrency=Concurrency("{index[0]}", 2)),
+        "concurrency.key: {index[0]}: index is the item's position",
+        id="ckey-index",
+    ),
+    pytest.param(
+        lambda: _map(handler="h.p", for_each="list", rate_limit=RateLimit(5, 1.0, "{item.t}")),
+        "rate_limit.key",
+        id="rkey-attr",
+    ),
+    pytest.param(
+        lambda: _map(
+            handler="h.p", for_each="list", rate_limit=RateLimit(5, 1.0, "{item:{index[0]}}")
+        ),
+        "rate_limit.key: {index[0]}: index is the item's position",
+        id="rkey-index-nested",
+    ),
+    pytest.param(
+        lambda: _map(handler="h.p", for_each="list", concurrency=("k", 2)),
+        "concurrency must be a Concurrency",
+        id="c-tuple",
+    ),
 ]
 
 #: An event as each sender gives it (None: left out): (name, key, fragment)

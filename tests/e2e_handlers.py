@@ -308,3 +308,11 @@ def dependency(ctx: TaskContext) -> dict[str, Any]:
         raise RuntimeError("the dependency is down")
     time.sleep(float(ctx.input.get("seconds", 0.02)))
     return {"called": True}
+
+
+@task("e2e.tenant_items")
+def tenant_items(ctx: TaskContext) -> list[Any]:
+    """The list a map expands: ``input.n`` items ``{"tenant": t, "i": index}``, the tenants of
+    ``input.tenants`` taken in turn (a map whose items carry a per-tenant key)."""
+    tenants = list(ctx.input["tenants"])
+    return [{"tenant": tenants[i % len(tenants)], "i": i} for i in range(int(ctx.input["n"]))]

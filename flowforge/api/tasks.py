@@ -48,7 +48,8 @@ class MapItems:
     "items", "next_cursor"}`` for a map task (``for_each``). ``counts``: all its items by
     state; ``items``: up to ``limit`` (default 100, at most 500) of them in item order — in
     ``state`` only, if given — each ``{"id", "index", "state", "attempt", "failure_reason",
-    "last_error", "item", "result", "idempotency_key", "started_at", "finished_at"}``;
+    "last_error", "item", "result", "idempotency_key", "started_at", "finished_at",
+    "waiting_on"}``;
     ``next_cursor``: the ``cursor`` of the next page (null on the last), opaque as every
     cursor of the api. A malformed cursor, limit or state is a 400; a task run that is not a
     map a 404."""

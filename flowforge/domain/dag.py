@@ -214,6 +214,8 @@ class TaskDef:
         ):
             if template is not None:
                 check_template(template, f"task {self.name!r}: {label}")
+        if self.for_each is not None:
+            self._check_item_keys()
 
     def _check_depends_on(self) -> None:
         """A tuple of names (a list from Python code becomes one; a lone string is refused:
@@ -350,29 +352,44 @@ class TaskDef:
             raise DefinitionError(f"task {self.name!r}: priority {problem}")
 
     def _check_concurrency(self) -> None:
-        """A :class:`Concurrency` (checked when built); not on a map, whose items are bounded
-        by ``max_parallel`` (a map's items with a shared key: not built)."""
+        """A :class:`Concurrency` (checked when built). On a map it applies to each item: the
+        key is rendered per item (:meth:`key_templates`)."""
         if self.concurrency is None:
             return
         if not isinstance(self.concurrency, Concurrency):
             raise DefinitionError(f"task {self.name!r}: concurrency must be a Concurrency")
-        if self.for_each is not None:
-            raise DefinitionError(
-                f"task {self.name!r}: concurrency is not for a for_each task (bound its items "
-                "with max_parallel)"
-            )
 
     def _check_rate_limit(self) -> None:
-        """A :class:`RateLimit` (checked when built); not on a map, like ``concurrency``."""
+        """A :class:`RateLimit` (checked when built); on a map, per item, like ``concurrency``."""
         if self.rate_limit is None:
             return
         if not isinstance(self.rate_limit, RateLimit):
             raise DefinitionError(f"task {self.name!r}: rate_limit must be a RateLimit")
-        if self.for_each is not None:
-            raise DefinitionError(
-                f"task {self.name!r}: rate_limit is not for a for_each task (bound its items "
-                "with max_parallel)"
-            )
+
+    def key_templates(self) -> tuple[tuple[str, str], ...]:
+        """Its key templates that are rendered over the run input (a map's: per item, with
+        ``item`` and ``index`` too), each with its label: ``idempotency_key``,
+        ``ordering_key``, ``concurrency.key``, ``rate_limit.key``, ``circuit_breaker.key`` —
+        those it sets."""
+        found = (
+            ("idempotency_key", self.idempotency_key),
+            ("ordering_key", self.ordering_key),
+            ("concurrency.key", self.concurrency.key if self.concurrency else None),
+            ("rate_limit.key", self.rate_limit.key if self.rate_limit else None),
+            ("circuit_breaker.key", self.circuit_breaker.key if self.circuit_breaker else None),
+        )
+        return tuple((label, t) for label, t in found if isinstance(t, str))
+
+    def _check_item_keys(self) -> None:
+        """A map's key templates may read ``index``, the item's position, only whole: a number
+        has no fields, so ``{index[0]}`` could render for no item at all."""
+        for label, template in self.key_templates():
+            for name in template_fields(template):
+                if name.startswith("index["):
+                    raise DefinitionError(
+                        f"task {self.name!r}: {label}: {{{name}}}: index is the item's position "
+                        "(a whole number) and has no fields; use {index} or {item[...]}"
+                    )
 
     def _check_no_execution(self, kind: str, allow_retry: bool = False) -> None:
         """Refuse what only an execution would use on a task that never executes (a child
@@ -495,29 +512,18 @@ class WorkflowDef:
                 )
             named.add(name)
             for task in self.tasks:
-                if task.for_each is not None:
-                    continue  # a map's templates are rendered per item, at expansion
-                for label, template in (
-                    ("idempotency_key", task.idempotency_key),
-                    ("ordering_key", task.ordering_key),
-                    ("concurrency.key", task.concurrency.key if task.concurrency else None),
-                    ("rate_limit.key", task.rate_limit.key if task.rate_limit else None),
-                    (
-                        "circuit_breaker.key",
-                        task.circuit_breaker.key if task.circuit_breaker else None,
-                    ),
-                    (
-                        "wait_for_event.key",
-                        task.wait_for_event.key if task.wait_for_event else None,
-                    ),
-                ):
-                    if template is None:
-                        continue
+                # a map's templates are rendered per item, at expansion: what they read of the
+                # run input is checked here all the same
+                render = render_key if task.for_each is None else check_item_key
+                templates = task.key_templates()
+                if task.wait_for_event is not None:
+                    templates += (("wait_for_event.key", task.wait_for_event.key),)
+                for label, template in templates:
                     where = f"task {task.name!r}: {label}"
                     try:
-                        rendered = render_key(template, schedule.input, where)
-                        if label == "circuit_breaker.key":  # '' would be the handler's breaker
-                            check_breaker_key(rendered, where)
+                        rendered = render(template, schedule.input, where)
+                        if label == "circuit_breaker.key" and task.for_each is None:
+                            check_breaker_key(rendered, where)  # '' is the handler's breaker
                     except InputError as exc:
                         raise ScheduleError(f"schedules[{index}].input", str(exc)) from None
 
@@ -703,3 +709,33 @@ def render_key(template: str, run_input: Mapping[str, Any], label: str) -> str:
         raise InputError(
             f"{label}: cannot format {template!r} from the run input: {exc!r}"
         ) from exc
+
+
+def template_fields(template: str) -> list[str]:
+    """The fields of a template already :func:`check_template`-ed (``item[id]``, ``index``),
+    those nested in a format spec too."""
+    found: list[str] = []
+    for _, name, spec, _ in string.Formatter().parse(template):
+        if name is not None:
+            found.append(name)
+        if spec:
+            found.extend(template_fields(spec))
+    return found
+
+
+class _AnyItem:
+    """Stands for an item not known yet: any lookup into it and any format of it renders."""
+
+    def __getitem__(self, _: object) -> _AnyItem:
+        return self
+
+    def __format__(self, _: str) -> str:
+        return ""
+
+
+def check_item_key(template: str, run_input: Mapping[str, Any], label: str) -> None:
+    """Whether a map's key template can render for some item over ``run_input``:
+    :class:`InputError` (as :func:`render_key`'s) when a run-input field it names is missing or
+    cannot be looked into — the same for every item, so refused when the run is triggered
+    rather than found at expansion. What depends on the item is judged per item, then."""
+    render_key(template, {**run_input, "item": _AnyItem(), "index": 0}, label)

@@ -5,10 +5,10 @@ succeeded, a scheduler pass judges the result here — a list of at most ``max_i
 whose key templates render for every item — and then inserts every item task run in one
 statement (``expand_map`` in queries.sql), or buries the map with one of the reasons below.
 
-Key templates of a map task are rendered per item over the run input plus two names: ``item``
-(the item itself, so ``{item[field]}`` reads a field of a mapping item and ``{item[0]}`` an
-element of a list item) and ``index`` (its position from 0). They shadow run-input keys of the
-same names.
+Key templates of a map task (idempotency, ordering, concurrency and rate keys) are rendered per
+item over the run input plus two names: ``item`` (the item itself, so ``{item[field]}`` reads a
+field of a mapping item and ``{item[0]}`` an element of a list item) and ``index`` (its position
+from 0). They shadow run-input keys of the same names.
 """
 
 from __future__ import annotations
@@ -29,11 +29,19 @@ from flowforge.errors import InputError, UnstorableValueError
 
 @dataclass(frozen=True)
 class ItemKeys:
-    """Each item's rendered keys, in item order; None for a key the task has no template for."""
+    """Each item's rendered keys, in item order; None for a key the task has no template for.
+    ``rate_keys`` are the map's handler name for every item when its ``rate_limit`` names no
+    key (the handler's limit, as on any task). The limits are the map's, the same for every
+    item (None: no such limit)."""
 
     idempotency_keys: list[str | None]
     ordering_keys: list[str | None]
+    concurrency_keys: list[str | None]
+    rate_keys: list[str | None]
     breaker_keys: list[str | None]
+    concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,8 @@ def plan_items(
     """Judge ``source`` (the upstream result) and render the items' keys.
 
     ``templates``: the map task's stored definition (its ``idempotency_key``,
-    ``ordering_key`` and ``circuit_breaker.key`` entries are used); ``max_items``: the
-    workflow's bound (None: 10,000).
+    ``ordering_key``, ``concurrency``, ``rate_limit`` and ``circuit_breaker`` entries and its
+    ``handler`` are used); ``max_items``: the workflow's bound (None: 10,000).
     """
     bound = DEFAULT_MAX_ITEMS if max_items is None else int(max_items)
     if not isinstance(source, list):
@@ -76,14 +84,34 @@ def plan_items(
             f"for_each: the result of {source_name} has {len(source)} items, more than "
             f"max_items ({bound})",
         )
+    concurrency = templates.get("concurrency") or {}
+    rate = templates.get("rate_limit") or {}
     try:
+        rate_keys: list[str | None]
+        if rate and rate.get("key") is None:  # the handler's limit, as on any task
+            rate_keys = [str(templates.get("handler"))] * len(source)
+        else:
+            rate_keys = _render_all(rate.get("key"), run_input, source, "rate_limit.key")
         return ItemKeys(
-            idempotency_keys=_render_all(templates.get("idempotency_key"), run_input, source),
-            ordering_keys=_render_all(templates.get("ordering_key"), run_input, source),
+            idempotency_keys=_render_all(
+                templates.get("idempotency_key"), run_input, source, "idempotency_key"
+            ),
+            ordering_keys=_render_all(
+                templates.get("ordering_key"), run_input, source, "ordering_key"
+            ),
+            concurrency_keys=_render_all(
+                concurrency.get("key"), run_input, source, "concurrency.key"
+            ),
+            rate_keys=rate_keys,
             breaker_keys=[
-                None if key is None else check_breaker_key(key, "item key template")
-                for key in _render_all(_breaker_template(templates), run_input, source)
+                None if key is None else check_breaker_key(key, "item circuit_breaker.key")
+                for key in _render_all(
+                    _breaker_template(templates), run_input, source, "circuit_breaker.key"
+                )
             ],
+            concurrency_limit=concurrency.get("limit"),
+            rate_limit=rate.get("limit"),
+            rate_per_s=None if not rate else float(rate["per"]),
         )
     except (InputError, UnstorableValueError) as exc:
         return MapFailure(FailureReason.ITEM_KEY_ERROR, str(exc))
@@ -96,13 +124,13 @@ def _breaker_template(templates: Mapping[str, Any]) -> str | None:
 
 
 def _render_all(
-    template: str | None, run_input: Mapping[str, Any], items: Sequence[Any]
+    template: str | None, run_input: Mapping[str, Any], items: Sequence[Any], name: str
 ) -> list[str | None]:
     if template is None:
         return [None] * len(items)
     keys: list[str | None] = []
     for index, item in enumerate(items):
-        label = f"item {index}: key template"
+        label = f"item {index}: {name} template"
         scope = {**run_input, "item": item, "index": index}
         keys.append(check_text(render_key(template, scope, label), label))
     return keys

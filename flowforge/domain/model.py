@@ -581,7 +581,9 @@ class ManualFire:
 
 @dataclass(frozen=True)
 class MapItem:
-    """One item of a map task (``for_each``): its element of the list and how it went."""
+    """One item of a map task (``for_each``): its element of the list and how it went.
+    ``waiting_on``: why it waits, as a task's (``concurrency``, ``rate_limit`` for an item
+    held by its key; None otherwise)."""
 
     id: UUID
     index: int
@@ -594,6 +596,7 @@ class MapItem:
     idempotency_key: str | None
     started_at: datetime | None
     finished_at: datetime | None
+    waiting_on: str | None = None
 
 
 @dataclass(frozen=True)

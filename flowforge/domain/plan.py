@@ -18,7 +18,7 @@ from uuid import UUID
 from flowforge.domain import timing
 from flowforge.domain.breakers import check_breaker_key
 from flowforge.domain.conditions import is_conditional
-from flowforge.domain.dag import TaskDef, WorkflowDef, render_key
+from flowforge.domain.dag import TaskDef, WorkflowDef, check_item_key, render_key
 from flowforge.domain.names import priority_problem
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError
@@ -212,17 +212,13 @@ def plan_runs(
                 run_if=str(task.run_if),
                 child_workflow=task.workflow,
                 queue=task.queue or queue,
-                concurrency_key=_concurrency_key(task, run_input, label),
-                concurrency_limit=None if task.concurrency is None else task.concurrency.limit,
-                rate_key=_rate_key(task, run_input, label),
-                rate_limit=None if task.rate_limit is None else task.rate_limit.limit,
-                rate_per_s=None if task.rate_limit is None else float(task.rate_limit.per),
                 priority=task.priority if priority is None else priority,
                 breaker_failures=None if breaker is None else breaker.failures,
                 breaker_window_s=None if breaker is None else breaker.window,
                 breaker_cooldown_s=None if breaker is None else breaker.cooldown,
                 breaker_key=_breaker_key(task, run_input, label),
             )
+            _limit(planned, task, run_input, label)
             if task.wait_for_event is not None:
                 wait = task.wait_for_event
                 planned.event_name = wait.name
@@ -245,6 +241,23 @@ def _render(template: str | None, run_input: Mapping[str, Any], label: str) -> s
     if template is None:
         return None
     return check_text(render_key(template, run_input, label), label)
+
+
+def _limit(planned: PlannedTask, task: TaskDef, run_input: Mapping[str, Any], label: str) -> None:
+    """The task's concurrency and rate keys rendered, with their limits. Not a map's: its items
+    carry them, rendered at expansion (domain/maps.py); what its key templates read of the run
+    input is checked here all the same, as it is the same for every item."""
+    if task.for_each is not None:
+        for key, template in task.key_templates():
+            check_item_key(template, run_input, f"{label} {key}")
+        return
+    planned.concurrency_key = _concurrency_key(task, run_input, label)
+    if task.concurrency is not None:
+        planned.concurrency_limit = task.concurrency.limit
+    planned.rate_key = _rate_key(task, run_input, label)
+    if task.rate_limit is not None:
+        planned.rate_limit = task.rate_limit.limit
+        planned.rate_per_s = float(task.rate_limit.per)
 
 
 def _concurrency_key(task: TaskDef, run_input: Mapping[str, Any], label: str) -> str | None:

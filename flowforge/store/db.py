@@ -49,10 +49,14 @@ PoolFactory = Callable[..., ConnectionPool[psycopg.Connection[Row]]]
 
 
 def session_options(config: DatabaseConfig) -> str:
-    """libpq ``options`` that make the server clean up after a killed client."""
+    """libpq ``options`` that make the server clean up after a killed client, and no JIT
+    compilation: every statement here is short, and the planner's estimates for the admission
+    pass over a map's 10,000 waiting items cross ``jit_above_cost``, where compiling costs
+    several times what running does (docs/performance.md, "A map's items under limits")."""
     return (
         f"-c statement_timeout={config.statement_timeout_ms} "
-        f"-c idle_in_transaction_session_timeout={config.idle_in_transaction_timeout_ms}"
+        f"-c idle_in_transaction_session_timeout={config.idle_in_transaction_timeout_ms} "
+        "-c jit=off"
     )
 
 

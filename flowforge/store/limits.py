@@ -35,7 +35,9 @@ class Limits(Part):
     def admit_gated(self, limit: int) -> int:
         """Up to ``limit`` concurrency keys and ``limit`` rate keys with waiting tasks: their
         tasks admitted (PENDING with dependencies met, or due RETRYING → READY + outbox row),
-        oldest first, as many as each key has room for. Returns how many tasks were admitted.
+        oldest first, as many as each key has room for and at most ``limit`` per key (the
+        oldest ``limit`` waiting tasks of a key are the pass's candidates: a map's 10,000 items
+        waiting on one key are not all locked by every pass). Returns how many tasks were admitted.
         Never over a key's limit with any number of schedulers and triggers: each key is
         locked (advisory, transaction-scoped) before its room is counted."""
         transitions.check((TaskState.PENDING, TaskState.RETRYING), TaskState.READY)
@@ -83,7 +85,7 @@ def _admit(tx: Tx, limit: int) -> int:
         tx.all("lock_concurrency_keys", {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": ckeys})
     if rkeys:
         tx.all("lock_concurrency_keys", {"namespace": RATE_LOCK_NAMESPACE, "keys": rkeys})
-    row = tx.one("admit_gated", {"ckeys": ckeys, "rkeys": rkeys})
+    row = tx.one("admit_gated", {"ckeys": ckeys, "rkeys": rkeys, "per_key": limit})
     admitted, queued = (int(row["admitted"]), int(row["queued"])) if row else (0, 0)
     if queued:
         tx.all("notify_outbox")

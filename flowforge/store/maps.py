@@ -5,6 +5,9 @@ A map task's row never reaches a worker. Three passes move it:
 - :meth:`Maps.expand_maps`: a map whose dependencies are met is judged
   (:func:`~flowforge.domain.maps.plan_items`) and then either expanded — RUNNING plus one item
   row per element of its upstream's list, in one statement — or buried DEAD with a reason.
+  An item of a map with ``concurrency`` or ``rate_limit`` is created with its rendered keys and
+  the limits, so it is not ``ready_by_itself``: the admission pass (store/limits.py) makes it
+  READY, as any limited task.
   The map row stays locked from the read to the commit, so however many schedulers race or die,
   a map is expanded once: a killed expansion commits nothing and is done again by the next pass.
 - :meth:`Maps.open_item_slots`: items past ``max_parallel`` wait for a slot; freed slots are
@@ -116,6 +119,11 @@ def _expand(tx: Tx, limit: int, buried: list[tuple[UUID, MapFailure]]) -> int:
                 "id": row["id"],
                 "idem_keys": planned.idempotency_keys,
                 "ordering_keys": planned.ordering_keys,
+                "concurrency_keys": planned.concurrency_keys,
+                "concurrency_limit": planned.concurrency_limit,
+                "rate_keys": planned.rate_keys,
+                "rate_limit": planned.rate_limit,
+                "rate_per_s": planned.rate_per_s,
                 "breaker_keys": planned.breaker_keys,
             },
         )

@@ -1628,8 +1628,10 @@ SELECT t.id, t.run_id, t.name, t.for_each, r.input, u.result AS source,
 -- map RUNNING (and the unique (map_id, item_index) would refuse a second item anyway). Items
 -- past max_parallel wait behind a closed slot (pending_deps 1) that open_item_slots opens;
 -- promote_ready makes the others READY, lowest item first under its batch limit (the outbox
--- rows of one statement carry no order among themselves). An empty list leaves the map
--- RUNNING with no items: settle_maps completes it in the same pass.
+-- rows of one statement carry no order among themselves). An item with a concurrency or rate
+-- key (rendered per item, with the map's limits) is not ready_by_itself: admit_gated admits
+-- it, as any limited task. An empty list leaves the map RUNNING with no items: settle_maps
+-- completes it in the same pass.
 WITH map AS (
     UPDATE task_runs t
        SET state = 'RUNNING', started_at = coalesce(t.started_at, now()), updated_at = now()
@@ -1642,19 +1644,25 @@ WITH map AS (
       JOIN task_runs u ON u.run_id = m.run_id AND u.name = m.for_each
      CROSS JOIN LATERAL jsonb_array_elements(u.result) WITH ORDINALITY AS e(item, n)
 ), keys AS (
-    SELECT (k.n - 1)::int AS idx, k.idem, k.okey, k.bkey
-      FROM unnest(%(idem_keys)s::text[], %(ordering_keys)s::text[], %(breaker_keys)s::text[])
-           WITH ORDINALITY AS k(idem, okey, bkey, n)
+    SELECT (k.n - 1)::int AS idx, k.idem, k.okey, k.ckey, k.rkey, k.bkey
+      FROM unnest(%(idem_keys)s::text[], %(ordering_keys)s::text[],
+                  %(concurrency_keys)s::text[], %(rate_keys)s::text[],
+                  %(breaker_keys)s::text[]) WITH ORDINALITY
+           AS k(idem, okey, ckey, rkey, bkey, n)
 ), items AS (
     INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
                            max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
                            on_dead, map_id, item_index, item, queue, priority,
-                           breaker_failures, breaker_window_s, breaker_cooldown_s, breaker_key)
+                           breaker_failures, breaker_window_s, breaker_cooldown_s, breaker_key,
+                           concurrency_key, concurrency_limit, rate_key, rate_limit, rate_per_s)
     SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
            CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
            m.id, s.idx, s.item, m.queue, m.priority,
-           m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s, k.bkey
+           m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s, k.bkey,
+           k.ckey, CASE WHEN k.ckey IS NOT NULL THEN %(concurrency_limit)s::int END,
+           k.rkey, CASE WHEN k.rkey IS NOT NULL THEN %(rate_limit)s::int END,
+           CASE WHEN k.rkey IS NOT NULL THEN %(rate_per_s)s::float8 END
       FROM map m
      CROSS JOIN source s
       LEFT JOIN keys k ON k.idx = s.idx
@@ -1767,13 +1775,15 @@ SELECT map_id, state, count(*) AS n
 
 -- name: map_items_page
 -- A page of a map's items in item order, after item index %(after)s (-1: from the start), in
--- state %(state)s only unless it is null (task_runs_map_item_idx walks them in order).
-SELECT id, item_index, state, attempt, failure_reason, last_error, result, item,
-       idempotency_key, started_at, finished_at
-  FROM task_runs
- WHERE map_id = %(id)s AND item_index > %(after)s
-   AND (%(state)s::text IS NULL OR state = %(state)s::text)
- ORDER BY item_index
+-- state %(state)s only unless it is null (task_runs_map_item_idx walks them in order), each
+-- with why it waits (an item held by its concurrency or rate key: docs/flow-control.md).
+SELECT t.id, t.item_index, t.state, t.attempt, t.failure_reason, t.last_error, t.result, t.item,
+       t.idempotency_key, t.started_at, t.finished_at,
+-- use: waiting_on(t)
+  FROM task_runs t
+ WHERE t.map_id = %(id)s AND t.item_index > %(after)s
+   AND (%(state)s::text IS NULL OR t.state = %(state)s::text)
+ ORDER BY t.item_index
  LIMIT %(limit)s;
 
 -- name: requeue_map_items
@@ -2221,14 +2231,31 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 -- Tasks of one key that declare different rules: the smallest limit (and for a rate key the
 -- longest per) among the waiting ones applies. Rate room is ranked among the tasks the
 -- concurrency keys let through, so a task held by its concurrency key takes no rate room.
+-- Only the oldest waiting tasks of each key are candidates, as many as the largest limit its
+-- waiting tasks declare (no more can be admitted) and at most per_key: a key with 10,000
+-- waiting map items costs a pass what its limit's worth of them cost, not a lock on each.
 WITH candidates AS (
-    SELECT t.id FROM task_runs t
-     WHERE t.concurrency_key = ANY(%(ckeys)s::text[]) AND
+    SELECT c.id
+      FROM unnest(%(ckeys)s::text[]) AS k(key)
+     CROSS JOIN LATERAL (
+           SELECT t.id FROM task_runs t
+            WHERE t.concurrency_key = k.key AND
 -- use: awaiting_admission(t)
+            ORDER BY t.seq
+            LIMIT least(%(per_key)s, (SELECT max(u.concurrency_limit) FROM task_runs u
+                                       WHERE u.concurrency_key = k.key
+                                         AND u.state IN ('PENDING', 'RETRYING')))) AS c
     UNION
-    SELECT t.id FROM task_runs t
-     WHERE t.rate_key = ANY(%(rkeys)s::text[]) AND
+    SELECT c.id
+      FROM unnest(%(rkeys)s::text[]) AS k(key)
+     CROSS JOIN LATERAL (
+           SELECT t.id FROM task_runs t
+            WHERE t.rate_key = k.key AND
 -- use: awaiting_admission(t)
+            ORDER BY t.seq
+            LIMIT least(%(per_key)s, (SELECT max(u.rate_limit) FROM task_runs u
+                                       WHERE u.rate_key = k.key
+                                         AND u.state IN ('PENDING', 'RETRYING')))) AS c
 ), waiting AS (
     SELECT t.id, t.seq, t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit,
            t.rate_per_s

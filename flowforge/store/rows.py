@@ -137,6 +137,7 @@ def map_item(row: Row) -> MapItem:
         idempotency_key=row["idempotency_key"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        waiting_on=row["waiting_on"],
     )
 
 

@@ -53,7 +53,7 @@ def test_limits_at_the_bounds_are_accepted() -> None:
     assert Concurrency("tenant-{tenant[id]}", MAX_CONCURRENCY).limit == MAX_CONCURRENCY
 
 
-def test_a_task_that_never_executes_takes_no_concurrency_and_neither_does_a_map() -> None:
+def test_a_task_that_never_executes_takes_no_concurrency_but_a_map_does() -> None:
     limit = Concurrency("partner", 2)
     with pytest.raises(DefinitionError, match="a sleep task takes no concurrency"):
         TaskDef("nap", sleep=5, concurrency=limit)
@@ -61,8 +61,8 @@ def test_a_task_that_never_executes_takes_no_concurrency_and_neither_does_a_map(
         TaskDef("w", wait_for_event=EventWait("paid", "k", 60), concurrency=limit)
     with pytest.raises(DefinitionError, match="a workflow task takes no concurrency"):
         TaskDef("child", workflow="other", concurrency=limit)
-    with pytest.raises(DefinitionError, match="not for a for_each task"):
-        TaskDef("each", "h.a", for_each="list", concurrency=limit)
+    # a map's items each take it (tests/unit/test_map_limits.py)
+    assert TaskDef("each", "h.a", for_each="list", concurrency=limit).concurrency == limit
     with pytest.raises(DefinitionError, match="concurrency must be a Concurrency"):
         TaskDef("a", "h.a", concurrency={"key": "k", "limit": 1})  # type: ignore[arg-type]
 

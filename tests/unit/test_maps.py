@@ -166,7 +166,7 @@ def test_max_items_bounds_the_list_inclusive_and_defaults_to_ten_thousand() -> N
 
 
 def test_an_empty_list_plans_no_item() -> None:
-    assert plan_items([], {}, {"idempotency_key": "{item}"}, None) == ItemKeys([], [], [])
+    assert plan_items([], {}, {"idempotency_key": "{item}"}, None) == ItemKeys([], [], [], [], [])
 
 
 def test_item_keys_render_item_index_item_fields_and_the_run_input() -> None:
@@ -174,12 +174,14 @@ def test_item_keys_render_item_index_item_fields_and_the_run_input() -> None:
     planned = plan_items(
         [{"id": "a", "k": ["x"]}, {"id": 2, "k": ["y"]}], {"tenant": "t"}, templates, None
     )
-    assert planned == ItemKeys(["t/0/a", "t/1/2"], ["x", "y"], [None, None])
+    assert planned == ItemKeys(
+        ["t/0/a", "t/1/2"], ["x", "y"], [None, None], [None, None], [None, None]
+    )
     # item and index shadow run-input keys of the same names
     shadowed = plan_items(
         ["v"], {"item": "input", "index": 9}, {"idempotency_key": "{item}{index}"}, None
     )
-    assert shadowed == ItemKeys(["v0"], [None], [None])
+    assert shadowed == ItemKeys(["v0"], [None], [None], [None], [None])
 
 
 @pytest.mark.parametrize(

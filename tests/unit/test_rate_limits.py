@@ -63,7 +63,7 @@ def test_values_at_the_bounds_are_accepted() -> None:
     assert RateLimit(3, 2).key is None  # a whole number of seconds is a number too
 
 
-def test_a_task_that_never_executes_takes_no_rate_limit_and_neither_does_a_map() -> None:
+def test_a_task_that_never_executes_takes_no_rate_limit_but_a_map_does() -> None:
     rate = RateLimit(2, 1.0)
     with pytest.raises(DefinitionError, match="a sleep task takes no rate_limit"):
         TaskDef("nap", sleep=5, rate_limit=rate)
@@ -71,8 +71,8 @@ def test_a_task_that_never_executes_takes_no_rate_limit_and_neither_does_a_map()
         TaskDef("w", wait_for_event=EventWait("paid", "k", 60), rate_limit=rate)
     with pytest.raises(DefinitionError, match="a workflow task takes no rate_limit"):
         TaskDef("child", workflow="other", rate_limit=rate)
-    with pytest.raises(DefinitionError, match="not for a for_each task"):
-        TaskDef("each", "h.a", for_each="list", rate_limit=rate)
+    # a map's items each take it (tests/unit/test_map_limits.py)
+    assert TaskDef("each", "h.a", for_each="list", rate_limit=rate).rate_limit == rate
     with pytest.raises(DefinitionError, match="rate_limit must be a RateLimit"):
         TaskDef("a", "h.a", rate_limit={"limit": 1, "per": 1})  # type: ignore[arg-type]
 
