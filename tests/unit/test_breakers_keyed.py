@@ -163,7 +163,8 @@ def test_a_maps_items_render_their_key_per_item_and_a_bad_one_buries_the_map() -
     for bad in ([{"r": "eu"}, {"x": 1}], [{"r": ""}]):
         failed = plan_items(bad, {}, {"circuit_breaker": {"key": "{item[r]}"}}, None)
         assert isinstance(failed, MapFailure) and failed.reason is FailureReason.ITEM_KEY_ERROR
-    assert plan_items([1, 2], {}, {}, None) == ItemKeys([None, None], [None, None], [None, None])
+    nothing = [None, None]
+    assert plan_items([1, 2], {}, {}, None) == ItemKeys(nothing, nothing, nothing, nothing, nothing)
 
 
 @pytest.mark.parametrize(

@@ -162,6 +162,7 @@ def test_an_expansion_renders_each_items_keys_and_carries_the_limits() -> None:
         ordering_keys=[None] * 3,
         concurrency_keys=["t-a", "t-b", "t-a"],
         rate_keys=["eu-0", "eu-1", "eu-2"],
+        breaker_keys=[None] * 3,
         concurrency_limit=2,
         rate_limit=100,
         rate_per_s=0.5,
@@ -178,7 +179,7 @@ def test_a_rate_limit_without_a_key_is_the_handlers_for_every_item() -> None:
 
 def test_an_unlimited_map_renders_no_limit_key() -> None:
     planned = plan_items([1, 2], {}, stored(mapped()), None)
-    assert planned == ItemKeys([None, None], [None, None], [None, None], [None, None])
+    assert planned == ItemKeys([None, None], [None, None], [None, None], [None, None], [None, None])
 
 
 @pytest.mark.parametrize(
