@@ -5,7 +5,11 @@ from :class:`Part` and runs its statements through two helpers and nothing else:
 
 - :meth:`Part._query` — one named statement as its own transaction (one round trip);
 - :meth:`Part._transaction` — ``work(tx, *args)`` in one transaction, where ``tx`` (a
-  :class:`Tx`) runs named statements on that transaction's cursor.
+  :class:`Tx`) runs named statements on that transaction's cursor;
+  :meth:`Part._pipelined` the same with the connection in pipeline mode, for a transaction on
+  a latency path (a trigger, a publisher's sweep): statements whose results are not read
+  (:meth:`Tx.send`) travel with the next one, ``BEGIN`` with the first and ``COMMIT`` with the
+  last, so every round trip saved is one scheduling delay fewer on a busy host.
 
 Both retry a deadlock or serialization failure (``Database.run`` / ``Database.execute``), a
 transaction as a whole, so ``work`` must not have effects outside it that a retry would repeat
@@ -26,27 +30,48 @@ Params = Mapping[str, Any] | None
 
 
 class Tx:
-    """Named statements on one transaction's cursor."""
+    """Named statements on one transaction's cursor.
 
-    __slots__ = ("_cur", "_queries")
+    In a pipelined transaction (:meth:`Part._pipelined`) :meth:`all`, :meth:`one` and
+    :meth:`count` sync the pipeline, so each is one round trip that carries every statement
+    sent before it; :meth:`send` only queues its statement. Outside one, :meth:`send` runs it
+    at once.
+    """
 
-    def __init__(self, cur: Cursor, named: Mapping[str, bytes]) -> None:
+    __slots__ = ("_cur", "_queries", "_sync")
+
+    def __init__(
+        self, cur: Cursor, named: Mapping[str, bytes], sync: Callable[[], None] | None = None
+    ) -> None:
+        """``sync``: the pipeline's, in a pipelined transaction (None: not pipelined)."""
         self._cur = cur
         self._queries = named
+        self._sync = sync
 
     def all(self, name: str, params: Params = None) -> list[Row]:
         """Run ``name``; its rows (none for a statement that returns no rows)."""
-        cur = self._cur.execute(self._queries[name], params)
+        cur = self._run(name, params)
         return cur.fetchall() if cur.description is not None else []
 
     def one(self, name: str, params: Params = None) -> Row | None:
         """Run ``name``; its first row, or None."""
-        cur = self._cur.execute(self._queries[name], params)
+        cur = self._run(name, params)
         return cur.fetchone() if cur.description is not None else None
 
     def count(self, name: str, params: Params = None) -> int:
         """Run ``name``; the number of rows it changed."""
-        return self._cur.execute(self._queries[name], params).rowcount
+        return self._run(name, params).rowcount
+
+    def send(self, name: str, params: Params = None) -> None:
+        """Run ``name``, whose result is not needed. Pipelined, it goes with the next statement
+        that syncs (or the commit), and an error of it is raised there."""
+        self._cur.execute(self._queries[name], params)
+
+    def _run(self, name: str, params: Params) -> Cursor:
+        cur = self._cur.execute(self._queries[name], params)
+        if self._sync is not None:
+            self._sync()  # its result (and an error of anything sent before it) is here now
+        return cur
 
 
 class Part:
@@ -69,3 +94,13 @@ class Part:
         """``work(tx, *args)`` in one transaction, retried whole on a conflict."""
         named = self._q
         return self._db.run(lambda cur: work(Tx(cur, named), *args))
+
+    def _pipelined(self, work: Callable[..., T], *args: Any) -> T:
+        """As :meth:`_transaction`, with the connection in pipeline mode (module docstring)."""
+        named = self._q
+
+        def pipelined(scope: tuple[Cursor, Callable[[], None]]) -> T:
+            cur, sync = scope
+            return work(Tx(cur, named, sync), *args)
+
+        return self._db.run_pipelined(pipelined)
