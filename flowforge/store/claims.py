@@ -144,10 +144,11 @@ class Claims(Part):
             if finish.state is TaskState.FAILED and finish.reason in COUNTED_FAILURES
         ]
         if not broke and (then is None or then.limit <= 0):
-            return rows.finished(self._query("finish", params))
+            return rows.finished(self._query("finish", {**params, "notify": True}))
         if then is not None and then.limit > 0:
             transitions.check(TaskState.READY, TaskState.RUNNING)
-        return self._transaction(_finish_then_claim, params, then, broke)
+        # pipelined: BEGIN goes with the finish, the notifications after the COMMIT
+        return self._pipelined(_finish_then_claim, {**params, "notify": False}, then, broke)
 
 
 def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
@@ -171,14 +172,19 @@ def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
         raise _KeyBusyError
     reused = Finish(TaskState.SUCCEEDED, result=held["result"])
     columns = _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused")
-    tx.all("finish", {**columns, "offer": 0, "queue": None})
+    tx.all("finish", {**columns, "offer": 0, "queue": None, "notify": True})
     return ClaimResult(ClaimOutcome.REUSED, claim)
 
 
 def _finish_then_claim(
     tx: Tx, params: dict[str, Any], then: Continuation | None, broke: Sequence[UUID]
 ) -> Finished:
-    finished = rows.finished(tx.all("finish", params))
+    found = tx.all("finish", params)
+    finished = rows.finished(found)
+    if finished.committed:  # what the statement notifies with %(notify)s, after the commit
+        tx.notify("notify_scheduler")
+    if any(row["queued"] for row in found):
+        tx.notify("notify_outbox")
     counted = [tid for tid in broke if tid in finished.committed]  # not a stale outcome's
     if counted:
         tx.all("trip_breakers", {"ids": counted})
@@ -187,8 +193,8 @@ def _finish_then_claim(
     wanted = finished.ready[: then.limit]
     if not wanted:
         return finished
-    found = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, local=True))
-    return replace(finished, claimed=tuple(rows.claim(row) for row in found))
+    claimed = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, local=True))
+    return replace(finished, claimed=tuple(rows.claim(row) for row in claimed))
 
 
 def _finish_columns(

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from flowforge.store import queries
-from flowforge.store.db import Cursor, Database, Row
+from flowforge.store.db import Cursor, Database, Pipelined, Row
 
 T = TypeVar("T")
 Params = Mapping[str, Any] | None
@@ -38,15 +38,15 @@ class Tx:
     at once.
     """
 
-    __slots__ = ("_cur", "_queries", "_sync")
+    __slots__ = ("_cur", "_pipelined", "_queries")
 
     def __init__(
-        self, cur: Cursor, named: Mapping[str, bytes], sync: Callable[[], None] | None = None
+        self, cur: Cursor, named: Mapping[str, bytes], pipelined: Pipelined | None = None
     ) -> None:
-        """``sync``: the pipeline's, in a pipelined transaction (None: not pipelined)."""
+        """``pipelined``: the pipeline's controls, in a pipelined transaction."""
         self._cur = cur
         self._queries = named
-        self._sync = sync
+        self._pipelined = pipelined
 
     def all(self, name: str, params: Params = None) -> list[Row]:
         """Run ``name``; its rows (none for a statement that returns no rows)."""
@@ -67,10 +67,19 @@ class Tx:
         that syncs (or the commit), and an error of it is raised there."""
         self._cur.execute(self._queries[name], params)
 
+    def notify(self, name: str) -> None:
+        """Run ``name``, a parameterless notification. Pipelined, it goes after the commit, in
+        a transaction of its own (:meth:`Database.pipelined_transaction` says why); otherwise
+        it is part of this transaction."""
+        if self._pipelined is None:
+            self._cur.execute(self._queries[name])
+        else:
+            self._pipelined.after_commit(self._queries[name])
+
     def _run(self, name: str, params: Params) -> Cursor:
         cur = self._cur.execute(self._queries[name], params)
-        if self._sync is not None:
-            self._sync()  # its result (and an error of anything sent before it) is here now
+        if self._pipelined is not None:
+            self._pipelined.sync()  # its result (and an error of anything sent before it) is here
         return cur
 
 
@@ -99,8 +108,8 @@ class Part:
         """As :meth:`_transaction`, with the connection in pipeline mode (module docstring)."""
         named = self._q
 
-        def pipelined(scope: tuple[Cursor, Callable[[], None]]) -> T:
-            cur, sync = scope
-            return work(Tx(cur, named, sync), *args)
+        def pipelined(scope: tuple[Cursor, Pipelined]) -> T:
+            cur, controls = scope
+            return work(Tx(cur, named, controls), *args)
 
         return self._db.run_pipelined(pipelined)

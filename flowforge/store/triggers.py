@@ -164,9 +164,9 @@ def _insert_plan(
         if upstream:
             tx.send("insert_edges", {"upstream": upstream, "downstream": downstream})
         if counts and counts["queued"]:
-            tx.send("notify_outbox")
+            tx.notify("notify_outbox")
         if counts and counts["waiting"]:
-            tx.send("notify_scheduler")
+            tx.notify("notify_scheduler")
     return results
 
 

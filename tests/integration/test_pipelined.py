@@ -19,11 +19,15 @@ from psycopg_pool import ConnectionPool
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.model import Continuation, Finish
+from flowforge.domain.states import TaskState
 from flowforge.errors import FlowForgeError
 from flowforge.store.db import Database
 from flowforge.store.outbox import Outbox
 from flowforge.store.part import Part, Tx
 from flowforge.store.triggers import Triggers
+from tests.helpers import claim_task, task_ids
+from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +186,81 @@ def test_send_raises_at_once_outside_a_pipeline_and_at_the_commit_in_one(db: Dat
     with pytest.raises(FlowForgeError):
         queued.send_bad(pipelined=True)
     assert queued.went_on
+
+
+# ------------------------------------------------------------------ notifications after the commit
+
+
+@pytest.fixture
+def listening(clean_database_url: str) -> Iterator[Conn]:
+    """A connection listening on the scheduler's and the publisher's channels."""
+    with psycopg.connect(clean_database_url, autocommit=True) as conn:
+        conn.execute("LISTEN flowforge_outbox")
+        conn.execute("LISTEN flowforge_scheduler")
+        yield conn
+
+
+def heard(conn: Conn) -> set[str]:
+    """The channels notified so far (each notification is sent with its commit's round trip,
+    so by the time the caller returned it is on its way: waited for up to 5 s)."""
+    channels = {n.channel for n in conn.notifies(timeout=5.0, stop_after=1)}
+    return channels | {n.channel for n in conn.notifies(timeout=0.2)}
+
+
+def test_a_pipelined_trigger_notifies_the_publisher_after_its_commit(
+    traced: Traced, listening: Conn, sql: Conn
+) -> None:
+    """The notification is sent after the COMMIT in the same round trip, as a transaction of
+    its own: the run is committed (visible to the listener) when it is heard."""
+    repo = Triggers(traced.db)
+    repo.trigger(one_task(), {"warm": True})
+    heard(listening)
+    results: list[Any] = []
+    assert traced.round_trips(lambda: results.append(repo.trigger(one_task(), {"i": 1}))) == 2
+    assert heard(listening) == {"flowforge_outbox"}
+    run_id = results[0].run_id
+    assert count(sql, f"SELECT count(*) FROM workflow_runs WHERE id = '{run_id}'") == 1
+
+
+def test_a_notification_failing_after_the_commit_leaves_the_commit_and_is_not_raised(
+    db: Database, sql: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    def work(scope: tuple[Any, Any]) -> None:
+        cur, pipelined = scope
+        cur.execute(
+            "INSERT INTO workflow_definitions (name, digest, definition) VALUES ('late', 'd', '{}')"
+        )
+        pipelined.after_commit(b"SELECT 1/0")  # stands for a notify queue that is full
+
+    db.run_pipelined(work)
+    assert count(sql, "SELECT count(*) FROM workflow_definitions WHERE name = 'late'") == 1
+    assert any(getattr(r, "action", None) == "notify_failed" for r in caplog.records)
+
+
+def test_a_finish_with_a_continuation_notifies_after_its_commit(
+    db: Database, listening: Conn
+) -> None:
+    """The finish's pipelined path asks the statement not to notify (its commit would hold the
+    notify lock through its WAL flush) and notifies after the commit: the scheduler for the
+    finished task, the publisher for the dependent it released and did not claim."""
+    repo = Store(db, rand=lambda: 0.5)
+    fan = WorkflowDef(
+        "fan",
+        (
+            TaskDef("root", "tests.noop"),
+            TaskDef("a", "tests.noop", depends_on=("root",)),
+            TaskDef("b", "tests.noop", depends_on=("root",)),
+        ),
+    )
+    run_id = repo.trigger(fan).run_id
+    ids = task_ids(repo, run_id)
+    with psycopg.connect(db.config.url, autocommit=True) as sql:
+        root = claim_task(repo, sql, ids["root"])
+    heard(listening)  # the trigger's
+    finished = repo.finish_many(
+        [(ids["root"], root.fencing_token, Finish(TaskState.SUCCEEDED))],
+        offer=16,
+        then=Continuation("w-next", 30.0, 1),  # claims one dependent; the other goes out
+    )
+    assert finished.committed == {ids["root"]} and len(finished.claimed) == 1
+    assert heard(listening) == {"flowforge_scheduler", "flowforge_outbox"}
