@@ -22,10 +22,15 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import psycopg
+
 from flowforge.store import queries
 from flowforge.store.db import Cursor, Database, Pipelined, Row
 
 T = TypeVar("T")
+#: Whether the libpq psycopg runs on has pipeline mode (14 and later; psycopg[binary] bundles
+#: a recent one).
+PIPELINES = psycopg.Pipeline.is_supported()
 Params = Mapping[str, Any] | None
 
 
@@ -105,7 +110,10 @@ class Part:
         return self._db.run(lambda cur: work(Tx(cur, named), *args))
 
     def _pipelined(self, work: Callable[..., T], *args: Any) -> T:
-        """As :meth:`_transaction`, with the connection in pipeline mode (module docstring)."""
+        """As :meth:`_transaction`, with the connection in pipeline mode (module docstring);
+        a plain transaction where libpq has no pipeline mode (before libpq 14)."""
+        if not PIPELINES:
+            return self._transaction(work, *args)
         named = self._q
 
         def pipelined(scope: tuple[Cursor, Pipelined]) -> T:
