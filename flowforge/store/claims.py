@@ -144,11 +144,10 @@ class Claims(Part):
             if finish.state is TaskState.FAILED and finish.reason in COUNTED_FAILURES
         ]
         if not broke and (then is None or then.limit <= 0):
-            return rows.finished(self._query("finish", {**params, "notify": True}))
+            return rows.finished(self._query("finish", params))
         if then is not None and then.limit > 0:
             transitions.check(TaskState.READY, TaskState.RUNNING)
-        # pipelined: BEGIN goes with the finish, the notifications after the COMMIT
-        return self._pipelined(_finish_then_claim, {**params, "notify": False}, then, broke)
+        return self._transaction(_finish_then_claim, params, then, broke)
 
 
 def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
@@ -172,19 +171,14 @@ def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
         raise _KeyBusyError
     reused = Finish(TaskState.SUCCEEDED, result=held["result"])
     columns = _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused")
-    tx.all("finish", {**columns, "offer": 0, "queue": None, "notify": True})
+    tx.all("finish", {**columns, "offer": 0, "queue": None})
     return ClaimResult(ClaimOutcome.REUSED, claim)
 
 
 def _finish_then_claim(
     tx: Tx, params: dict[str, Any], then: Continuation | None, broke: Sequence[UUID]
 ) -> Finished:
-    found = tx.all("finish", params)
-    finished = rows.finished(found)
-    if finished.committed:  # what the statement notifies with %(notify)s, after the commit
-        tx.notify("notify_scheduler")
-    if any(row["queued"] for row in found):
-        tx.notify("notify_outbox")
+    finished = rows.finished(tx.all("finish", params))
     counted = [tid for tid in broke if tid in finished.committed]  # not a stale outcome's
     if counted:
         tx.all("trip_breakers", {"ids": counted})
@@ -193,8 +187,8 @@ def _finish_then_claim(
     wanted = finished.ready[: then.limit]
     if not wanted:
         return finished
-    claimed = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, local=True))
-    return replace(finished, claimed=tuple(rows.claim(row) for row in claimed))
+    found = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, local=True))
+    return replace(finished, claimed=tuple(rows.claim(row) for row in found))
 
 
 def _finish_columns(

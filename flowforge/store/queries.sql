@@ -779,9 +779,7 @@ SELECT id, state,
 -- token matches nothing (and is counted). A task an operator buried while it ran ends DEAD
 -- 'operator' where its stop would have ended it CANCELLED. Attempts are closed, idempotency keys settled,
 -- dependents released (PENDING → READY with an outbox row when nothing else holds them) and
--- the scheduler and publisher notified in the same statement: one round trip for a batch. Not
--- with %(notify)s false: the caller's pipelined transaction notifies after its commit
--- (finish_many; store/db.py pipelined_transaction says why).
+-- the scheduler and publisher notified in the same statement: one round trip for a batch.
 WITH outcome AS (
     SELECT *
       FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(states)s::text[],
@@ -841,10 +839,8 @@ WITH outcome AS (
 -- READY (NULL: all) on the finishing worker's queue %(queue)s (or on none: see migration
 -- 0014), which it may claim itself; the rest go out as messages, to their own queues. Keyless
 -- ones first: a continuation claims only those (finish_many), and up to its limit of them.
-SELECT id, NULL::bigint AS ready_token,
-       CASE WHEN %(notify)s THEN pg_notify('flowforge_scheduler', '')::text END AS notified,
-       (SELECT count(CASE WHEN %(notify)s THEN pg_notify('flowforge_outbox', '')::text ELSE '' END)
-          FROM queued) AS queued
+SELECT id, NULL::bigint AS ready_token, pg_notify('flowforge_scheduler', '')::text AS notified,
+       (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
   FROM done
 UNION ALL
 (SELECT id, fencing_token, NULL, NULL FROM released

@@ -19,15 +19,11 @@ from psycopg_pool import ConnectionPool
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
-from flowforge.domain.model import Continuation, Finish
-from flowforge.domain.states import TaskState
 from flowforge.errors import FlowForgeError
 from flowforge.store.db import Database
 from flowforge.store.outbox import Outbox
 from flowforge.store.part import Part, Tx
 from flowforge.store.triggers import Triggers
-from tests.helpers import claim_task, task_ids
-from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -235,32 +231,3 @@ def test_a_notification_failing_after_the_commit_leaves_the_commit_and_is_not_ra
     db.run_pipelined(work)
     assert count(sql, "SELECT count(*) FROM workflow_definitions WHERE name = 'late'") == 1
     assert any(getattr(r, "action", None) == "notify_failed" for r in caplog.records)
-
-
-def test_a_finish_with_a_continuation_notifies_after_its_commit(
-    db: Database, listening: Conn
-) -> None:
-    """The finish's pipelined path asks the statement not to notify (its commit would hold the
-    notify lock through its WAL flush) and notifies after the commit: the scheduler for the
-    finished task, the publisher for the dependent it released and did not claim."""
-    repo = Store(db, rand=lambda: 0.5)
-    fan = WorkflowDef(
-        "fan",
-        (
-            TaskDef("root", "tests.noop"),
-            TaskDef("a", "tests.noop", depends_on=("root",)),
-            TaskDef("b", "tests.noop", depends_on=("root",)),
-        ),
-    )
-    run_id = repo.trigger(fan).run_id
-    ids = task_ids(repo, run_id)
-    with psycopg.connect(db.config.url, autocommit=True) as sql:
-        root = claim_task(repo, sql, ids["root"])
-    heard(listening)  # the trigger's
-    finished = repo.finish_many(
-        [(ids["root"], root.fencing_token, Finish(TaskState.SUCCEEDED))],
-        offer=16,
-        then=Continuation("w-next", 30.0, 1),  # claims one dependent; the other goes out
-    )
-    assert finished.committed == {ids["root"]} and len(finished.claimed) == 1
-    assert heard(listening) == {"flowforge_scheduler", "flowforge_outbox"}
