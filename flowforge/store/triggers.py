@@ -98,7 +98,7 @@ class Triggers(Part):
         if not plan.run_ids:
             return []
         # pipelined: the run's clock (created_at, the transaction's start) runs from BEGIN to
-        # COMMIT: two round trips rather than six (three rather than seven with keys)
+        # COMMIT: two round trips rather than six (three with an idempotency key)
         return self._pipelined(_insert_plan, workflow, plan, children)
 
 
