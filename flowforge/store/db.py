@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -176,6 +178,36 @@ class Database:
         ):
             yield cur
 
+    @contextmanager
+    def pipelined_transaction(self) -> Iterator[tuple[Cursor, Pipelined]]:
+        """As :meth:`transaction`, with the connection in pipeline mode: a statement executed
+        is only queued, and its result is there once ``sync()`` (of the :class:`Pipelined`
+        yielded with the cursor) has sent everything queued and read every result — one round
+        trip for all of them. The ``BEGIN`` goes with the first sync and the ``COMMIT`` with
+        whatever is still queued at the end, so a transaction of n statements whose results
+        are read costs n round trips rather than n + 2 (psycopg's own
+        ``Connection.transaction`` syncs after each of them). An error is raised at the sync
+        after the statement that failed (at the latest, at the commit); the transaction is
+        then rolled back.
+
+        ``after_commit(query)``: a notification (a parameterless ``pg_notify``) sent after the
+        ``COMMIT``, in the same round trip, as a transaction of its own. A commit that
+        notifies holds PostgreSQL's one notify lock (for the whole cluster) through its WAL
+        flush, so such commits queue behind each other's flushes; a transaction that only
+        notifies writes no WAL and holds it for microseconds. Listeners hear it after the
+        commit either way. Should it fail once the transaction committed (the notify queue
+        full), that is logged and not raised: the work is done, and listeners poll.
+        """
+        if self._pool is None:
+            raise StoreError("database pool is not open")
+        with (
+            translate_errors(self._config.url, self._diagnose),
+            self._pool.connection() as conn,
+            _pipelined(conn) as pipelined,
+            conn.cursor() as cur,
+        ):
+            yield cur, pipelined
+
     def execute(self, query: bytes, params: Mapping[str, Any] | None = None) -> list[Row]:
         """One statement as its own transaction (one round trip); returns its rows, if any.
 
@@ -230,6 +262,11 @@ class Database:
         outside the transaction that a second run would repeat). Nothing else is retried."""
         return self._retrying(self.transaction, work, *args)
 
+    def run_pipelined(self, work: Callable[..., T], *args: Any) -> T:
+        """As :meth:`run`, in a :meth:`pipelined_transaction`:
+        ``work((cursor, pipelined), *args)``."""
+        return self._retrying(self.pipelined_transaction, work, *args)
+
     def _retrying(self, scope: Callable[[], Any], work: Callable[..., T], *args: Any) -> T:
         """``work`` in ``scope``, run again at once after a conflict: PostgreSQL rolled the
         transaction back, so nothing of it took effect, and a deadlock was already waited out
@@ -243,6 +280,51 @@ class Database:
                     raise
                 logger.debug("transaction retried after a conflict", extra={"action": "tx_retry"})
         raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Pipelined:
+    """A pipelined transaction's controls (see :meth:`Database.pipelined_transaction`)."""
+
+    sync: Callable[[], None]
+    after_commit: Callable[[bytes], None]
+
+
+@contextmanager
+def _pipelined(conn: psycopg.Connection[Row]) -> Iterator[Pipelined]:
+    """A transaction in pipeline mode on an autocommit connection (see
+    :meth:`Database.pipelined_transaction`), rolled back if anything raises before it
+    committed."""
+    after: list[bytes] = []
+    commit = conn.cursor()
+    try:
+        with conn.pipeline() as pipeline:
+            conn.execute(b"BEGIN")
+            yield Pipelined(pipeline.sync, after.append)
+            commit.execute(b"COMMIT")
+            for query in after:
+                conn.execute(query)
+    except psycopg.Error:
+        if after and commit.statusmessage == "COMMIT":
+            logger.warning(
+                "a notification after a commit failed; its listeners find the work when they poll",
+                exc_info=True,
+                extra={"action": "notify_failed"},
+            )
+            return
+        _roll_back(conn)
+        raise
+    except BaseException:
+        _roll_back(conn)
+        raise
+
+
+def _roll_back(conn: psycopg.Connection[Row]) -> None:
+    if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+        try:
+            conn.rollback()
+        except psycopg.Error:  # a broken connection: the pool discards it
+            logger.debug("rollback after a failed pipelined transaction failed", exc_info=True)
 
 
 def _timeout(seconds: float) -> int:

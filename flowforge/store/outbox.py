@@ -36,7 +36,9 @@ class Outbox(Part):
         of a higher priority than the batch's lowest into this transaction and returns them:
         ``send`` may publish them too (while it waits for the confirms) and counts them in.
         """
-        return self._transaction(_publish, limit, send, list(skip), lane)
+        # pipelined: BEGIN goes with the lock, the stamp with the COMMIT (two round trips fewer
+        # per sweep, and one fewer before a woken sweep's first message goes out)
+        return self._pipelined(_publish, limit, send, list(skip), lane)
 
 
 def _publish(tx: Tx, limit: int, send: Send, skip: list[str], lane: Lane | None) -> tuple[int, int]:
@@ -64,5 +66,5 @@ def _publish(tx: Tx, limit: int, send: Send, skip: list[str], lane: Lane | None)
     confirmed = sorted(sent & {d.outbox_id for d in (*batch, *joined)})
     if confirmed:
         late = [d.outbox_id for d in joined]
-        tx.all("stamp_outbox", {"ids": confirmed, "joined": late})
+        tx.send("stamp_outbox", {"ids": confirmed, "joined": late})
     return len(batch) + len(joined), len(confirmed)

@@ -22,8 +22,10 @@ PART_MODULES = sorted(
 )
 PARTS_SOURCE = "\n".join(path.read_text(encoding="utf-8") for path in PART_MODULES)
 #: A named query run through the one execution idiom: ``self._query("name"`` or, inside a
-#: transaction, ``tx.all("name"`` / ``tx.one("name"`` / ``tx.count("name"``.
-DIRECT_KEY = re.compile(r"""\b(?:_query|all|one|count)\(\s*["']([a-z_][a-z0-9_]*)["']""")
+#: transaction, ``tx.all("name"`` / ``one`` / ``count`` / ``send`` / ``notify``.
+DIRECT_KEY = re.compile(
+    r"""\b(?:_query|all|one|count|send|notify)\(\s*["']([a-z_][a-z0-9_]*)["']"""
+)
 #: A way of running SQL other than the idiom's (a cursor, the pool, the Database's own calls).
 OTHER_IDIOM = re.compile(r"""\bcur\.execute\(|\b_db\.|\.transaction\(|\b_q\[""")
 #: Queries the store selects by name through a variable (``_ROUTING``, the purge ages, ...).

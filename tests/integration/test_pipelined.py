@@ -1,0 +1,233 @@
+"""Pipelined transactions (store/db.py, store/part.py): fewer round trips, the same atomicity.
+
+Round trips are counted from libpq's protocol trace of the pool's connection: every ``Sync``
+the client sends is one wait for the server's answer.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from flowforge.config import DatabaseConfig
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.errors import FlowForgeError
+from flowforge.store.db import Database
+from flowforge.store.outbox import Outbox
+from flowforge.store.part import Part, Tx
+from flowforge.store.triggers import Triggers
+
+pytestmark = pytest.mark.integration
+
+Conn = psycopg.Connection[tuple[object, ...]]
+SYNC = re.compile(r"\tF\t\d+\t(?:Sync|Query)\b")
+
+
+class Traced:
+    """A one-connection Database whose protocol messages go to a file."""
+
+    def __init__(self, url: str, path: Path) -> None:
+        self._file: TextIO = path.open("w+")
+
+        def factory(*args: Any, **kwargs: Any) -> ConnectionPool[Any]:
+            def configure(conn: psycopg.Connection[Any]) -> None:
+                conn.pgconn.trace(self._file.fileno())
+                conn.pgconn.set_trace_flags(0)
+
+            return ConnectionPool(*args, configure=configure, **kwargs)
+
+        self.db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), pool_factory=factory)
+        self.db.open()
+
+    def round_trips(self, action: Any) -> int:
+        """How many times the client waited for the server while ``action()`` ran."""
+        self._file.flush()
+        start = self._file.seek(0, 2)
+        action()
+        self._file.flush()
+        self._file.seek(start)
+        return len(SYNC.findall(self._file.read()))
+
+    def close(self) -> None:
+        self.db.close()
+        self._file.close()
+
+
+@pytest.fixture
+def traced(clean_database_url: str, tmp_path: Path) -> Iterator[Traced]:
+    found = Traced(clean_database_url, tmp_path / "trace")
+    yield found
+    found.close()
+
+
+def one_task(name: str = "w") -> WorkflowDef:
+    return WorkflowDef(name, (TaskDef("t", "x"),))
+
+
+def count(sql: Conn, query: str) -> int:
+    row = sql.execute(query).fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
+def test_a_trigger_takes_two_round_trips_and_creates_the_run(traced: Traced, sql: Conn) -> None:
+    repo = Triggers(traced.db)
+    repo.trigger(one_task(), {"warm": True})  # the pool's connection is open
+    results: list[Any] = []
+    assert traced.round_trips(lambda: results.append(repo.trigger(one_task(), {"i": 1}))) == 2
+    run_id = results[0].run_id
+    assert count(sql, f"SELECT count(*) FROM task_runs WHERE run_id = '{run_id}'") == 1
+    assert count(sql, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 2
+
+
+def test_a_trigger_with_a_key_reads_its_insert_and_still_replays(traced: Traced, sql: Conn) -> None:
+    repo = Triggers(traced.db)
+    first = repo.trigger(one_task(), {"i": 1}, idempotency_key="k")
+    results: list[Any] = []
+    trips = traced.round_trips(
+        lambda: results.append(repo.trigger(one_task(), {"i": 1}, idempotency_key="k"))
+    )
+    assert trips == 3  # the insert's result is read, then the existing run
+    assert results[0].run_id == first.run_id and not results[0].created
+    assert count(sql, "SELECT count(*) FROM workflow_runs") == 1
+
+
+def test_a_sweep_takes_two_round_trips_and_stamps_what_was_confirmed(
+    traced: Traced, sql: Conn
+) -> None:
+    Triggers(traced.db).trigger_many(one_task(), [{"i": i} for i in range(3)])
+    outbox = Outbox(traced.db)
+    handed: list[tuple[int, int]] = []
+
+    def sweep() -> None:
+        handed.append(outbox.publish_outbox(10, lambda batch: {batch[0].outbox_id}))
+
+    assert traced.round_trips(sweep) == 2
+    assert handed == [(3, 1)]
+    assert count(sql, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL") == 1
+
+
+class Probe(Part):
+    """Named statements in a pipelined transaction, as a store part runs them."""
+
+    def register_then(self, fail: str | None) -> int:
+        def work(tx: Tx) -> int:
+            definition = one_task("probe")
+            tx.send(
+                "register_definition",
+                {"name": "probe", "digest": definition.digest, "definition": Jsonb({})},
+            )
+            if fail == "statement":  # a foreign key no task satisfies: fails at the commit
+                tx.send("insert_edges", {"upstream": [uuid.uuid4()], "downstream": [uuid.uuid4()]})
+            if fail == "work":
+                raise RuntimeError("the work failed after sending")
+            row = tx.one("trigger_clock")
+            return 1 if row is not None else 0
+
+        return self._pipelined(work)
+
+
+def test_a_failed_sent_statement_rolls_back_what_was_sent_before_it(
+    traced: Traced, sql: Conn
+) -> None:
+    probe = Probe(traced.db)
+    with pytest.raises(FlowForgeError):
+        probe.register_then(fail="statement")
+    assert count(sql, "SELECT count(*) FROM workflow_definitions WHERE name = 'probe'") == 0
+    assert probe.register_then(fail=None) == 1  # the pool's one connection is usable again
+    assert count(sql, "SELECT count(*) FROM workflow_definitions WHERE name = 'probe'") == 1
+
+
+def test_an_exception_in_the_work_rolls_back_what_was_sent(traced: Traced, sql: Conn) -> None:
+    probe = Probe(traced.db)
+    with pytest.raises(RuntimeError, match="after sending"):
+        probe.register_then(fail="work")
+    assert count(sql, "SELECT count(*) FROM workflow_definitions WHERE name = 'probe'") == 0
+    assert probe.register_then(fail=None) == 1
+    assert count(sql, "SELECT count(*) FROM workflow_definitions WHERE name = 'probe'") == 1
+
+
+class Sender(Part):
+    """Sends a failing statement, then notes that it went on: where does the error come?"""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.went_on = False
+
+    def send_bad(self, pipelined: bool) -> None:
+        def work(tx: Tx) -> None:
+            tx.send("insert_edges", {"upstream": [uuid.uuid4()], "downstream": [uuid.uuid4()]})
+            self.went_on = True
+
+        if pipelined:
+            self._pipelined(work)
+        else:
+            self._transaction(work)
+
+
+def test_send_raises_at_once_outside_a_pipeline_and_at_the_commit_in_one(db: Database) -> None:
+    plain = Sender(db)
+    with pytest.raises(FlowForgeError):
+        plain.send_bad(pipelined=False)
+    assert not plain.went_on
+    queued = Sender(db)
+    with pytest.raises(FlowForgeError):
+        queued.send_bad(pipelined=True)
+    assert queued.went_on
+
+
+# ------------------------------------------------------------------ notifications after the commit
+
+
+@pytest.fixture
+def listening(clean_database_url: str) -> Iterator[Conn]:
+    """A connection listening on the scheduler's and the publisher's channels."""
+    with psycopg.connect(clean_database_url, autocommit=True) as conn:
+        conn.execute("LISTEN flowforge_outbox")
+        conn.execute("LISTEN flowforge_scheduler")
+        yield conn
+
+
+def heard(conn: Conn) -> set[str]:
+    """The channels notified so far (each notification is sent with its commit's round trip,
+    so by the time the caller returned it is on its way: waited for up to 5 s)."""
+    channels = {n.channel for n in conn.notifies(timeout=5.0, stop_after=1)}
+    return channels | {n.channel for n in conn.notifies(timeout=0.2)}
+
+
+def test_a_pipelined_trigger_notifies_the_publisher_after_its_commit(
+    traced: Traced, listening: Conn, sql: Conn
+) -> None:
+    """The notification is sent after the COMMIT in the same round trip, as a transaction of
+    its own: the run is committed (visible to the listener) when it is heard."""
+    repo = Triggers(traced.db)
+    repo.trigger(one_task(), {"warm": True})
+    heard(listening)
+    results: list[Any] = []
+    assert traced.round_trips(lambda: results.append(repo.trigger(one_task(), {"i": 1}))) == 2
+    assert heard(listening) == {"flowforge_outbox"}
+    run_id = results[0].run_id
+    assert count(sql, f"SELECT count(*) FROM workflow_runs WHERE id = '{run_id}'") == 1
+
+
+def test_a_notification_failing_after_the_commit_leaves_the_commit_and_is_not_raised(
+    db: Database, sql: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    def work(scope: tuple[Any, Any]) -> None:
+        cur, pipelined = scope
+        cur.execute(
+            "INSERT INTO workflow_definitions (name, digest, definition) VALUES ('late', 'd', '{}')"
+        )
+        pipelined.after_commit(b"SELECT 1/0")  # stands for a notify queue that is full
+
+    db.run_pipelined(work)
+    assert count(sql, "SELECT count(*) FROM workflow_definitions WHERE name = 'late'") == 1
+    assert any(getattr(r, "action", None) == "notify_failed" for r in caplog.records)
