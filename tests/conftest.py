@@ -228,12 +228,13 @@ def db(clean_database_url: str, _session_database: Database) -> Iterator[Databas
 
     Opening a pool per test cost three new server sessions (``open``'s direct check, the
     pool's first connection and the one it adds for the first request made before that one
-    is ready): each a backend fork and cold catalog caches on the server, about three quarters
-    of a test's fixture cost. Nothing the store does outlives a transaction on a pooled
-    connection (its locks are ``pg_advisory_xact_lock``; ``LISTEN`` and the migration lock
-    take connections of their own), and the pool discards a connection that broke, so a test
-    sees what a fresh pool would show it. A test that closed it (a role's ``shutdown`` closes
-    the database it was given) leaves it reopened for the next.
+    is ready): each a backend fork and cold catalog caches on the server (figures:
+    docs/development.md, "The fast loop's cost"). Nothing the store does outlives a
+    transaction on a pooled connection (its locks are ``pg_advisory_xact_lock``; ``LISTEN``
+    and the migration lock take connections of their own), and the pool discards a
+    connection that broke, so a test sees what a fresh pool would show it. A test that
+    closed it (a role's ``shutdown`` closes the database it was given) leaves it reopened for
+    the next.
     """
     yield _session_database
     _session_database.open()  # a no-op unless this test closed it
