@@ -27,6 +27,7 @@ from pathlib import Path
 import psycopg
 import psycopg.sql
 import pytest
+from psycopg.rows import tuple_row
 
 from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
@@ -213,12 +214,30 @@ def truncated_database_url(database_url: str) -> str:
     return database_url
 
 
-@pytest.fixture
-def db(clean_database_url: str) -> Iterator[Database]:
-    database = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=16))
+@pytest.fixture(scope="session")
+def _session_database(database_url: str) -> Iterator[Database]:
+    database = Database(DatabaseConfig(url=database_url, pool_min=1, pool_max=16))
     database.open()
     yield database
     database.close()
+
+
+@pytest.fixture
+def db(clean_database_url: str, _session_database: Database) -> Iterator[Database]:
+    """The session database's pool, kept open across tests, on emptied tables.
+
+    Opening a pool per test cost three new server sessions (``open``'s direct check, the
+    pool's first connection and the one it adds for the first request made before that one
+    is ready): each a backend fork and cold catalog caches on the server (figures:
+    docs/development.md, "The fast loop's cost"). Nothing the store does outlives a
+    transaction on a pooled connection (its locks are ``pg_advisory_xact_lock``; ``LISTEN``
+    and the migration lock take connections of their own), and the pool discards a
+    connection that broke, so a test sees what a fresh pool would show it. A test that
+    closed it (a role's ``shutdown`` closes the database it was given) leaves it reopened for
+    the next.
+    """
+    yield _session_database
+    _session_database.open()  # a no-op unless this test closed it
 
 
 @pytest.fixture
@@ -226,8 +245,49 @@ def repo(db: Database) -> Store:
     return Store(db, rand=lambda: 0.5)
 
 
+class _SqlConnection:
+    """One autocommit connection kept for the session: :func:`sql`'s (reopened if it broke)."""
+
+    def __init__(self, database_url: str) -> None:
+        self._url = database_url
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def get(self) -> psycopg.Connection[tuple[object, ...]]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(self._url, autocommit=True)
+        return self._conn
+
+    def settle(self) -> None:
+        """After a test: no transaction left open (its locks would block the next test's
+        emptying) and nothing the test SET kept for the next; a connection left in any other
+        state than idle, or changed, is closed and the next test gets a new one."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if not (idle and conn.autocommit and not conn.read_only and conn.row_factory is tuple_row):
+            conn.close()
+            return
+        conn.execute("RESET ALL; UNLISTEN *; SELECT pg_advisory_unlock_all()", prepare=False)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+@pytest.fixture(scope="session")
+def _sql_connection(database_url: str) -> Iterator[_SqlConnection]:
+    kept = _SqlConnection(database_url)
+    yield kept
+    kept.close()
+
+
 @pytest.fixture
-def sql(clean_database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    """A plain autocommit connection for test assertions and setup."""
-    with psycopg.connect(clean_database_url, autocommit=True) as conn:
-        yield conn
+def sql(
+    clean_database_url: str, _sql_connection: _SqlConnection
+) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """A plain autocommit connection for test assertions and setup: one per session, settled
+    after every test (:meth:`_SqlConnection.settle`) — a new server session per test cost
+    a backend fork and cold catalog caches, for a connection tests use as a fresh one."""
+    yield _sql_connection.get()
+    _sql_connection.settle()

@@ -36,6 +36,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flowforge.domain.states import TaskState
+from tests import cli_runner
 from tests.api_client import (
     ANY_4XX,
     BOOT_TIMEOUT_S,
@@ -346,24 +347,7 @@ def test_get_run_has_the_same_shape_as_status_json(
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
     env["FLOWFORGE_DATABASE_URL"] = clean_database_url
     for run_id in (run["id"], dead_run):
-        status = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "flowforge.cli",
-                "-c",
-                str(api.config),
-                "status",
-                run_id,
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            timeout=60,
-            check=False,
-        )
+        status = cli_runner.run(["-c", str(api.config), "status", run_id, "--json"], env, REPO)
         assert status.returncode == 0, status.stderr
         reply = api.get(f"/api/v1/runs/{run_id}")
         assert reply.status == 200
