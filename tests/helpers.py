@@ -6,8 +6,9 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
@@ -254,7 +255,6 @@ def until_idle(step: Callable[[Store], int]) -> Callable[[Store], int]:
 
 # ---------------------------------------------------- a scheduler held mid-transaction
 import signal  # noqa: E402
-from typing import Any  # noqa: E402
 
 # The process tests that SIGKILL a scheduler while its transaction waits on one the test holds
 # (test_maps_processes, test_children_processes) find it by its lock wait, not by its query's
@@ -297,3 +297,21 @@ def kill_scheduler_while_it_waits(
     wait_for(
         lambda: no_scheduler_session(sql), timeout=30, what="the killed scheduler's session to end"
     )
+
+
+def running_peaks(rows: Iterable[tuple[Any, Any, Any]]) -> dict[Any, int]:
+    """Per key, the most intervals open at one instant. ``rows``: ``(key, start, end)``, every
+    end set (an attempt still open fails the caller's proof); an end counts before a start at
+    the same instant, so back-to-back intervals do not overlap."""
+    events: dict[Any, list[tuple[Any, int]]] = defaultdict(list)
+    for key, started, finished in rows:
+        assert finished is not None, "every attempt is closed once its work settled"
+        events[key] += [(started, 1), (finished, -1)]
+    found = {}
+    for key, changes in events.items():
+        running = peak = 0
+        for _, change in sorted(changes, key=lambda e: (e[0], e[1])):
+            running += change
+            peak = max(peak, running)
+        found[key] = peak
+    return found

@@ -6,7 +6,6 @@ attempt ends when its lease is reaped), and must never exceed the key's limit.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -18,7 +17,7 @@ from flowforge.client import Client
 from flowforge.config import load_config
 from flowforge.definitions import workflow_from_mapping
 from tests.e2e import Stack
-from tests.helpers import wait_for
+from tests.helpers import running_peaks, wait_for
 from tests.trees import Tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real trees
@@ -50,24 +49,14 @@ WORKFLOW = workflow_from_mapping(
 
 
 def peaks(sql: Sql) -> dict[str, int]:
-    """Per concurrency key, the most attempts running at one instant: +1 at each attempt's
-    start, -1 at its finish (a finish before a start at the same instant)."""
-    events: dict[str, list[tuple[Any, int]]] = defaultdict(list)
-    for key, started, finished in sql.execute(
-        "SELECT t.concurrency_key, a.started_at, a.finished_at"
-        "  FROM task_attempts a JOIN task_runs t ON t.id = a.task_run_id"
-        " WHERE t.concurrency_key IS NOT NULL"
-    ):
-        assert finished is not None, "every attempt is closed once the runs settled"
-        events[key] += [(started, 1), (finished, -1)]
-    found = {}
-    for key, changes in events.items():
-        running = peak = 0
-        for _, change in sorted(changes, key=lambda e: (e[0], e[1])):
-            running += change
-            peak = max(peak, running)
-        found[key] = peak
-    return found
+    """Per concurrency key, the most attempts running at one instant."""
+    return running_peaks(
+        sql.execute(
+            "SELECT t.concurrency_key, a.started_at, a.finished_at"
+            "  FROM task_attempts a JOIN task_runs t ON t.id = a.task_run_id"
+            " WHERE t.concurrency_key IS NOT NULL"
+        )
+    )
 
 
 def count(sql: Sql, query: str, *args: Any) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -35,7 +34,7 @@ from flowforge.store import queries
 from flowforge.store.db import Database
 from tests.api_client import Api, assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_refused, run_config
-from tests.helpers import claim_task, dispatch, drain, task_ids
+from tests.helpers import claim_task, dispatch, drain, running_peaks, task_ids
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -119,24 +118,14 @@ def outbox(sql: Sql) -> int:
 
 def peaks(sql: Sql, column: str = "concurrency_key") -> dict[str, int]:
     """Per key (``column`` of the item; 'all' for every item), the most item attempts running
-    at one instant, from task_attempts: +1 at a start, -1 at a finish (a finish first when
-    they are at the same instant)."""
-    events: dict[str, list[tuple[Any, int]]] = defaultdict(list)
-    for key, started, finished in sql.execute(
-        f"SELECT coalesce({column}::text, 'all'), a.started_at, a.finished_at"
-        "  FROM task_attempts a JOIN task_runs t ON t.id = a.task_run_id"
-        " WHERE t.map_id IS NOT NULL"
-    ):
-        assert finished is not None, "every attempt is closed once the map settled"
-        events[key] += [(started, 1), (finished, -1)]
-    found = {}
-    for key, changes in events.items():
-        running = peak = 0
-        for _, change in sorted(changes, key=lambda e: (e[0], e[1])):
-            running += change
-            peak = max(peak, running)
-        found[key] = peak
-    return found
+    at one instant, from task_attempts."""
+    return running_peaks(
+        sql.execute(
+            f"SELECT coalesce({column}::text, 'all'), a.started_at, a.finished_at"
+            "  FROM task_attempts a JOIN task_runs t ON t.id = a.task_run_id"
+            " WHERE t.map_id IS NOT NULL"
+        )
+    )
 
 
 def work(
