@@ -684,21 +684,17 @@ def check_template(template: str, label: str) -> None:
     if not isinstance(template, str):  # Python code can pass anything
         raise DefinitionError(f"{label}: must be a template string, not {type(template).__name__}")
     try:
-        parsed = list(string.Formatter().parse(template))
+        fields = template_fields(template)
         check_text(template, label)  # its literal text reaches PostgreSQL in every key
     except ValueError as exc:
         raise DefinitionError(f"{label}: malformed template {template!r}: {exc}") from exc
     except UnstorableValueError as exc:
         raise DefinitionError(str(exc)) from exc
-    for _, name, spec, _ in parsed:
-        if name is None:
-            continue
+    for name in fields:
         if not _FIELD_PATTERN.fullmatch(name):
             raise DefinitionError(
                 f"{label}: template field {{{name}}} must be an input key, optionally indexed"
             )
-        if spec:
-            check_template(spec, label)
 
 
 def render_key(template: str, run_input: Mapping[str, Any], label: str) -> str:
@@ -712,8 +708,8 @@ def render_key(template: str, run_input: Mapping[str, Any], label: str) -> str:
 
 
 def template_fields(template: str) -> list[str]:
-    """The fields of a template already :func:`check_template`-ed (``item[id]``, ``index``),
-    those nested in a format spec too."""
+    """The fields of a template (``item[id]``, ``index``), those nested in a format spec too:
+    ``str.format`` evaluates them as well. ``ValueError`` if it cannot be parsed."""
     found: list[str] = []
     for _, name, spec, _ in string.Formatter().parse(template):
         if name is not None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from flowforge.config import Config
 from flowforge.definitions import check_paths
-from flowforge.domain.breakers import BreakerState, Transition
+from flowforge.domain.breakers import BreakerState, Transition, breaker_name
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import FireRecord, PassReport, Routed
 from flowforge.domain.states import TaskState
@@ -262,9 +262,8 @@ def _log_transitions(moved: Sequence[Transition]) -> None:
         level = logging.WARNING if one.to_state is BreakerState.OPEN else logging.INFO
         logger.log(
             level,
-            "circuit breaker of handler %s%s: %s -> %s (%s)",
-            one.handler,
-            f" key {one.key!r}" if one.key else "",  # '': the handler-wide breaker
+            "circuit %s: %s -> %s (%s)",
+            breaker_name(one.handler, one.key),
             one.from_state,
             one.to_state,
             one.cause,

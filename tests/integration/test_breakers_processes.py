@@ -130,7 +130,7 @@ def test_the_breaker_opens_holds_probes_and_closes_and_every_task_succeeds(
     def logged() -> bool:
         log = trees[0].log()
         return all(
-            log.count(f"circuit breaker of handler e2e.dependency: {a} -> {b} ({c})")
+            log.count(f"circuit breaker of handler 'e2e.dependency': {a} -> {b} ({c})")
             == rows.count((a, b, c))
             for a, b, c in rows
         )
@@ -231,5 +231,5 @@ def test_one_keys_breaker_holds_its_tasks_while_the_other_keys_run_and_succeed(
     assert count(sql, closed, "partner-eu", "probe_succeeded") == 1
     assert count(sql, "SELECT count(*) FROM breaker_transitions WHERE key <> 'partner-eu'") == 0
     assert count(sql, "SELECT count(*) FROM task_runs WHERE parked_on IS NOT NULL") == 0
-    line = "circuit breaker of handler e2e.dependency key 'partner-eu': closed -> open (failures)"
+    line = "circuit breaker of handler 'e2e.dependency' key 'partner-eu': closed -> open (failures)"
     wait_for(lambda: trees[0].log().count(line) == 1, 30.0, 0.1, "the opening logged once")
