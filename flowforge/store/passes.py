@@ -170,8 +170,9 @@ class Passes(Part):
             "purge_outbox": age_s,
             "purge_keys": key_age_s,
             "purge_gate_audit": age_s,
+            "purge_breaker_transitions": age_s,
         }
-        return self._transaction(_purge, ages, age_s, limit)
+        return self._transaction(_purge, ages, limit)
 
     @staticmethod
     def _observed(outcomes: list[Routed], observe: Observer | None) -> int:
@@ -298,15 +299,12 @@ def _expire(tx: Tx, limit: int) -> list[UUID]:
     return ended
 
 
-def _purge(tx: Tx, ages: Mapping[str, float | None], age_s: float, limit: int) -> int:
-    deleted = sum(
+def _purge(tx: Tx, ages: Mapping[str, float | None], limit: int) -> int:
+    return sum(
         tx.count(name, {"age_s": age, "limit": limit})
         for name, age in ages.items()
         if age is not None
     )
-    # counted from the row it returns (its rowcount, a SELECT's, would be 1)
-    row = tx.one("purge_breaker_transitions", {"age_s": age_s, "limit": limit})
-    return deleted + (int(row["purged"]) if row else 0)
 
 
 def _decision_columns(

@@ -437,24 +437,22 @@ DELETE FROM idempotency_keys k USING doomed WHERE k.key = doomed.key;
 -- already logged (the scheduler marks a row logged when it takes it to log: an unlogged row is
 -- never deleted, and one being logged right now is locked and skipped). What goes is added to
 -- breaker_transitions_purged (in key order: two purges never deadlock), so the counts
--- `breakers list` and /metrics show never go down.
+-- `breakers list` and /metrics show never go down. The rows counted are the rows locked, so
+-- the DELETE takes exactly them; its row count is the batch's, like the other purges'.
 WITH doomed AS (
-    SELECT id FROM breaker_transitions
+    SELECT id, handler, key, to_state FROM breaker_transitions
      WHERE logged AND at < now() - make_interval(secs => %(age_s)s)
      ORDER BY at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM breaker_transitions x USING doomed WHERE x.id = doomed.id
-    RETURNING x.handler, x.key, x.to_state
 ), counted AS (
     INSERT INTO breaker_transitions_purged AS p (handler, key, to_state, n)
-    SELECT handler, key, to_state, count(*) FROM gone
+    SELECT handler, key, to_state, count(*) FROM doomed
      GROUP BY handler, key, to_state
      ORDER BY handler, key, to_state
     ON CONFLICT (handler, key, to_state) DO UPDATE SET n = p.n + EXCLUDED.n
 )
-SELECT count(*) AS purged FROM gone;
+DELETE FROM breaker_transitions x USING doomed WHERE x.id = doomed.id;
 
 -- name: purge_gate_audit
 -- Operator actions on breakers and pauses older than the retention, in a bounded batch: the

@@ -38,6 +38,7 @@ INDIRECT_NAMES = (
     "purge_outbox",
     "purge_keys",
     "purge_gate_audit",
+    "purge_breaker_transitions",
 )
 PLACEHOLDER = re.compile(r"%\((?P<name>[a-z_][a-z0-9_]*)\)s")
 
