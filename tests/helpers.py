@@ -315,3 +315,10 @@ def running_peaks(rows: Iterable[tuple[Any, Any, Any]]) -> dict[Any, int]:
             peak = max(peak, running)
         found[key] = peak
     return found
+
+
+def query_count(sql: psycopg.Connection[tuple[Any, ...]], query: str, *args: Any) -> int:
+    """The whole number a ``SELECT count(*) …`` (with ``%s`` parameters ``args``) answers."""
+    row = sql.execute(query, args).fetchone()
+    assert row is not None
+    return int(row[0])

@@ -23,7 +23,7 @@ from flowforge.definitions import workflow_from_mapping
 from flowforge.store.breakers import Gates
 from flowforge.store.db import Database
 from tests.e2e import Stack
-from tests.helpers import wait_for
+from tests.helpers import query_count, wait_for
 from tests.trees import Tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real tree
@@ -52,20 +52,14 @@ PLAIN = workflow_from_mapping(
 )
 
 
-def count(sql: Sql, query: str, *args: Any) -> int:
-    row = sql.execute(query, args).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def transitions(sql: Sql, cause: str) -> int:
-    return count(sql, "SELECT count(*) FROM breaker_transitions WHERE cause = %s", cause)
+    return query_count(sql, "SELECT count(*) FROM breaker_transitions WHERE cause = %s", cause)
 
 
 def all_succeeded(sql: Sql, tree: Tree, runs: list[UUID]) -> bool:
     assert tree.proc.poll() is None, f"the tree exited:\n{tree.log()[-3000:]}"
     done = "SELECT count(*) FROM workflow_runs WHERE id = ANY(%s) AND state = 'SUCCEEDED'"
-    return count(sql, done, runs) == len(runs)
+    return query_count(sql, done, runs) == len(runs)
 
 
 def test_the_breaker_opens_holds_probes_and_closes_and_every_task_succeeds(
@@ -81,16 +75,16 @@ def test_the_breaker_opens_holds_probes_and_closes_and_every_task_succeeds(
     wait_for(lambda: transitions(sql, "failures") == 1, 60.0, 0.05, "the breaker to open")
     # it holds: every task not yet called waits parked, and a probe per cooldown fails
     wait_for(lambda: transitions(sql, "probe_failed") >= 3, 60.0, 0.05, "three failed probes")
-    parked = count(sql, "SELECT count(*) FROM task_runs WHERE parked_on = 'circuit_open'")
+    parked = query_count(sql, "SELECT count(*) FROM task_runs WHERE parked_on = 'circuit_open'")
     assert parked >= RUNS - 3 * 4 - 3  # most tasks never called the dependency while it is down
     down.unlink()  # the dependency is back: the next probe succeeds and closes the breaker
     wait_for(lambda: all_succeeded(sql, trees[0], runs), DONE_S, 0.2, "every run to succeed")
     assert transitions(sql, "probe_succeeded") == 1
-    down_calls = count(
+    down_calls = query_count(
         sql, "SELECT count(*) FROM test_executions WHERE handler = 'e2e.dependency:down'"
     )
     # a probe's call: the attempt after the one it had when chosen (breaker_transitions)
-    probe_calls = count(
+    probe_calls = query_count(
         sql,
         "SELECT count(*) FROM test_executions x JOIN breaker_transitions p"
         "  ON p.probe_task_id = x.task_run_id AND x.attempt = p.probe_attempt + 1"
@@ -137,10 +131,10 @@ def test_the_breaker_opens_holds_probes_and_closes_and_every_task_succeeds(
 
     wait_for(logged, 30.0, 0.1, "one log line per transition")
     # no parked task used an attempt: every second attempt is a failed call's retry
-    calls = count(sql, "SELECT count(*) FROM test_executions")
-    attempts = count(sql, "SELECT count(*) FROM task_attempts")
+    calls = query_count(sql, "SELECT count(*) FROM test_executions")
+    attempts = query_count(sql, "SELECT count(*) FROM task_attempts")
     assert calls == attempts  # every attempt called the dependency once, none was parked
-    assert count(sql, "SELECT count(*) FROM task_runs WHERE parked_on IS NOT NULL") == 0
+    assert query_count(sql, "SELECT count(*) FROM task_runs WHERE parked_on IS NOT NULL") == 0
 
 
 def test_pausing_a_queue_stops_its_claims_until_resumed_and_loses_nothing(
@@ -160,13 +154,13 @@ def test_pausing_a_queue_stops_its_claims_until_resumed_and_loses_nothing(
             runs = [r.run_id for r in client.trigger_many("plain", [{}] * 20)]
         # every task was dispatched and claimed, and parked at its claim, none executed
         parked = "SELECT count(*) FROM task_runs WHERE parked_on = 'paused' AND run_id = ANY(%s)"
-        wait_for(lambda: count(sql, parked, runs) == 20, 60.0, 0.05, "20 parked tasks")
+        wait_for(lambda: query_count(sql, parked, runs) == 20, 60.0, 0.05, "20 parked tasks")
         executed = "SELECT count(*) FROM test_executions WHERE run_id = ANY(%s)"
-        assert count(sql, executed, runs) == 0
+        assert query_count(sql, executed, runs) == 0
         gates.resume("queue", stack.queue, "test", None)
         wait_for(lambda: all_succeeded(sql, trees[0], runs), DONE_S, 0.1, "the paused runs")
-        assert count(sql, executed, runs) == 20  # each once: nothing lost, nothing doubled
-        assert count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1") == 0
+        assert query_count(sql, executed, runs) == 20  # each once: nothing lost, nothing doubled
+        assert query_count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1") == 0
     finally:
         db.close()
 
@@ -204,7 +198,7 @@ def test_one_keys_breaker_holds_its_tasks_while_the_other_keys_run_and_succeed(
     with Client(load_config(config, env={}), [KEYED]) as client:
         eu_input = {"region": "eu", "down": str(eu_down)}
         eu = [r.run_id for r in client.trigger_many("partner_keyed", [eu_input] * RUNS_PER_KEY)]
-        wait_for(lambda: count(sql, opened, "partner-eu") == 1, 60.0, 0.05, "eu's breaker")
+        wait_for(lambda: query_count(sql, opened, "partner-eu") == 1, 60.0, 0.05, "eu's breaker")
         us_input = {"region": "us", "down": str(us_down)}
         us = [r.run_id for r in client.trigger_many("partner_keyed", [us_input] * RUNS_PER_KEY)]
     # us's tasks run and succeed while eu's breaker holds eu's (eu's dependency is still down)
@@ -214,12 +208,12 @@ def test_one_keys_breaker_holds_its_tasks_while_the_other_keys_run_and_succeed(
     )
     assert states == {"partner-eu": states["partner-eu"]} and states["partner-eu"] != "closed"
     executed = "SELECT count(*) FROM test_executions WHERE run_id = ANY(%s)"
-    assert count(sql, executed, us) == RUNS_PER_KEY  # each once: none held, none failed
+    assert query_count(sql, executed, us) == RUNS_PER_KEY  # each once: none held, none failed
     down_calls = "SELECT count(*) FROM test_executions WHERE handler = 'e2e.dependency:down'"
-    held_back = count(sql, down_calls)
+    held_back = query_count(sql, down_calls)
     # most of eu's tasks never called its dependency: the failures that opened the breaker,
     # the calls in flight then (4 workers, each with at most a batch claimed) and the probes
-    probes = count(sql, "SELECT count(*) FROM breaker_transitions WHERE cause = 'cooldown'")
+    probes = query_count(sql, "SELECT count(*) FROM breaker_transitions WHERE cause = 'cooldown'")
     print(
         f"keyed: {RUNS_PER_KEY} us runs succeeded (one call each) while eu's breaker held; "
         f"eu's calls while down: {held_back} of {RUNS_PER_KEY} tasks ({probes} probes)"
@@ -228,8 +222,10 @@ def test_one_keys_breaker_holds_its_tasks_while_the_other_keys_run_and_succeed(
     eu_down.unlink()  # eu's dependency is back: its next probe closes its breaker
     wait_for(lambda: all_succeeded(sql, trees[0], eu), DONE_S, 0.2, "every eu run")
     closed = "SELECT count(*) FROM breaker_transitions WHERE key = %s AND cause = %s"
-    assert count(sql, closed, "partner-eu", "probe_succeeded") == 1
-    assert count(sql, "SELECT count(*) FROM breaker_transitions WHERE key <> 'partner-eu'") == 0
-    assert count(sql, "SELECT count(*) FROM task_runs WHERE parked_on IS NOT NULL") == 0
+    assert query_count(sql, closed, "partner-eu", "probe_succeeded") == 1
+    assert (
+        query_count(sql, "SELECT count(*) FROM breaker_transitions WHERE key <> 'partner-eu'") == 0
+    )
+    assert query_count(sql, "SELECT count(*) FROM task_runs WHERE parked_on IS NOT NULL") == 0
     line = "circuit breaker of handler 'e2e.dependency' key 'partner-eu': closed -> open (failures)"
     wait_for(lambda: trees[0].log().count(line) == 1, 30.0, 0.1, "the opening logged once")

@@ -17,7 +17,7 @@ from flowforge.client import Client
 from flowforge.config import load_config
 from flowforge.definitions import workflow_from_mapping
 from tests.e2e import Stack
-from tests.helpers import running_peaks, wait_for
+from tests.helpers import query_count, running_peaks, wait_for
 from tests.trees import Tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real trees
@@ -59,12 +59,6 @@ def peaks(sql: Sql) -> dict[str, int]:
     )
 
 
-def count(sql: Sql, query: str, *args: Any) -> int:
-    row = sql.execute(query, args).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def test_peak_concurrency_per_key_never_exceeds_its_limit_with_8_workers_on_2_trees(
     stack: Stack, sql: Sql, tmp_path: Path, trees: list[Tree]
 ) -> None:
@@ -78,14 +72,17 @@ def test_peak_concurrency_per_key_never_exceeds_its_limit_with_8_workers_on_2_tr
         runs: list[UUID] = [r.run_id for r in client.trigger_many("limited", inputs)]
     # one tree SIGKILLed while tasks run: its slots free when their leases are reaped
     wait_for(
-        lambda: count(sql, "SELECT count(*) FROM test_executions") >= 8, 60.0, 0.05, "executions"
+        lambda: query_count(sql, "SELECT count(*) FROM test_executions") >= 8,
+        60.0,
+        0.05,
+        "executions",
     )
     trees[0].kill()
 
     def settled() -> bool:
         assert trees[1].proc.poll() is None, f"the tree exited:\n{trees[1].log()[-3000:]}"
         done = "SELECT count(*) FROM workflow_runs WHERE id = ANY(%s) AND state = 'SUCCEEDED'"
-        return count(sql, done, runs) == len(runs)
+        return query_count(sql, done, runs) == len(runs)
 
     wait_for(settled, DONE_S, 0.2, "every run to succeed")
     found = peaks(sql)
@@ -94,7 +91,7 @@ def test_peak_concurrency_per_key_never_exceeds_its_limit_with_8_workers_on_2_tr
     assert found["partner"] <= PARTNER_LIMIT
     assert min(found.values()) >= 2  # the limits were reached for, not a serial run by chance
     # no held-back task used an attempt: only a reaped one (the killed tree's) has a second
-    extra = count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1")
-    reaped = count(sql, "SELECT count(*) FROM task_attempts WHERE outcome = 'lease_expired'")
+    extra = query_count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1")
+    reaped = query_count(sql, "SELECT count(*) FROM task_attempts WHERE outcome = 'lease_expired'")
     assert extra == reaped
     print(f"attempts reaped after the tree was killed: {reaped}")

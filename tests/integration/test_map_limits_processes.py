@@ -19,7 +19,7 @@ from flowforge.client import Client
 from flowforge.config import load_config
 from flowforge.definitions import workflow_from_mapping
 from tests.e2e import Stack
-from tests.helpers import wait_for
+from tests.helpers import query_count, wait_for
 from tests.integration.test_map_limits import peaks
 from tests.trees import Tree
 
@@ -49,12 +49,6 @@ WORKFLOW = workflow_from_mapping(
 )
 
 
-def count(sql: Sql, query: str, *args: Any) -> int:
-    row = sql.execute(query, args).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def test_peak_items_per_key_never_exceed_the_limit_with_8_workers_on_2_trees(
     stack: Stack, sql: Sql, tmp_path: Path, trees: list[Tree]
 ) -> None:
@@ -69,7 +63,10 @@ def test_peak_items_per_key_never_exceed_the_limit_with_8_workers_on_2_trees(
     # one tree SIGKILLed while items run: its slots free when their leases are reaped
     wait_for(
         lambda: (
-            count(sql, "SELECT count(*) FROM test_executions WHERE handler = 'e2e.item_paced'") >= 8
+            query_count(
+                sql, "SELECT count(*) FROM test_executions WHERE handler = 'e2e.item_paced'"
+            )
+            >= 8
         ),
         60.0,
         0.05,
@@ -80,7 +77,7 @@ def test_peak_items_per_key_never_exceed_the_limit_with_8_workers_on_2_trees(
     def settled() -> bool:
         assert trees[1].proc.poll() is None, f"the tree exited:\n{trees[1].log()[-3000:]}"
         done = "SELECT count(*) FROM workflow_runs WHERE id = %s AND state = 'SUCCEEDED'"
-        return count(sql, done, run) == 1
+        return query_count(sql, done, run) == 1
 
     wait_for(settled, DONE_S, 0.2, "the run to succeed")
     found = peaks(sql)
@@ -91,7 +88,7 @@ def test_peak_items_per_key_never_exceed_the_limit_with_8_workers_on_2_trees(
     assert everything <= MAX_PARALLEL
     assert min(found.values()) >= 2  # the limits were reached for, not a serial run by chance
     # no held-back item used an attempt: only a reaped one (the killed tree's) has a second
-    extra = count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1")
-    reaped = count(sql, "SELECT count(*) FROM task_attempts WHERE outcome = 'lease_expired'")
+    extra = query_count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1")
+    reaped = query_count(sql, "SELECT count(*) FROM task_attempts WHERE outcome = 'lease_expired'")
     assert extra == reaped
     print(f"attempts reaped after the tree was killed: {reaped}")

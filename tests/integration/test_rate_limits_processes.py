@@ -22,7 +22,7 @@ from flowforge.client import Client
 from flowforge.config import load_config
 from flowforge.definitions import workflow_from_mapping
 from tests.e2e import Stack
-from tests.helpers import wait_for
+from tests.helpers import query_count, wait_for
 from tests.trees import Tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real trees
@@ -69,12 +69,6 @@ def test_max_in_window_counts_a_sliding_window() -> None:
     assert max_in_window([], 1.0) == 0
 
 
-def count(sql: Sql, query: str, *args: Any) -> int:
-    row = sql.execute(query, args).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def test_starts_per_window_never_exceed_the_limit_with_8_workers_on_2_trees(
     stack: Stack, sql: Sql, tmp_path: Path, trees: list[Tree]
 ) -> None:
@@ -89,7 +83,7 @@ def test_starts_per_window_never_exceed_the_limit_with_8_workers_on_2_trees(
         ]
     # one tree SIGKILLed mid-way: the window lives in the database, the survivor keeps to it
     wait_for(
-        lambda: count(sql, "SELECT count(*) FROM test_executions") >= RUNS // 3,
+        lambda: query_count(sql, "SELECT count(*) FROM test_executions") >= RUNS // 3,
         60.0,
         0.05,
         "executions",
@@ -99,7 +93,7 @@ def test_starts_per_window_never_exceed_the_limit_with_8_workers_on_2_trees(
     def settled() -> bool:
         assert trees[1].proc.poll() is None, f"the tree exited:\n{trees[1].log()[-3000:]}"
         done = "SELECT count(*) FROM workflow_runs WHERE id = ANY(%s) AND state = 'SUCCEEDED'"
-        return count(sql, done, runs) == len(runs)
+        return query_count(sql, done, runs) == len(runs)
 
     wait_for(settled, DONE_S, 0.2, "every run to succeed")
     starts = [
@@ -113,7 +107,7 @@ def test_starts_per_window_never_exceed_the_limit_with_8_workers_on_2_trees(
     # retry waits for its lease and backoff, not for the window)
     first = starts[:RUNS]
     rate = (len(first) - 1) / (first[-1] - first[0]).total_seconds()
-    reaped = count(sql, "SELECT count(*) FROM task_attempts WHERE outcome = 'lease_expired'")
+    reaped = query_count(sql, "SELECT count(*) FROM task_attempts WHERE outcome = 'lease_expired'")
     print(  # the figures docs/flow-control.md quotes
         f"starts: {len(starts)}, most in any {PER_S:g}s window: {peak} (limit {LIMIT}), "
         f"rate over the first {RUNS}: {rate:.1f}/s, reaped: {reaped}"
@@ -121,5 +115,5 @@ def test_starts_per_window_never_exceed_the_limit_with_8_workers_on_2_trees(
     assert peak <= LIMIT
     assert peak == LIMIT  # the limit was reached for, not a trickle by chance
     assert rate >= 0.75 * LIMIT  # close to the limit: not starved by the poll interval
-    extra = count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1")
+    extra = query_count(sql, "SELECT count(*) FROM task_attempts WHERE attempt > 1")
     assert extra == reaped  # held back, no task used an attempt
