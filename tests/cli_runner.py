@@ -93,6 +93,13 @@ def run_config(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run(["-c", str(config), *args], env, cwd=REPO)
 
 
+def assert_ok(result: subprocess.CompletedProcess[str]) -> str:
+    """A command that succeeded: exit 0, nothing on stderr. Returns its stdout."""
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert result.stderr == ""
+    return result.stdout
+
+
 def assert_refused(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> str:
     """A refusal as the CLI contract says: exit ``code``, exactly one line on stderr holding
     ``fragment``, no traceback. Returns that line."""

@@ -8,7 +8,6 @@ state that refuses exit 6 / 409 — one line on stderr or a JSON error, nothing 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from flowforge.cli import exitcodes
 from flowforge.domain.model import ClaimOutcome
 from tests.api_client import assert_json_error, serve_config, write_config
+from tests.cli_runner import assert_ok
 from tests.cli_runner import assert_refused as refused
 from tests.cli_runner import run_config as flowforge
 from tests.helpers import drain
@@ -34,28 +34,24 @@ def config(tmp_path: Path, clean_database_url: str) -> Path:
     return write_config(tmp_path, clean_database_url, {})
 
 
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, (result.returncode, result.stderr)
-    assert result.stderr == ""
-    return result.stdout
-
-
 def audited(sql: Sql) -> list[tuple[str, str, str | None]]:
     rows = sql.execute("SELECT action, name, reason FROM gate_audit ORDER BY id").fetchall()
     return [(str(a), str(n), r) for a, n, r in rows]
 
 
 def test_cli_breakers_list_open_and_close(config: Path, repo: Store, sql: Sql) -> None:
-    assert "no breaker has tripped" in ok(flowforge(config, "breakers", "list"))
+    assert "no breaker has tripped" in assert_ok(flowforge(config, "breakers", "list"))
     waiting = open_by_failures(repo, sql, extra=1)
     try_claim(repo, sql, waiting[0])
-    out = ok(flowforge(config, "breakers", "list"))
+    out = assert_ok(flowforge(config, "breakers", "list"))
     assert HANDLER in out and "open" in out and "3 in 60s, 30s" in out
-    (shown,) = json.loads(ok(flowforge(config, "breakers", "list", "--json")))["breakers"]
+    (shown,) = json.loads(assert_ok(flowforge(config, "breakers", "list", "--json")))["breakers"]
     assert (shown["state"], shown["recent_failures"], shown["parked"]) == ("open", 3, 1)
-    out = ok(flowforge(config, "breakers", "open", HANDLER, "--by", "ann", "--reason", "hold"))
+    out = assert_ok(
+        flowforge(config, "breakers", "open", HANDLER, "--by", "ann", "--reason", "hold")
+    )
     assert out == f"breaker of handler '{HANDLER}': open -> open\n"  # now held
-    data = json.loads(ok(flowforge(config, "breakers", "close", HANDLER, "--json")))
+    data = json.loads(assert_ok(flowforge(config, "breakers", "close", HANDLER, "--json")))
     assert (data["action"], data["previous_state"], data["new_state"]) == (
         "breaker_close",
         "open",
@@ -87,15 +83,15 @@ def test_cli_refusals_are_one_line_with_their_exit_code(
 
 def test_cli_pause_list_and_resume(config: Path, repo: Store, sql: Sql) -> None:
     (tid,) = ready(repo, sql, 1, breaker=None, queue="partner")
-    out = ok(flowforge(config, "pause", "queue", "partner", "--reason", "deploy"))
+    out = assert_ok(flowforge(config, "pause", "queue", "partner", "--reason", "deploy"))
     assert out == "queue 'partner': running -> paused\n"
     refused(flowforge(config, "pause", "queue", "partner"), exitcodes.REFUSED, "paused already")
     assert try_claim(repo, sql, tid) is ClaimOutcome.LOST
-    (listed,) = json.loads(ok(flowforge(config, "pause", "list", "--json")))["pauses"]
+    (listed,) = json.loads(assert_ok(flowforge(config, "pause", "list", "--json")))["pauses"]
     assert (listed["scope"], listed["name"], listed["parked"]) == ("queue", "partner", 1)
-    assert "partner" in ok(flowforge(config, "pause", "list"))
-    ok(flowforge(config, "resume", "queue", "partner"))
-    assert "nothing is paused" in ok(flowforge(config, "pause", "list"))
+    assert "partner" in assert_ok(flowforge(config, "pause", "list"))
+    assert_ok(flowforge(config, "resume", "queue", "partner"))
+    assert "nothing is paused" in assert_ok(flowforge(config, "pause", "list"))
     drain(repo)
     assert try_claim(repo, sql, tid) is ClaimOutcome.EXECUTE
     assert [a for a, _, _ in audited(sql)] == ["pause", "resume"]

@@ -9,7 +9,6 @@ is read from the database.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -25,6 +24,7 @@ from flowforge.domain.states import TaskState
 from flowforge.errors import InputError, WrongStateError
 from flowforge.store import queries
 from tests.api_client import assert_json_error, serve_config, write_config
+from tests.cli_runner import assert_ok
 from tests.cli_runner import assert_refused as refused
 from tests.cli_runner import run_config as flowforge
 from tests.helpers import claim_task, dispatch, drain, outbox_token, task_ids
@@ -297,24 +297,20 @@ def config(tmp_path: Path, clean_database_url: str) -> Path:
     return write_config(tmp_path, clean_database_url, {})
 
 
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, (result.returncode, result.stderr)
-    assert result.stderr == ""
-    return result.stdout
-
-
 def test_cli_lists_opens_and_closes_one_keys_breaker(config: Path, repo: Store, sql: Sql) -> None:
     open_key(repo, sql, "eu", extra=0)
     us = ready(repo, "us", 1)
-    out = ok(flowforge(config, "breakers", "list"))
+    out = assert_ok(flowforge(config, "breakers", "list"))
     header, row = out.splitlines()[:2]
     assert header.split()[:3] == ["HANDLER", "KEY", "STATE"]
     assert row.split()[:3] == [HANDLER, "partner-eu", "open"]
-    out = ok(flowforge(config, "breakers", "open", HANDLER, "--key", "partner-us", "--by", "ann"))
+    out = assert_ok(
+        flowforge(config, "breakers", "open", HANDLER, "--key", "partner-us", "--by", "ann")
+    )
     assert out == f"breaker of handler '{HANDLER}' key 'partner-us': closed -> open\n"
     assert try_claim(repo, sql, us[0]) is ClaimOutcome.LOST
     (shown,) = json.loads(
-        ok(flowforge(config, "breakers", "list", "--key", "partner-us", "--json"))
+        assert_ok(flowforge(config, "breakers", "list", "--key", "partner-us", "--json"))
     )["breakers"]
     assert (shown["key"], shown["state"], shown["held"], shown["parked"]) == (
         "partner-us",
@@ -323,7 +319,7 @@ def test_cli_lists_opens_and_closes_one_keys_breaker(config: Path, repo: Store, 
         1,
     )
     data = json.loads(
-        ok(flowforge(config, "breakers", "close", HANDLER, "--key", "partner-us", "--json"))
+        assert_ok(flowforge(config, "breakers", "close", HANDLER, "--key", "partner-us", "--json"))
     )
     assert (data["key"], data["previous_state"], data["new_state"]) == (
         "partner-us",

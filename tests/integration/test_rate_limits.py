@@ -10,7 +10,6 @@ count is read from the database.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -24,6 +23,7 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from tests.api_client import serve_config, write_config
+from tests.cli_runner import assert_ok
 from tests.cli_runner import run_config as flowforge
 from tests.helpers import claim_task, drain, race, until_idle
 from tests.store import Store
@@ -351,22 +351,16 @@ def test_keys_show_reports_a_rate_key(repo: Store, sql: Sql) -> None:
     assert [t.why for t in hold.next] == ["waits for room in the key's window"] * 2
 
 
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, (result.returncode, result.stderr)
-    assert result.stderr == ""
-    return result.stdout
-
-
 def test_keys_show_and_status_through_the_cli_and_the_api(
     tmp_path: Path, clean_database_url: str, repo: Store, sql: Sql
 ) -> None:
     config = write_config(tmp_path, clean_database_url, {})
     runs = [repo.trigger(rated(1)).run_id for _ in range(3)]
     start_all(repo, sql, "partner")
-    out = ok(flowforge(config, "keys", "show", "partner"))
+    out = assert_ok(flowforge(config, "keys", "show", "partner"))
     assert "rate_limit key 'partner' (1 per 600s): 1 started in the last 600s" in out
     assert "0 READY, 2 waiting" in out and "waits for room in the key's window" in out
-    data = json.loads(ok(flowforge(config, "keys", "show", "partner", "--json")))
+    data = json.loads(assert_ok(flowforge(config, "keys", "show", "partner", "--json")))
     (hold,) = data["holds"]
     assert (hold["kind"], hold["limit"], hold["per_s"], hold["started"], hold["waiting"]) == (
         "rate_limit",
@@ -375,7 +369,7 @@ def test_keys_show_and_status_through_the_cli_and_the_api(
         1,
         2,
     )
-    status = json.loads(ok(flowforge(config, "status", str(runs[2]), "--json")))
+    status = json.loads(assert_ok(flowforge(config, "status", str(runs[2]), "--json")))
     (task,) = status["tasks"]
     assert (task["waiting_on"], task["rate_key"], task["rate_limit"], task["rate_per_s"]) == (
         "rate_limit",
@@ -383,7 +377,7 @@ def test_keys_show_and_status_through_the_cli_and_the_api(
         1,
         PER_S,
     )
-    assert "rate_limit" in ok(flowforge(config, "status", str(runs[2])))  # WAITING_ON column
+    assert "rate_limit" in assert_ok(flowforge(config, "status", str(runs[2])))  # WAITING_ON column
     with serve_config(config) as api:
         assert api.get("/api/v1/keys?key=partner").json()["holds"][0]["kind"] == "rate_limit"
         reply = api.get(f"/api/v1/task-runs/{task['id']}").json()

@@ -10,7 +10,6 @@ stored by a refused request.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from flowforge.cli import exitcodes
 from flowforge.definitions import load_paths
 from flowforge.domain.dag import WorkflowDef
 from tests.api_client import Api, assert_json_error, serve_config, write_config
+from tests.cli_runner import assert_ok
 from tests.cli_runner import assert_refused as refused
 from tests.cli_runner import run_config as flowforge
 from tests.store import Store
@@ -53,12 +53,6 @@ def setup(tmp_path: Path, clean_database_url: str, repo: Store) -> Path:
     return config
 
 
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, (result.returncode, result.stderr)
-    assert result.stderr == ""
-    return result.stdout
-
-
 def retire_all(repo: Store, folder: Path) -> None:
     """A reload after the file lost its schedules: both are retired."""
     flow = load_paths([folder])["nightly"]
@@ -75,14 +69,14 @@ def count(sql: Sql, table: str) -> int:
 
 
 def test_list_shows_each_schedule_with_state_timetable_and_fire_times(setup: Path) -> None:
-    text = ok(flowforge(setup, "schedules", "list"))
+    text = assert_ok(flowforge(setup, "schedules", "list"))
     header, *lines = text.splitlines()
     assert header.split() == [
         "NAME", "WORKFLOW", "TIMETABLE", "TIMEZONE", "STATE", "NEXT", "LAST", "FIRE", "LAST", "RUN"
     ]  # fmt: skip
     assert [line.split()[0] for line in lines] == ["hourly", "nightly/0"]
     assert "cron 0 3 * * *" in lines[1] and "Europe/Berlin" in lines[1] and "active" in lines[1]
-    data = json.loads(ok(flowforge(setup, "schedules", "list", "--json")))
+    data = json.loads(assert_ok(flowforge(setup, "schedules", "list", "--json")))
     [hourly, nightly] = data["schedules"]
     assert hourly["timetable"] == "every 1h" and hourly["spec"]["overlap"] == "allow"
     assert nightly["spec"]["input"] == {"region": "eu"} and nightly["state"] == "active"
@@ -90,25 +84,25 @@ def test_list_shows_each_schedule_with_state_timetable_and_fire_times(setup: Pat
 
 
 def test_pause_resume_and_trigger_by_name_with_a_slash(setup: Path, repo: Store) -> None:
-    paused = json.loads(ok(flowforge(setup, "schedules", "pause", "nightly/0", "--json")))
+    paused = json.loads(assert_ok(flowforge(setup, "schedules", "pause", "nightly/0", "--json")))
     assert paused["state"] == "paused" and paused["paused_at"] is not None
-    assert ok(flowforge(setup, "schedules", "resume", "nightly/0")).startswith(
+    assert assert_ok(flowforge(setup, "schedules", "resume", "nightly/0")).startswith(
         "resumed nightly/0 (state active, next fire "
     )
-    run_id = ok(flowforge(setup, "schedules", "trigger", "nightly/0")).strip()
+    run_id = assert_ok(flowforge(setup, "schedules", "trigger", "nightly/0")).strip()
     run = repo.get_run(run_id)
     assert run.schedule == "nightly/0" and run.fire_time is not None
     assert dict(run.input) == {"region": "eu"}
-    status = ok(flowforge(setup, "status", run_id))
+    status = assert_ok(flowforge(setup, "status", run_id))
     assert f"schedule nightly/0  fire time {run.fire_time:%Y-%m-%d %H:%M:%S}" in status
-    shown = json.loads(ok(flowforge(setup, "status", run_id, "--json")))
+    shown = json.loads(assert_ok(flowforge(setup, "status", run_id, "--json")))
     assert shown["schedule"] == "nightly/0" and shown["fire_time"] == run.fire_time.isoformat()
-    listed = json.loads(ok(flowforge(setup, "schedules", "list", "--json")))["schedules"]
+    listed = json.loads(assert_ok(flowforge(setup, "schedules", "list", "--json")))["schedules"]
     assert listed[1]["last_run"] == {"id": run_id, "state": "PENDING"}
     assert listed[1]["last_decision"]["manual"] is True
-    history = json.loads(ok(flowforge(setup, "schedules", "show", "nightly/0", "--json")))
+    history = json.loads(assert_ok(flowforge(setup, "schedules", "show", "nightly/0", "--json")))
     assert [h["outcome"] for h in history["history"]] == ["created"]
-    assert "created (manual)" in ok(flowforge(setup, "schedules", "show", "nightly/0"))
+    assert "created (manual)" in assert_ok(flowforge(setup, "schedules", "show", "nightly/0"))
 
 
 def test_operator_mistakes_are_one_line_and_change_nothing(
@@ -131,7 +125,7 @@ def test_operator_mistakes_are_one_line_and_change_nothing(
     )  # the file's schedules are gone: both retired
     refused(flowforge(setup, "schedules", "trigger", "hourly"), exitcodes.REFUSED, "retired")
     assert (count(sql, "workflow_runs"), count(sql, "schedule_fires")) == before
-    assert "retired" in ok(flowforge(setup, "schedules", "list"))
+    assert "retired" in assert_ok(flowforge(setup, "schedules", "list"))
 
 
 # ------------------------------------------------------------------ the api

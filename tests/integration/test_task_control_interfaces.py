@@ -9,7 +9,6 @@ exit 6 / 409 naming the state — each with nothing changed and nothing audited.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from tests.api_client import assert_json_error, serve_config, write_config
+from tests.cli_runner import assert_ok
 from tests.cli_runner import assert_refused as refused
 from tests.cli_runner import run_config as flowforge
 from tests.helpers import bury, chain, claim_task, drain
@@ -39,12 +39,6 @@ def config(tmp_path: Path, clean_database_url: str) -> Path:
     return write_config(tmp_path, clean_database_url, {})
 
 
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, (result.returncode, result.stderr)
-    assert result.stderr == ""
-    return result.stdout
-
-
 def audit_count(sql: Sql) -> int:
     row = sql.execute("SELECT count(*) FROM task_audit").fetchone()
     assert row is not None
@@ -53,10 +47,12 @@ def audit_count(sql: Sql) -> int:
 
 def test_cli_cancel_retry_now_and_bury(config: Path, repo: Store, sql: Sql) -> None:
     ids = ready(repo, chain("c2", 2))
-    out = ok(flowforge(config, "task", "cancel", str(ids["t0"]), "--by", "ann", "--reason", "dup"))
+    out = assert_ok(
+        flowforge(config, "task", "cancel", str(ids["t0"]), "--by", "ann", "--reason", "dup")
+    )
     assert f"task run {ids['t0']} (t0): READY -> CANCELLED" in out
     tid = retrying(repo, sql)
-    data = json.loads(ok(flowforge(config, "task", "retry-now", str(tid), "--json")))
+    data = json.loads(assert_ok(flowforge(config, "task", "retry-now", str(tid), "--json")))
     assert (data["action"], data["previous_state"], data["effect"]) == (
         "retry_now",
         "RETRYING",
@@ -64,7 +60,7 @@ def test_cli_cancel_retry_now_and_bury(config: Path, repo: Store, sql: Sql) -> N
     )
     assert data["task"]["state"] == "READY"
     claim = claim_task(repo, sql, tid)
-    out = ok(flowforge(config, "task", "bury", str(tid), "--reason", "poison"))
+    out = assert_ok(flowforge(config, "task", "bury", str(tid), "--reason", "poison"))
     assert "asked to stop; it ends DEAD (operator) when its worker stops" in out
     assert repo.finish(tid, claim.fencing_token, TaskState.CANCELLED)
     drain(repo)
@@ -141,15 +137,15 @@ def test_keys_show_and_the_keys_api(config: Path, repo: Store, sql: Sql) -> None
     first = ready(repo, STREAM, {"account": 1})["step"]
     second = ready(repo, STREAM, {"account": 1})["step"]
     bury(repo, sql, first)  # DEAD handler error; on_dead: block keeps the stream
-    out = ok(flowforge(config, "keys", "show", "acct-1"))
+    out = assert_ok(flowforge(config, "keys", "show", "acct-1"))
     assert "ordering key 'acct-1' (limit 1): held by 1, 1 waiting" in out
     assert "on_dead: block" in out and str(first) in out and str(second) in out
-    data = json.loads(ok(flowforge(config, "keys", "show", "acct-1", "--json")))
+    data = json.loads(assert_ok(flowforge(config, "keys", "show", "acct-1", "--json")))
     (hold,) = data["holds"]
     assert (hold["kind"], hold["limit"], hold["waiting"]) == ("ordering", 1, 1)
     assert [h["id"] for h in hold["holders"]] == [str(first)]
     assert hold["holders"][0]["state"] == "DEAD"
-    assert "nothing holds key 'free'" in ok(flowforge(config, "keys", "show", "free"))
+    assert "nothing holds key 'free'" in assert_ok(flowforge(config, "keys", "show", "free"))
     refused(flowforge(config, "keys", "show", "x" * 20_000), exitcodes.USAGE, "key")
     with serve_config(config) as api:
         reply = api.get("/api/v1/keys?key=acct-1")
@@ -168,7 +164,8 @@ def test_dead_list_filters_mirror_the_api(config: Path, repo: Store, sql: Sql) -
 
     def listed(*flags: str) -> list[str]:
         return [
-            t["id"] for t in json.loads(ok(flowforge(config, "dead", "list", "--json", *flags)))
+            t["id"]
+            for t in json.loads(assert_ok(flowforge(config, "dead", "list", "--json", *flags)))
         ]
 
     assert sorted(listed()) == sorted([str(one), str(two)])
@@ -198,21 +195,23 @@ def test_keys_show_a_concurrency_key_and_status_says_why_a_task_waits(
     runs = [repo.trigger(limited).run_id for _ in range(3)]
     drain(repo)
     holder = repo.get_run(runs[0]).tasks[0].id
-    out = ok(flowforge(config, "keys", "show", "partner"))
+    out = assert_ok(flowforge(config, "keys", "show", "partner"))
     assert "concurrency key 'partner' (limit 1): held by 1, 2 waiting" in out
     assert "waits for a free slot of the key" in out and str(holder) in out
-    data = json.loads(ok(flowforge(config, "keys", "show", "partner", "--json")))
+    data = json.loads(assert_ok(flowforge(config, "keys", "show", "partner", "--json")))
     (hold,) = data["holds"]
     assert (hold["kind"], hold["limit"], hold["waiting"]) == ("concurrency", 1, 2)
     assert [h["id"] for h in hold["holders"]] == [str(holder)]
-    status = json.loads(ok(flowforge(config, "status", str(runs[2]), "--json")))
+    status = json.loads(assert_ok(flowforge(config, "status", str(runs[2]), "--json")))
     (task,) = status["tasks"]
     assert (task["waiting_on"], task["concurrency_key"], task["concurrency_limit"]) == (
         "concurrency",
         "partner",
         1,
     )
-    assert "concurrency" in ok(flowforge(config, "status", str(runs[2])))  # the WAITING_ON column
+    assert "concurrency" in assert_ok(
+        flowforge(config, "status", str(runs[2]))
+    )  # the WAITING_ON column
     with serve_config(config) as api:
         assert api.get("/api/v1/keys?key=partner").json()["holds"][0]["kind"] == "concurrency"
         reply = api.get(f"/api/v1/task-runs/{task['id']}").json()
