@@ -35,6 +35,7 @@ from flowforge.store.db import Database
 from tests.api_client import Api, assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_refused, run_config
 from tests.helpers import claim_task, dispatch, drain, running_peaks, task_ids
+from tests.integration.test_maps import run_list
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -65,17 +66,6 @@ def tenants(*counts: tuple[str, int]) -> list[dict[str, Any]]:
     rows = [{"tenant": t, "n": i} for t, n in counts for i in range(n)]
     random.Random(7).shuffle(rows)
     return rows
-
-
-def run_list(repo: Store, sql: Sql, wf: WorkflowDef, result: Any, run_input: Any = None) -> UUID:
-    """Trigger ``wf``, finish its ``list`` task with ``result``, and drain: the map expanded."""
-    run_id = repo.trigger(wf, run_input or {}).run_id
-    ids = task_ids(repo, run_id)
-    claim = claim_task(repo, sql, ids["list"])
-    assert repo.finish(ids["list"], claim.fencing_token, TaskState.SUCCEEDED, result=result)
-    dispatch(sql)  # the list task's own message: already claimed
-    drain(repo)
-    return run_id
 
 
 def items(sql: Sql, run_id: UUID) -> list[tuple[Any, ...]]:
@@ -171,7 +161,7 @@ def test_keyed_items_are_created_with_their_keys_and_never_ready_by_themselves(
     repo: Store, sql: Sql
 ) -> None:
     wf = mapped(concurrency=Concurrency(TENANT_KEY, 2), rate_limit=RateLimit(50, PER_S))
-    run_id = run_list(repo, sql, wf, [{"tenant": "a"}, {"tenant": "b"}, {"tenant": "a"}])
+    run_id = run_list(repo, sql, [{"tenant": "a"}, {"tenant": "b"}, {"tenant": "a"}], wf)
     rows = items(sql, run_id)
     assert [(r[2], r[3], r[4]) for r in rows] == [
         ("t-a", "tests.noop", False),
@@ -187,14 +177,14 @@ def test_keyed_items_are_created_with_their_keys_and_never_ready_by_themselves(
     process = repo.get_task(task_ids(repo, run_id)["process"])
     assert (process.concurrency_key, process.rate_key) == (None, None)
     # an unlimited map's items are ready_by_itself, as before
-    free = run_list(repo, sql, mapped(), [1, 2])
+    free = run_list(repo, sql, [1, 2], mapped())
     assert [r[4] for r in items(sql, free)] == [True, True]
 
 
 def test_a_maps_items_never_hold_more_than_the_limit_per_key(repo: Store, sql: Sql) -> None:
     limit = 2
     wf = mapped(concurrency=Concurrency(TENANT_KEY, limit))
-    run_id = run_list(repo, sql, wf, tenants(("a", 9), ("b", 7), ("c", 4)))
+    run_id = run_list(repo, sql, tenants(("a", 9), ("b", 7), ("c", 4)), wf)
     # admitted in the expansion's pass: two per tenant, the rest waiting on their key
     assert held(sql) == {"t-a": 2, "t-b": 2, "t-c": 2}
     waiting = [r for r in items(sql, run_id) if r[1] == "PENDING"]
@@ -227,7 +217,7 @@ def test_max_parallel_and_concurrency_together_each_bound_the_items(repo: Store,
     at most max_parallel items in play per map, at most limit per key among them."""
     max_parallel, limit = 4, 2
     wf = mapped(max_parallel, concurrency=Concurrency(TENANT_KEY, limit))
-    run_list(repo, sql, wf, tenants(("a", 8), ("b", 8), ("c", 8)))
+    run_list(repo, sql, tenants(("a", 8), ("b", 8), ("c", 8)), wf)
 
     def check() -> None:
         assert in_play(sql) <= max_parallel
@@ -245,7 +235,7 @@ def test_a_max_parallel_slot_is_held_by_an_item_waiting_for_its_key(repo: Store,
     """The composition's price, pinned: items in index order fill max_parallel; one waiting
     for its key keeps its slot, so another tenant's later item waits for the slot."""
     wf = mapped(3, concurrency=Concurrency(TENANT_KEY, 1))
-    run_id = run_list(repo, sql, wf, [{"tenant": "a"}] * 3 + [{"tenant": "b"}])
+    run_id = run_list(repo, sql, [{"tenant": "a"}] * 3 + [{"tenant": "b"}], wf)
     rows = items(sql, run_id)
     assert [r[1] for r in rows] == ["READY", "PENDING", "PENDING", "PENDING"]
     assert [repo.get_task(r[5]).waiting_on for r in rows] == [
@@ -262,7 +252,7 @@ def test_a_rate_limited_map_never_starts_more_than_the_limit_in_a_window(
 ) -> None:
     limit = 3
     wf = mapped(rate_limit=RateLimit(limit, PER_S, "partner"))
-    run_id = run_list(repo, sql, wf, list(range(10)))
+    run_id = run_list(repo, sql, list(range(10)), wf)
     assert [r[1] for r in items(sql, run_id)].count("READY") == limit
     waiting = [r for r in items(sql, run_id) if r[1] == "PENDING"]
     assert repo.get_task(waiting[0][5]).waiting_on == "rate_limit"
@@ -306,7 +296,7 @@ def test_a_rate_limited_map_never_starts_more_than_the_limit_in_a_window(
 def test_an_items_retry_waits_for_its_key_like_its_first_attempt(repo: Store, sql: Sql) -> None:
     limit = 2
     wf = mapped(concurrency=Concurrency(TENANT_KEY, limit), retry=NOW_RETRY)
-    run_id = run_list(repo, sql, wf, tenants(("a", 6), ("b", 3)))
+    run_id = run_list(repo, sql, tenants(("a", 6), ("b", 3)), wf)
 
     def check() -> None:
         assert all(n <= limit for n in held(sql).values()), held(sql)
@@ -328,7 +318,7 @@ def test_a_due_retry_held_by_its_key_says_so_and_retry_now_is_admitted(
 ) -> None:
     slow = RetryPolicy(max_attempts=3, base_delay=3600.0, max_delay=3600.0, jitter=Jitter.NONE)
     wf = mapped(concurrency=Concurrency("partner", 1), retry=slow)
-    run_id = run_list(repo, sql, wf, [1, 2])
+    run_id = run_list(repo, sql, [1, 2], wf)
     first, second = (r[5] for r in items(sql, run_id))
     claim = claim_task(repo, sql, first)
     assert repo.finish(
@@ -351,7 +341,7 @@ def test_cancelling_the_run_cancels_waiting_items_and_frees_their_keys(
     repo: Store, sql: Sql
 ) -> None:
     wf = mapped(concurrency=Concurrency(TENANT_KEY, 1))
-    run_id = run_list(repo, sql, wf, tenants(("a", 4), ("b", 4)))
+    run_id = run_list(repo, sql, tenants(("a", 4), ("b", 4)), wf)
     ready = [r[5] for r in items(sql, run_id) if r[1] == "READY"]
     claim = claim_task(repo, sql, ready[0])
     sent = outbox(sql)
@@ -371,7 +361,7 @@ def test_cancelling_the_run_cancels_waiting_items_and_frees_their_keys(
 
 def test_keys_show_lists_the_items_holding_and_waiting_on_a_key(repo: Store, sql: Sql) -> None:
     wf = mapped(concurrency=Concurrency(TENANT_KEY, 2), rate_limit=RateLimit(3, PER_S, "partner"))
-    run_id = run_list(repo, sql, wf, [{"tenant": "a"}] * 5)
+    run_id = run_list(repo, sql, [{"tenant": "a"}] * 5, wf)
     (first, *_) = [r[5] for r in items(sql, run_id) if r[1] == "READY"]
     claim_task(repo, sql, first)
     (hold,) = repo.key_holds("t-a")
@@ -388,7 +378,7 @@ def test_an_item_that_cannot_fill_its_key_buries_the_map_with_no_item(
     repo: Store, sql: Sql
 ) -> None:
     wf = mapped(concurrency=Concurrency(TENANT_KEY, 2))
-    run_id = run_list(repo, sql, wf, [{"tenant": "a"}, {"name": "b"}])
+    run_id = run_list(repo, sql, [{"tenant": "a"}, {"name": "b"}], wf)
     process = repo.get_task(task_ids(repo, run_id)["process"])
     assert process.state is TaskState.DEAD
     assert process.failure_reason is FailureReason.ITEM_KEY_ERROR
@@ -463,7 +453,7 @@ def test_a_pass_over_a_keys_many_waiting_items_takes_only_what_the_limit_can_adm
     and its candidates are those (never a lock on every waiting item); the engine's sessions
     compile no statement (JIT off: its estimates for such a pass cross jit_above_cost)."""
     wf = mapped(concurrency=Concurrency("partner", 4))
-    run_id = run_list(repo, sql, wf, list(range(600)))
+    run_id = run_list(repo, sql, list(range(600)), wf)
     ready = [r[0] for r in items(sql, run_id) if r[1] == "READY"]
     assert ready == [0, 1, 2, 3]
     named = queries.load()
