@@ -9,13 +9,15 @@ from flowforge.config import Config, load_config
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.breakers import CircuitBreaker
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.dag import Concurrency, OnDead, RateLimit, TaskDef, WorkflowDef
+from flowforge.domain.dag import Concurrency, EventWait, OnDead, RateLimit, TaskDef, WorkflowDef
 from flowforge.domain.model import Run, TaskRun
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
+from flowforge.domain.schedule import ScheduleDef
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import FlowForgeError, PermanentError
 from flowforge.handlers import task
+from flowforge.workflow import Workflow
 
 if TYPE_CHECKING:
     from flowforge.client import Client
@@ -25,6 +27,7 @@ __all__ = [
     "Client",
     "Concurrency",
     "Config",
+    "EventWait",
     "FailureReason",
     "FlowForgeError",
     "Jitter",
@@ -35,9 +38,11 @@ __all__ = [
     "Run",
     "RunIf",
     "RunState",
+    "ScheduleDef",
     "TaskDef",
     "TaskRun",
     "TaskState",
+    "Workflow",
     "WorkflowDef",
     "load_config",
     "task",

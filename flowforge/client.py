@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.config import Config
-from flowforge.definitions import load_paths
+from flowforge.discovery import load_config_workflows
 from flowforge.domain.children import referenced
 from flowforge.domain.control import Controlled, KeyHold
 from flowforge.domain.dag import WorkflowDef
@@ -45,7 +45,8 @@ class ClientStatements(Triggers, Operator, Schedules, Events, Maps, Control):
 class Client:
     """Trigger, inspect, cancel and requeue runs.
 
-    Workflows come from the config's ``workflows`` paths plus any given in Python. The
+    Workflows come from the config's ``workflows`` paths and ``workflow_modules`` plus any
+    given here. The
     database pool opens on :meth:`open` (or entering the ``with`` block), never before.
     """
 
@@ -60,7 +61,7 @@ class Client:
     def workflows(self) -> Mapping[str, WorkflowDef]:
         """Every known workflow by name (files are read on first use)."""
         if self._workflows is None:
-            found = load_paths(self._config.workflow_paths())
+            found = load_config_workflows(self._config)
             for workflow in self._extra:
                 if workflow.name in found and found[workflow.name] != workflow:
                     raise DefinitionError(f"workflow {workflow.name!r} is defined twice")

@@ -357,6 +357,9 @@ class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     handlers: tuple[str, ...] = ()
     workflows: tuple[str, ...] = ()
+    #: Modules defining workflows in Python (``flowforge.Workflow``), imported from ``base_dir``
+    #: like ``handlers`` by every process that reads workflows (docs/workflows-in-python.md).
+    workflow_modules: tuple[str, ...] = ()
     processes: ProcessesConfig = field(default_factory=ProcessesConfig)
     api: ApiConfig | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

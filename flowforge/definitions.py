@@ -8,12 +8,17 @@ every file, one line each (``flowforge workflows validate``); the loaders raise 
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from flowforge.domain.children import unknown_children
-from flowforge.domain.dag import WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.schedule import ScheduleDef
 from flowforge.durations import parse_duration
 from flowforge.errors import DefinitionError
 from flowforge.schema import SchemaError, build
@@ -129,6 +134,12 @@ def _located(doc: Document, errors: Iterable[tuple[str, str]]) -> list[tuple[int
     return [(doc.line_of(key) or 1, SchemaError.line(key, message)) for key, message in errors]
 
 
+def unregistered(workflow: WorkflowDef, handlers: Collection[str]) -> list[str]:
+    """``key.path: message`` for each task of ``workflow`` whose handler is not among
+    ``handlers`` (what :func:`check_file` says of a file's)."""
+    return [SchemaError.line(*found) for found in _unregistered(workflow.to_dict(), handlers)]
+
+
 def _unregistered(data: Any, handlers: Collection[str]) -> list[tuple[str, str]]:
     tasks = data.get("tasks") if isinstance(data, Mapping) else None
     if not isinstance(tasks, list):
@@ -143,16 +154,18 @@ def _unregistered(data: Any, handlers: Collection[str]) -> list[tuple[str, str]]
 
 
 def check_paths(
-    paths: Iterable[Path], handlers: Collection[str] | None = None
+    paths: Iterable[Path],
+    handlers: Collection[str] | None = None,
+    defined: Iterable[tuple[str, WorkflowDef]] = (),
 ) -> tuple[dict[str, WorkflowDef], list[str]]:
-    """Every valid workflow in the given files and folders (``*.yaml``/``*.yml``, sorted) by
-    name, and every problem of every file (see :func:`check_file`).
+    """Every valid workflow in the given files and folders (``*.yaml``/``*.yml``, sorted) and
+    ``defined`` elsewhere (Python: ``(where, workflow)``, after the files) by name, and every
+    problem of every file (see :func:`check_file`).
 
-    Two files defining the same workflow name, or the same schedule name, are a problem of
+    Two definitions of the same workflow name, or the same schedule name, are a problem of
     the second.
     """
-    found: dict[str, tuple[WorkflowDef, Path]] = {}
-    schedules: dict[str, Path] = {}  # schedule names are global (the schedules table's key)
+    candidates: list[tuple[str, WorkflowDef]] = []
     problems: list[str] = []
     for path in paths:
         if path.is_dir():
@@ -165,22 +178,35 @@ def check_paths(
         for file in files:
             workflow, more = check_file(file, handlers)
             problems += more
-            if workflow is None:
-                continue
-            if workflow.name in found:
-                problems.append(
-                    f"{file}: workflow {workflow.name!r} is already defined in "
-                    f"{found[workflow.name][1]}"
-                )
-                continue
-            taken = [n for n, _ in workflow.named_schedules() if n in schedules]
-            if taken:
-                problems.append(
-                    f"{file}: schedule name {taken[0]!r} is already used in {schedules[taken[0]]}"
-                )
-                continue
-            schedules.update((n, file) for n, _ in workflow.named_schedules())
-            found[workflow.name] = (workflow, file)
+            if workflow is not None:
+                candidates.append((str(file), workflow))
+    loaded, more = _combine([*candidates, *defined])
+    return loaded, problems + more
+
+
+def _combine(
+    candidates: Iterable[tuple[str, WorkflowDef]],
+) -> tuple[dict[str, WorkflowDef], list[str]]:
+    """The workflows of ``candidates`` (``(where, workflow)``) by name, and the problems of
+    the ones left out: a name or a schedule name defined twice, an unknown child workflow."""
+    found: dict[str, tuple[WorkflowDef, str]] = {}
+    schedules: dict[str, str] = {}  # schedule names are global (the schedules table's key)
+    problems: list[str] = []
+    for where, workflow in candidates:
+        if workflow.name in found:
+            problems.append(
+                f"{where}: workflow {workflow.name!r} is already defined in "
+                f"{found[workflow.name][1]}"
+            )
+            continue
+        taken = [n for n, _ in workflow.named_schedules() if n in schedules]
+        if taken:
+            problems.append(
+                f"{where}: schedule name {taken[0]!r} is already used in {schedules[taken[0]]}"
+            )
+            continue
+        schedules.update((n, where) for n, _ in workflow.named_schedules())
+        found[workflow.name] = (workflow, where)
     # across files: a child workflow must be one of them, and none may recurse into itself
     loaded = {name: wf for name, (wf, _) in found.items()}
     for name, problem in unknown_children(loaded):
@@ -193,14 +219,59 @@ def load_paths(paths: Iterable[Path]) -> dict[str, WorkflowDef]:
     """Every workflow in the given files and folders, by name; the first problem raises
     :class:`DefinitionError` (``flowforge workflows validate`` lists them all)."""
     found, problems = check_paths(paths)
-    _raise_first(problems)
+    raise_first(problems)
     return found
 
 
-def _raise_first(problems: list[str]) -> None:
+def raise_first(problems: list[str]) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DefinitionError(problems[0] + more)
+
+
+def document(workflow: WorkflowDef) -> dict[str, Any]:
+    """``workflow`` as a workflow file holds it, loading back (:func:`workflow_from_mapping`)
+    to an equal definition of the same digest: its canonical form (:meth:`WorkflowDef.to_dict`)
+    without the keys at their default, then its schedules."""
+    canonical = workflow.to_dict()
+    data = {
+        k: canonical[k] for k in ("name", "fail_fast", "deadline", "max_items") if k in canonical
+    }
+    if workflow.fail_fast:  # the default
+        del data["fail_fast"]
+    task_defaults, schedule_defaults = _defaults()
+    data["tasks"] = [_changed(task, task_defaults) for task in canonical["tasks"]]
+    if workflow.schedules:
+        data["schedules"] = [
+            _changed({"name": s.name, **s.to_spec()}, schedule_defaults) for s in workflow.schedules
+        ]
+    plain: dict[str, Any] = json.loads(json.dumps(data))  # tuples and mappings as YAML's own
+    return plain
+
+
+def export_yaml(workflow: WorkflowDef) -> str:
+    """:func:`document` as YAML text, after a comment naming the digest (``flowforge
+    workflows export``). Anything but printable ASCII is written as an escape, so the text is
+    safe for a terminal whatever the definition holds."""
+    body = yaml.safe_dump(document(workflow), sort_keys=False, allow_unicode=False, width=100)
+    return f"# workflow {workflow.name}, digest {workflow.digest}\n{body}"
+
+
+def _changed(data: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in defaults or defaults[k] != v}
+
+
+@functools.cache
+def _defaults() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keys a default handler task's canonical form has (``retry``, ``timeout``,
+    ``on_dead``, ...) and those of a default schedule's, with their values: what
+    :func:`document` leaves out."""
+    task = WorkflowDef("w", (TaskDef("t", "h"),)).to_dict()["tasks"][0]
+    schedule = {"name": None, **ScheduleDef(every="1s").to_spec()}
+    return (
+        {k: v for k, v in task.items() if k not in ("name", "handler")},
+        {k: v for k, v in schedule.items() if k != "every"},
+    )
 
 
 def pool_problems(

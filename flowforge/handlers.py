@@ -12,7 +12,7 @@ import inspect
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import Any, TypeVar
 
 from flowforge.domain.names import NAME_PATTERN
@@ -34,6 +34,18 @@ def task(name: str) -> Callable[[F], F]:
     return mark
 
 
+def import_module(name: str, search_path: str | None, key: str) -> ModuleType:
+    """Import module ``name`` with ``search_path`` (the config's folder) first on ``sys.path``,
+    so a config folder can ship its modules; any failure raises :class:`ConfigError` naming
+    the config ``key`` that lists it."""
+    if search_path and search_path not in sys.path:
+        sys.path.insert(0, str(Path(search_path)))
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # any import-time failure is the operator's to fix
+        raise ConfigError(f"{key}: cannot import {name!r}: {exc!r}") from exc
+
+
 def collect(
     modules: Iterable[str], search_path: str | None = None
 ) -> Mapping[str, Callable[..., Any]]:
@@ -43,14 +55,9 @@ def collect(
     can ship its handler modules. A module that cannot be imported, or two handlers with one
     name, raise :class:`ConfigError`.
     """
-    if search_path and search_path not in sys.path:
-        sys.path.insert(0, str(Path(search_path)))
     found: dict[str, Callable[..., Any]] = {}
     for module_name in modules:
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # any import-time failure is the operator's to fix
-            raise ConfigError(f"handlers: cannot import {module_name!r}: {exc!r}") from exc
+        module = import_module(module_name, search_path, "handlers")
         for _, fn in inspect.getmembers(module, callable):
             name = getattr(fn, MARK, None)
             if name is None:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output
 from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
-from flowforge.definitions import check_paths, pool_problems
+from flowforge.definitions import pool_problems
+from flowforge.discovery import check_config
 from flowforge.domain import maps
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
@@ -404,14 +405,14 @@ def workflows_validate(args: argparse.Namespace) -> int:
     consumes its queue, if one does (:func:`~flowforge.definitions.pool_problems`).
     """
     config = _config(args)
-    paths = tuple(Path(p) for p in args.paths) or config.workflow_paths()
+    paths = tuple(Path(p) for p in args.paths) or None
     problems: list[str] = []
     handlers: Collection[str] | None = None
     try:
         handlers = collect(config.handlers, config.base_dir)
     except ConfigError as exc:  # reported, and the handler names cannot be checked
         problems.append(str(exc))
-    found, more = check_paths(paths, handlers)
+    found, more = check_config(config, handlers, paths)
     problems += more
     if handlers is not None and config.processes.pools:
         pools = {

@@ -20,6 +20,7 @@ from flowforge.cli import (
     commands,
     events,
     exitcodes,
+    export,
     gates,
     items,
     output,
@@ -181,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=commands.workflows_validate)
     p.add_argument("paths", nargs="*")
+    export.add_command(workflows, common)
     purge.add_command(sub, common)
     schedules.add_command(sub, common)
     events.add_command(sub, common)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from flowforge.config import Config
-from flowforge.definitions import check_paths
+from flowforge.discovery import check_config
 from flowforge.domain.breakers import BreakerState, Transition, breaker_name
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import FireRecord, PassReport, Routed
@@ -77,10 +77,11 @@ class Scheduler:
         self._next_housekeeping = 0.0
 
     def initialize(self) -> None:
-        # A file with a problem must not stop the tree (a typo before SIGHUP would take every
-        # role down): its workflows are left out, loudly; their schedules are neither fired nor
-        # retired until it is fixed. `flowforge workflows validate` lists the same problems.
-        workflows, problems = check_paths(self._config.workflow_paths())
+        # A file (or a workflow module) with a problem must not stop the tree (a typo before
+        # SIGHUP would take every role down): its workflows are left out, loudly; their
+        # schedules are neither fired nor retired until it is fixed. `flowforge workflows
+        # validate` lists the same problems.
+        workflows, problems = check_config(self._config)
         for problem in problems:
             logger.error(
                 "workflow file problem, its schedules are not fired: %s",
