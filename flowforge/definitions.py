@@ -160,12 +160,13 @@ def check_paths(
 ) -> tuple[dict[str, WorkflowDef], list[str]]:
     """Every valid workflow in the given files and folders (``*.yaml``/``*.yml``, sorted) and
     ``defined`` elsewhere (Python: ``(where, workflow)``, after the files) by name, and every
-    problem of every file (see :func:`check_file`).
+    problem of every file (see :func:`check_file`), in that order.
 
     Two definitions of the same workflow name, or the same schedule name, are a problem of
     the second.
     """
-    candidates: list[tuple[str, WorkflowDef]] = []
+    found: dict[str, tuple[WorkflowDef, str]] = {}
+    schedules: dict[str, str] = {}  # schedule names are global (the schedules table's key)
     problems: list[str] = []
     for path in paths:
         if path.is_dir():
@@ -179,40 +180,35 @@ def check_paths(
             workflow, more = check_file(file, handlers)
             problems += more
             if workflow is not None:
-                candidates.append((str(file), workflow))
-    loaded, more = _combine([*candidates, *defined])
-    return loaded, problems + more
-
-
-def _combine(
-    candidates: Iterable[tuple[str, WorkflowDef]],
-) -> tuple[dict[str, WorkflowDef], list[str]]:
-    """The workflows of ``candidates`` (``(where, workflow)``) by name, and the problems of
-    the ones left out: a name or a schedule name defined twice, an unknown child workflow."""
-    found: dict[str, tuple[WorkflowDef, str]] = {}
-    schedules: dict[str, str] = {}  # schedule names are global (the schedules table's key)
-    problems: list[str] = []
-    for where, workflow in candidates:
-        if workflow.name in found:
-            problems.append(
-                f"{where}: workflow {workflow.name!r} is already defined in "
-                f"{found[workflow.name][1]}"
-            )
-            continue
-        taken = [n for n, _ in workflow.named_schedules() if n in schedules]
-        if taken:
-            problems.append(
-                f"{where}: schedule name {taken[0]!r} is already used in {schedules[taken[0]]}"
-            )
-            continue
-        schedules.update((n, where) for n, _ in workflow.named_schedules())
-        found[workflow.name] = (workflow, where)
-    # across files: a child workflow must be one of them, and none may recurse into itself
+                problems += _add(str(file), workflow, found, schedules)
+    for where, workflow in defined:
+        problems += _add(where, workflow, found, schedules)
+    # across definitions: a child workflow must be one of them, none may recurse into itself
     loaded = {name: wf for name, (wf, _) in found.items()}
     for name, problem in unknown_children(loaded):
         problems.append(f"{found[name][1]}: workflow {name!r}: {problem}")
         loaded.pop(name, None)
     return loaded, problems
+
+
+def _add(
+    where: str,
+    workflow: WorkflowDef,
+    found: dict[str, tuple[WorkflowDef, str]],
+    schedules: dict[str, str],
+) -> list[str]:
+    """Add ``workflow`` (defined in ``where``) to ``found`` and its schedule names to
+    ``schedules``, or say why not: its name or a schedule name is taken."""
+    if workflow.name in found:
+        return [
+            f"{where}: workflow {workflow.name!r} is already defined in {found[workflow.name][1]}"
+        ]
+    taken = [n for n, _ in workflow.named_schedules() if n in schedules]
+    if taken:
+        return [f"{where}: schedule name {taken[0]!r} is already used in {schedules[taken[0]]}"]
+    schedules.update((n, where) for n, _ in workflow.named_schedules())
+    found[workflow.name] = (workflow, where)
+    return []
 
 
 def load_paths(paths: Iterable[Path]) -> dict[str, WorkflowDef]:
