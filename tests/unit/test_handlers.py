@@ -3,36 +3,15 @@
 from __future__ import annotations
 
 import sys
-import textwrap
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from flowforge.errors import ConfigError, DefinitionError
 from flowforge.handlers import MARK, collect, task
+from tests.modules import module_dir, unique, write_module
 
-
-@pytest.fixture
-def module_dir(tmp_path: Path) -> Iterator[Path]:
-    """A folder for throw-away handler modules; sys.path and sys.modules restored after."""
-    saved_path = list(sys.path)
-    saved_modules = set(sys.modules)
-    yield tmp_path
-    sys.path[:] = saved_path
-    for name in set(sys.modules) - saved_modules:
-        origin = getattr(sys.modules[name], "__file__", None) or ""
-        if origin.startswith(str(tmp_path)):
-            del sys.modules[name]
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:8]}"
-
-
-def write_module(folder: Path, name: str, source: str) -> None:
-    (folder / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+__all__ = ["module_dir"]  # a fixture: used by name
 
 
 def test_task_marks_function_and_returns_it_unchanged() -> None:
