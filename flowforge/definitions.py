@@ -230,9 +230,8 @@ def document(workflow: WorkflowDef) -> dict[str, Any]:
     to an equal definition of the same digest: its canonical form (:meth:`WorkflowDef.to_dict`)
     without the keys at their default, then its schedules."""
     canonical = workflow.to_dict()
-    data = {
-        k: canonical[k] for k in ("name", "fail_fast", "deadline", "max_items") if k in canonical
-    }
+    head = ("name", "fail_fast", "deadline", "max_items")  # before the tasks, as a file has them
+    data: dict[str, Any] = {k: canonical[k] for k in head if k in canonical}
     if workflow.fail_fast:  # the default
         del data["fail_fast"]
     task_defaults, schedule_defaults = _defaults()
