@@ -519,3 +519,16 @@ def test_a_minimal_workflow_exports_to_its_minimal_file() -> None:
         "name": "hello",
         "tasks": [{"name": "greet", "handler": "hello.greet"}],
     }
+
+
+def test_the_guides_example_builds_and_exports_to_the_same_digest() -> None:
+    """docs/workflows-in-python.md's first example, run as written: the guide cannot drift."""
+    guide = (REPO / "docs" / "workflows-in-python.md").read_text()
+    match = re.search(r"```python\n(.*?)```", guide, re.S)
+    assert match
+    namespace: dict[str, Any] = {}
+    exec(compile(match.group(1), "workflows-in-python.md", "exec"), namespace)
+    workflow = namespace["orders"].build()
+    assert [t.name for t in workflow.tasks] == ["charge", "cool_off", "ship", "refund", "invoice"]
+    assert workflow.task("ship").handler == "order-fulfilment.ship"
+    assert _round_trip(workflow).digest == workflow.digest
