@@ -180,6 +180,12 @@ class Workflow:
         returned as it is: list its module in the config's ``handlers`` too, so workers run it.
         """
 
+        if callable(name):  # ``@flow.step`` without its parentheses: the task would be lost
+            raise DefinitionError(
+                f"workflow {self.name!r}: step needs its parentheses: @flow.step() or "
+                "@flow.step('name', ...)"
+            )
+
         def add(fn: F) -> F:
             marked = getattr(fn, MARK, None)
             handler_name = handler or marked or f"{self.name}.{fn.__name__}"
@@ -240,12 +246,13 @@ class Workflow:
         """A task named by a step function: its name (a function of no step is refused)."""
         if isinstance(ref, str) or not callable(ref):
             return ref  # a name, or a bad value the loader refuses at its key
-        if ref not in self._steps:
-            raise DefinitionError(
-                f"workflow {self.name!r}: task {task!r}: {key}: "
-                f"{getattr(ref, '__qualname__', ref)!r} is not a step of this workflow"
-            )
-        return self._steps[ref]
+        for fn, name in self._steps.items():  # by identity: a callable need not hash
+            if fn is ref:
+                return name
+        raise DefinitionError(
+            f"workflow {self.name!r}: task {task!r}: {key}: "
+            f"{getattr(ref, '__qualname__', ref)!r} is not a step of this workflow"
+        )
 
 
 def _plain(value: Any) -> Any:

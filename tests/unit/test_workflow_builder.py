@@ -453,6 +453,16 @@ def test_a_function_that_is_no_step_of_the_workflow_is_refused_as_a_dependency()
         Workflow("w").task("a", "h.a", for_each=elsewhere)
 
 
+def test_a_step_without_parentheses_is_refused_not_lost() -> None:
+    flow = Workflow("w")
+
+    def fetch(ctx: object) -> None:
+        return None
+
+    with pytest.raises(DefinitionError, match=r"step needs its parentheses"):
+        flow.step(fetch)  # type: ignore[arg-type]  # what @flow.step without () does
+
+
 def test_a_step_whose_handler_name_is_bad_is_refused_at_its_key_and_left_unmarked() -> None:
     flow = Workflow("w")
 
