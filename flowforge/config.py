@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from flowforge import tlsfiles, yamlfile
-from flowforge.domain.names import queue_problem
+from flowforge.domain.names import min_priority_problem, queue_problem
 from flowforge.durations import parse_duration
 from flowforge.errors import ConfigError
 from flowforge.redact import redact_url as redact_url  # README: flowforge.config.redact_url
@@ -130,6 +130,12 @@ class BrokerConfig:
         _check_queue(self.queue, "queue")
 
 
+def _check_min_priority(value: object) -> None:
+    problem = min_priority_problem(value)
+    if problem is not None:
+        raise ValueError(f"min_priority {problem}")
+
+
 def _check_queue(name: str, key: str) -> None:
     problem = queue_problem(name)
     if problem is not None:
@@ -145,11 +151,15 @@ class PoolConfig:
     queue: str
     workers: int = 1
     handlers: tuple[str, ...] | None = None
+    # its workers take only tasks of this priority or above (None: worker.min_priority)
+    min_priority: int | None = None
 
     def __post_init__(self) -> None:
         _check_queue(self.queue, "queue")
         if isinstance(self.workers, bool) or self.workers < 1:
             raise ValueError("workers must be at least 1")
+        if self.min_priority is not None:
+            _check_min_priority(self.min_priority)
 
 
 @dataclass(frozen=True)
@@ -172,10 +182,6 @@ class ProcessesConfig:
         for name in ("drain_timeout_s", "liveness_timeout_s", "restart_period_s"):
             _positive(getattr(self, name), name)
         _positive(self.restart_limit, "restart_limit")
-        queues = [p.queue for p in self.pools]
-        twice = sorted({q for q in queues if queues.count(q) > 1})
-        if twice:  # one pool per queue: whose handlers a task of it needs would be ambiguous
-            raise ValueError(f"pools: queue {twice[0]!r} has more than one pool")
 
 
 class ReadAccess(Enum):
@@ -315,8 +321,12 @@ class WorkerConfig:
 
     # A handler's result larger than this as JSON (bytes) ends its task DEAD result_too_large.
     max_result_bytes: int = 1024 * 1024
+    # Take only tasks of this priority or above: 0, 1 or 5, a band's lowest (docs/flow-control.md
+    # "Reserved workers"); usually set per pool (processes.pools[].min_priority).
+    min_priority: int = 0
 
     def __post_init__(self) -> None:
+        _check_min_priority(self.min_priority)
         _positive(self.lease_s, "lease_s")
         _positive(self.fast_handler_ms, "fast_handler_ms")
         _positive(self.heartbeat_s, "heartbeat_s")
@@ -377,6 +387,32 @@ class Config:
                 raise ValueError(
                     f"processes.pools[{i}].handlers: {unknown[0]!r} is not a module of handlers"
                 )
+        self._check_pools_of_a_queue()
+
+    def _check_pools_of_a_queue(self) -> None:
+        """Several pools may serve one queue only at different ``min_priority`` (reserved
+        workers beside the others) and importing the same modules: a task of the queue may
+        run in either, so which handlers it needs must not depend on which one takes it."""
+        seen: dict[tuple[str, int], int] = {}
+        modules: dict[str, tuple[int, set[str]]] = {}
+        for i, pool in enumerate(self.processes.pools):
+            key = (pool.queue, self._min_priority(pool))
+            if key in seen:
+                raise ValueError(
+                    f"processes.pools[{i}]: queue {pool.queue!r} already has a pool with"
+                    f" min_priority {key[1]} (processes.pools[{seen[key]}])"
+                )
+            seen[key] = i
+            mine = set(self.handlers if pool.handlers is None else pool.handlers)
+            first = modules.setdefault(pool.queue, (i, mine))
+            if first[1] != mine:
+                raise ValueError(
+                    f"processes.pools[{i}].handlers: must be those of processes.pools[{first[0]}]"
+                    f" (queue {pool.queue!r}): a task of the queue may run in either pool"
+                )
+
+    def _min_priority(self, pool: PoolConfig) -> int:
+        return self.worker.min_priority if pool.min_priority is None else pool.min_priority
 
     def pools(self) -> tuple[PoolConfig, ...]:
         """The tree's worker pools: ``processes.pools``, or one pool of
@@ -387,10 +423,19 @@ class Config:
 
     def for_pool(self, pool: PoolConfig) -> Config:
         """This config as a worker of ``pool`` sees it: ``broker.queue`` is the pool's queue,
-        ``handlers`` its modules."""
+        ``handlers`` its modules, ``worker.min_priority`` its own (if it names one), and
+        ``processes.pools`` only its own."""
         handlers = self.handlers if pool.handlers is None else pool.handlers
         broker = dataclasses.replace(self.broker, queue=pool.queue)
-        return dataclasses.replace(self, broker=broker, handlers=handlers)
+        worker = dataclasses.replace(self.worker, min_priority=self._min_priority(pool))
+        # its own pool only: the others' are not its business (and would be judged against
+        # its worker.min_priority)
+        own = dataclasses.replace(pool, min_priority=None, handlers=None)
+        pools = (own,) if self.processes.pools else ()
+        processes = dataclasses.replace(self.processes, pools=pools)
+        return dataclasses.replace(
+            self, broker=broker, handlers=handlers, worker=worker, processes=processes
+        )
 
     def workflow_paths(self) -> tuple[Path, ...]:
         """``workflows`` entries as absolute paths (relative ones are under ``base_dir``)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from flowforge import distversions
 from flowforge.broker import quiet_pika_logs
-from flowforge.config import Config, PoolConfig, log_warnings, redact_url
+from flowforge.config import Config, log_warnings, redact_url
 from flowforge.telemetry import METRICS_DIR_ENV
 from supervisor import logs
 from supervisor.child import ChildContext
@@ -42,10 +42,15 @@ def _role(name: str, config: Config) -> Callable[[ChildContext], int]:
     return target
 
 
-def pool_name(index: int, pool: PoolConfig) -> str:
-    """A worker pool's child name: ``worker`` for the first (the only one of a config without
-    ``processes.pools``, so its children keep their names), ``worker:QUEUE`` for the others."""
-    return "worker" if index == 0 else f"worker:{pool.queue}"
+def pool_name(index: int, config: Config) -> str:
+    """The child name of a worker pool (``config``: as its workers see it, ``Config.for_pool``):
+    ``worker`` for the first (the only one of a config without ``processes.pools``, so its
+    children keep their names), ``worker:QUEUE`` for the others, ``worker:QUEUE:pN`` for one
+    reserved for priorities N and above."""
+    if index == 0:
+        return "worker"
+    low = config.worker.min_priority
+    return f"worker:{config.broker.queue}" + (f":p{low}" if low else "")
 
 
 def build_specs(config: Config) -> list[ChildSpec]:
@@ -69,14 +74,14 @@ def build_specs(config: Config) -> list[ChildSpec]:
         role(
             "worker",
             1,
-            child_name=pool_name(i, pool),
-            config=config.for_pool(pool),
+            child_name=pool_name(i, seen),
+            config=seen,
             count=pool.workers,
             shutdown_timeout_s=p.drain_timeout_s,
             scalable=True,
             rolling=True,
         )
-        for i, pool in enumerate(config.pools())
+        for i, (pool, seen) in enumerate((pool, config.for_pool(pool)) for pool in config.pools())
     ]
     specs = [role("scheduler", 0), *pools, role("publisher", 2)]
     if config.api is not None:

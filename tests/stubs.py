@@ -254,6 +254,7 @@ class FakeStore:
         offer: int | None = None,
         then: Continuation | None = None,
         queue: str | None = None,  # every fake task is on the worker's queue
+        min_priority: int = 0,  # and of priority 0: a reserved worker's finish offers none
     ) -> Finished:
         self._called("finish_many", len(outcomes))
         if any(self.refuse(finish) for _, _, finish in outcomes):
@@ -272,6 +273,7 @@ class FakeStore:
                     child.state, child.token = TaskState.READY, child.token + 1
                     ready.append((child_id, child.token))
         ready = ready[:offer] if offer is not None else ready
+        ready = ready if min_priority == 0 else []
         claimed = (
             [] if then is None else [self._claim(self.tasks[t]) for t, _ in ready[: then.limit]]
         )

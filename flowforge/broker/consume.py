@@ -50,6 +50,10 @@ from flowforge.errors import BrokerUnavailableError
 
 logger = logging.getLogger(__name__)
 
+#: The consumer priority (RabbitMQ's ``x-priority``) of a reserved worker's consumers; every
+#: other consumer has the default, 0.
+RESERVED_PRIORITY = 10
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -84,8 +88,14 @@ class Consumer:
     """A connection and, per priority band of the task queue, a channel with its prefetch and
     a (pausable) consumer."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, min_band: int = 0) -> None:
+        """``min_band``: the index in ``BANDS`` of the lowest band consumed. Above 0 this is a
+        reserved worker's consumer (docs/flow-control.md "Reserved workers"): it consumes only
+        those bands, with a consumer priority, so the broker hands their messages to it first
+        while it has room and to the other workers' consumers only when it has none."""
         self._config = config
+        self._bands = range(min_band, len(BANDS))
+        self._consume_args = {"x-priority": RESERVED_PRIORITY} if min_band else None
         self._queues = [band_queue(config.queue, i) for i in range(len(BANDS))]
         self._conn: pika.BlockingConnection | None = None
         self._channels: list[BlockingChannel] = []
@@ -141,12 +151,14 @@ class Consumer:
 
     def resume(self) -> None:
         """Start (or restart) receiving deliveries, on every band."""
-        for index, queue in enumerate(self._queues):
+        for index in self._bands:
             if self._consumer_tags[index] is None:
                 on_message = partial(self._on_message, index)
                 self._consumer_tags[index] = self._call(
                     index,
-                    lambda ch, q=queue, cb=on_message: ch.basic_consume(q, cb, auto_ack=False),
+                    lambda ch, q=self._queues[index], cb=on_message: ch.basic_consume(
+                        q, cb, auto_ack=False, arguments=self._consume_args
+                    ),
                 )
 
     def pause(self) -> None:
@@ -165,9 +177,9 @@ class Consumer:
         Heartbeats are served while waiting; the connection is always read once, so a
         high-priority delivery that came in while lower ones waited here is taken first.
         """
-        if None in self._consumer_tags or self._prefetch != limit:
+        if any(self._consumer_tags[i] is None for i in self._bands) or self._prefetch != limit:
             self.pause()
-            for index in range(len(self._queues)):
+            for index in self._bands:
                 self._call(index, lambda ch: ch.basic_qos(prefetch_count=limit))
             self._prefetch = limit
             self.resume()

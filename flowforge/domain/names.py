@@ -54,6 +54,18 @@ def priority_problem(value: object) -> str | None:
     return None
 
 
+def min_priority_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a worker's ``min_priority`` (None: it can): the lowest priority
+    of a band, as a worker takes whole bands (docs/flow-control.md "Reserved workers")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in BANDS:
+        lows = ", ".join(str(low) for low in BANDS[:-1]) + f" or {BANDS[-1]}"
+        return (
+            f"must be {lows} (the lowest priority of a band: 0, 1-4, 5-{MAX_PRIORITY}),"
+            f" not {value!r}"
+        )
+    return None
+
+
 def band(priority: int) -> int:
     """The index in :data:`BANDS` of the band ``priority`` belongs to."""
     return sum(1 for low in BANDS[1:] if priority >= low)

@@ -143,6 +143,7 @@ class Ledger:
                         offer=self._config.broker.prefetch,
                         then=continuation,
                         queue=self._config.broker.queue,
+                        min_priority=self._config.worker.min_priority,
                     )
                     self._leases.drop([task_run_id for task_run_id, _, _ in batch])
                 return finished

@@ -45,6 +45,7 @@ class WorkerStore(Registry, Protocol):
         offer: int | None = None,
         then: Continuation | None = None,
         queue: str | None = None,
+        min_priority: int = 0,
     ) -> Finished: ...
 
     def release_claims(self, claims: Sequence[tuple[UUID, int]]) -> int: ...

@@ -44,6 +44,7 @@ from uuid import UUID
 from flowforge.broker.consume import Consumer, Deliveries, Delivery
 from flowforge.config import Config
 from flowforge.domain.model import Claim, Continuation
+from flowforge.domain.names import band
 from flowforge.handlers import collect
 from flowforge.roles.batch import Batch, Crew, Handlers
 from flowforge.roles.concerns import Metrics, Recycling, TaskLog, TimeLimit
@@ -103,7 +104,8 @@ class Worker:
         recycling = Recycling(config.processes, self._recycle, rand)
         builtin = [Metrics(telemetry or Telemetry()), TaskLog(), TimeLimit(), recycling]
         self._hooks = Hooks([*builtin, *hooks])
-        self._intake = Intake(broker or Consumer(config.broker), config.broker.prefetch)
+        broker = broker or Consumer(config.broker, band(config.worker.min_priority))
+        self._intake = Intake(broker, config.broker.prefetch)
         self._presence = Presence(repo, "worker", config.broker.queue)
         self._leases = Leases(repo, config.worker.lease_s, config.worker.heartbeat_s)
         self._cancels = CancelWatch(config.database, self._leases)

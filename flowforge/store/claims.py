@@ -120,14 +120,16 @@ class Claims(Part):
         offer: int | None = None,
         then: Continuation | None = None,
         queue: str | None = None,
+        min_priority: int = 0,
     ) -> Finished:
         """Finish each (task run, token, outcome) whose token is current, in one statement.
 
         Reports the ids that committed (the others were stale: reaped, or finished elsewhere,
         and are counted as stale completions) and up to ``offer`` (None: all) of the
         dependents the successes made READY on ``queue`` (the finishing worker's; None: only
-        those on no queue): a dependent bound for another queue goes out as a message, to be
-        run by that queue's workers. With ``then``, the same transaction also claims
+        those on no queue) at ``min_priority`` or above (a reserved worker's): a dependent
+        bound for another queue, or below that priority, goes out as a message, to be run by
+        that queue's (that band's) workers. With ``then``, the same transaction also claims
         the first ``then.limit`` of those (keyless ones; see :meth:`claim_many` with
         ``local``): their outbox rows are stamped before any publisher can see them, so the
         next step of a chain cannot be published and claimed by another worker first.
@@ -135,7 +137,12 @@ class Claims(Part):
         if not outcomes:
             return Finished(frozenset(), ())
         transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
-        params = {**_finish_columns(outcomes), "offer": offer, "queue": queue}
+        params = {
+            **_finish_columns(outcomes),
+            "offer": offer,
+            "queue": queue,
+            "min_priority": min_priority,
+        }
         # handler failures count against their handler's circuit breaker, in this transaction:
         # only a batch with one pays for it (domain/breakers.py)
         broke = [

@@ -872,14 +872,16 @@ WITH outcome AS (
 -- use: release_dependents(done)
 -- one row per finished task (ready_token NULL), then up to %(offer)s of the dependents made
 -- READY (NULL: all) on the finishing worker's queue %(queue)s (or on none: see migration
--- 0014), which it may claim itself; the rest go out as messages, to their own queues. Keyless
--- ones first: a continuation claims only those (finish_many), and up to its limit of them.
+-- 0014) and of at least its %(min_priority)s (a reserved worker's), which it may claim itself;
+-- the rest go out as messages, to their own queues and bands. Keyless ones first: a
+-- continuation claims only those (finish_many), and up to its limit of them.
 SELECT id, NULL::bigint AS ready_token, pg_notify('flowforge_scheduler', '')::text AS notified,
        (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
   FROM done
 UNION ALL
 (SELECT id, fencing_token, NULL, NULL FROM released
   WHERE state = 'READY' AND (queue IS NULL OR queue = %(queue)s)
+    AND priority >= %(min_priority)s
   ORDER BY keyless DESC LIMIT %(offer)s);
 
 -- ------------------------------------------------------------------ operator actions

@@ -86,6 +86,9 @@ class Settings:
     map_width: int = 10_000  # a for_each map's items, against the static fan-out as wide
     priority_backlog: int = 10_000  # priority-0 tasks a priority-9 one is measured behind
     priority_samples: int = 10
+    # and behind a backlog whose handlers take this long (ms): the workers, not the engine,
+    # are what is saturated
+    priority_backlog_ms: float = 10.0
 
 
 @dataclass
@@ -112,7 +115,10 @@ class Result:
 class Tree:
     """A ``flowforge up`` subprocess on its own queue, with a no-op handler."""
 
-    def __init__(self, directory: Path, database_url: str, broker_url: str, workers: int) -> None:
+    def __init__(
+        self, directory: Path, database_url: str, broker_url: str, workers: int, reserved: int = 0
+    ) -> None:
+        """``reserved``: that many more workers, reserved for priorities 5 and above."""
         self.queue = f"flowforge.bench.{uuid.uuid4().hex[:8]}"
         [self.api_port] = free_ports(1)
         workflows = directory / "workflows"
@@ -124,7 +130,14 @@ class Tree:
             "broker": {"url": broker_url, "queue": self.queue},
             "handlers": [HANDLER_MODULE],
             "workflows": ["workflows"],
-            "processes": {"workers": workers},
+            "processes": {"workers": workers}
+            if not reserved
+            else {
+                "pools": [
+                    {"queue": self.queue, "workers": workers},
+                    {"queue": self.queue, "workers": reserved, "min_priority": 5},
+                ]
+            },
             "api": bench_api.api_settings(self.api_port),
             "logging": {"level": "WARNING"},
         }
@@ -133,7 +146,7 @@ class Tree:
         self.log_path = directory / "tree.log"
         self.database_url = database_url
         self.broker_url = broker_url
-        self.workers = workers
+        self.workers = workers + reserved
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -447,14 +460,16 @@ def measure(
                         repo, events, conn, settings.event_runs, settings.timeout_s, record
                     )
                     api_workloads(tree.api_port, settings, record)
-                    bench_priorities.measure(
-                        repo,
-                        conn,
-                        settings.priority_backlog,
-                        settings.priority_samples,
-                        settings.timeout_s,
-                        record,
-                    )
+                    for backlog_ms in (0.0, settings.priority_backlog_ms):
+                        bench_priorities.measure(
+                            repo,
+                            conn,
+                            settings.priority_backlog,
+                            settings.priority_samples,
+                            settings.timeout_s,
+                            record,
+                            backlog_ms,
+                        )
         finally:
             tree.stop()
             db.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from flowforge import task
@@ -16,3 +17,10 @@ def noop(ctx: Any) -> None:
 def items(ctx: Any) -> list[int]:
     """The list a map workload expands: ``[0, ..., input.n - 1]``."""
     return list(range(int(ctx.input["n"])))
+
+
+@task("bench.sleep")
+def sleep(ctx: Any) -> None:
+    """A handler that spends ``input.ms`` milliseconds away from the CPU, as one that waits
+    on a remote service does."""
+    time.sleep(float(ctx.input["ms"]) / 1000)

@@ -43,8 +43,8 @@ TRIGGER_BATCH = 500
 BUSY_AFTER = 200
 
 
-def _one(name: str) -> WorkflowDef:
-    return WorkflowDef(name, (TaskDef("t", "bench.noop"),))
+def _one(name: str, handler: str = "bench.noop") -> WorkflowDef:
+    return WorkflowDef(name, (TaskDef("t", handler),))
 
 
 def _started_ms(
@@ -116,9 +116,14 @@ def measure(
     samples: int,
     timeout_s: float,
     record: Callable[..., None],
+    backlog_ms: float = 0.0,
 ) -> None:
     """One repetition: ``samples`` priority-9 latencies on an empty queue, then as many behind
-    the backlog; records both medians and their ratio."""
+    the backlog; records both medians and their ratio. With ``backlog_ms`` each backlog task
+    sleeps that long (the workers are saturated rather than the engine: the case a priority
+    is for), and every figure's name says so."""
+    if backlog_ms:
+        record = _named(record, f" [{backlog_ms:g}-ms backlog]")
     urgent = _one("urgent")
     empty_runs: list[Any] = []
     empty: list[float] = []
@@ -130,7 +135,12 @@ def measure(
         empty_after.append(_started_ms(conn, empty_runs[-1], timeout_s, returned))
     for offset in range(0, backlog, TRIGGER_BATCH):
         count = min(backlog, offset + TRIGGER_BATCH) - offset
-        repo.trigger_many(_one("backlog"), [{"i": offset + i} for i in range(count)])
+        if backlog_ms:
+            work = _one("backlog", "bench.sleep")
+            inputs = [{"i": offset + i, "ms": backlog_ms} for i in range(count)]
+        else:
+            work, inputs = _one("backlog"), [{"i": offset + i} for i in range(count)]
+        repo.trigger_many(work, inputs)
     deadline = time.monotonic() + timeout_s
     while _waiting(conn) > backlog - min(BUSY_AFTER, backlog // 2):
         if time.monotonic() > deadline:
@@ -197,6 +207,13 @@ def measure(
     record("  publisher pace on the backlog's outbox rows", "rows/s", _drain_rate(conn))
 
 
+def _named(record: Callable[..., None], suffix: str) -> Callable[..., None]:
+    def named(name: str, unit: str, value: float, **extra: Any) -> None:
+        record(name + suffix, unit, value, **extra)
+
+    return named
+
+
 def _wait_drained(conn: psycopg.Connection[Any], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -215,9 +232,21 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="bench_priorities", description=__doc__)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--reserved",
+        type=int,
+        default=0,
+        help="more workers, reserved for priorities 5 and above (a pool of their own)",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--backlog", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument(
+        "--backlog-ms",
+        type=float,
+        default=0.0,
+        help="each backlog task sleeps this long (0: does nothing, the engine is all that runs)",
+    )
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--broker-url", required=True)
     args = parser.parse_args(argv)
@@ -231,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.fresh_database(args.database_url) as url,
         tempfile.TemporaryDirectory() as tmp,
     ):
-        tree = bench.Tree(Path(tmp), url, args.broker_url, args.workers)
+        tree = bench.Tree(Path(tmp), url, args.broker_url, args.workers, args.reserved)
         db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
         db.open()
         try:
@@ -240,7 +269,15 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(args.repeat):
                     print(f"repetition {rep + 1}/{args.repeat}", file=sys.stderr)
                     bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
-                    measure(Triggers(db), conn, args.backlog, args.samples, 600.0, record)
+                    measure(
+                        Triggers(db),
+                        conn,
+                        args.backlog,
+                        args.samples,
+                        600.0,
+                        record,
+                        args.backlog_ms,
+                    )
         finally:
             tree.stop()
             db.close()

@@ -66,9 +66,12 @@ def test_every_insert_into_task_runs_carries_a_queue() -> None:
     assert "m.id, s.idx, s.item, m.queue" in SQL
 
 
-def test_a_worker_is_offered_only_the_dependents_of_its_own_queue() -> None:
+def test_a_worker_is_offered_only_the_dependents_of_its_own_queue_and_band() -> None:
     finish = queries.load()["finish"].decode()
-    offered = "AND (queue IS NULL OR queue = %(queue)s)\n  ORDER BY keyless DESC LIMIT %(offer)s"
+    offered = (
+        "AND (queue IS NULL OR queue = %(queue)s)\n    AND priority >= %(min_priority)s\n"
+        "  ORDER BY keyless DESC LIMIT %(offer)s"
+    )
     assert offered in finish
 
 
@@ -149,7 +152,7 @@ def test_pools_each_become_a_worker_spec_with_their_queue_and_handlers(tmp_path:
     partner = config.for_pool(config.pools()[1])
     assert (partner.broker.queue, partner.handlers) == ("partner", ("mod_b",))
     assert config.for_pool(config.pools()[0]).handlers == ("mod_a", "mod_b")
-    assert pool_name(1, config.pools()[1]) == "worker:partner"
+    assert pool_name(1, config.for_pool(config.pools()[1])) == "worker:partner"
 
 
 @pytest.mark.parametrize(
@@ -160,7 +163,25 @@ def test_pools_each_become_a_worker_spec_with_their_queue_and_handlers(tmp_path:
         ('processes: {pools: [{queue: "a\\tb"}]}\n', "control characters"),
         ("processes: {pools: [{queue: a, workers: 0}]}\n", "workers must be at least 1"),
         ("processes: {pools: [{workers: 2}]}\n", r"pools\[0\].queue: required key is missing"),
-        ("processes: {pools: [{queue: a}, {queue: a}]}\n", "queue 'a' has more than one pool"),
+        (
+            "processes: {pools: [{queue: a}, {queue: a}]}\n",
+            r"pools\[1\]: queue 'a' already has a pool with min_priority 0"
+            r" \(processes.pools\[0\]\)",
+        ),
+        (
+            "processes: {pools: [{queue: a, min_priority: 5}, {queue: a, min_priority: 5}]}\n",
+            r"pools\[1\]: queue 'a' already has a pool with min_priority 5",
+        ),
+        (  # None is worker.min_priority: the same pair
+            "worker: {min_priority: 1}\n"
+            "processes: {pools: [{queue: a}, {queue: a, min_priority: 1}]}\n",
+            r"pools\[1\]: queue 'a' already has a pool with min_priority 1",
+        ),
+        (
+            "handlers: [m, n]\n"
+            "processes: {pools: [{queue: a}, {queue: a, min_priority: 5, handlers: [m]}]}\n",
+            r"pools\[1\].handlers: must be those of processes.pools\[0\] \(queue 'a'\)",
+        ),
         (
             "handlers: [m]\nprocesses: {pools: [{queue: a, handlers: [n]}]}\n",
             r"pools\[0\].handlers: 'n' is not a module of handlers",
