@@ -14,7 +14,7 @@ from flowforge.domain.model import Run, TaskRun
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
-from flowforge.errors import FlowForgeError, PermanentError
+from flowforge.errors import FlowForgeError, PermanentError, WaitTimeoutError
 from flowforge.handlers import task
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ __all__ = [
     "TaskDef",
     "TaskRun",
     "TaskState",
+    "WaitTimeoutError",
     "WorkflowDef",
     "load_config",
     "task",
