@@ -149,7 +149,7 @@ class _Execution:
 
     def run(self, run_input: Mapping[str, Any] | None, upstream: Mapping[str, Any]) -> LocalRun:
         plan = plan_runs(self.definition, [run_input])  # the trigger's checks: InputError
-        self.input = MappingProxyType(json.loads(plan.inputs[0]))  # what a worker reads back
+        self.input = json.loads(plan.inputs[0])  # what a worker reads back
         self.keys = {t.name: t.idempotency_key for t in plan.tasks}
         self.event_keys = {t.name: t.event_key for t in plan.tasks}
         self._take_given(upstream)
@@ -241,8 +241,9 @@ class _Execution:
 
     def _upstream(self, task: TaskDef, without: str | None = None) -> Mapping[str, Any]:
         """Each dependency's result (None for one that did not succeed), as ``ctx.upstream``;
-        a map's items do not get the list they map over (``without``)."""
-        return MappingProxyType({d: self.tasks[d].result for d in task.depends_on if d != without})
+        a map's items do not get the list they map over (``without``). The handler gets its own
+        copy (:meth:`_call`), as each worker reads its own from the database."""
+        return {d: self.tasks[d].result for d in task.depends_on if d != without}
 
     def _event(self, task: TaskDef) -> LocalTask:
         assert task.wait_for_event is not None
@@ -381,9 +382,12 @@ class _Execution:
         if fn is None:
             error = f"no handler is registered as {task.handler!r} in this worker"
             return Finish(TaskState.FAILED, reason=FailureReason.UNKNOWN_HANDLER, error=error), 0
+        # plain dicts of their own, as a worker reads them: what one handler changes in them
+        # reaches no other task
         ctx = TaskContext(
-            self.input, upstream, number, task_run_id, self.run_id, name, item=item, index=index
-        )
+            _copy(self.input), _copy(upstream), number, task_run_id, self.run_id, name,
+            item=_copy(item), index=index,
+        )  # fmt: skip
         job = Job(fn, ctx)
         started = self.runner._clock()
         job.run()
@@ -462,6 +466,11 @@ def _cancelled(name: str, cause: CancelCause) -> LocalTask:
     record = LocalTask(name, TaskState.CANCELLED, failure_reason=FailureReason.CANCELLED)
     record.cancel_cause = cause
     return record
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of a value read back from JSON (it holds only JSON types)."""
+    return json.loads(json.dumps(value))
 
 
 def _read_back(text: str | None) -> Any:
