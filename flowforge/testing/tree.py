@@ -7,7 +7,8 @@ operator would: ``FLOWFORGE_DATABASE_URL``, ``FLOWFORGE_BROKER_URL``), migrates 
 first, and knows the tree is ready when its supervisor says ``READY=1`` on the service
 manager's protocol (a private ``NOTIFY_SOCKET``: the same message systemd waits for, whatever
 the log level). It stops the tree as an operator does: SIGTERM to the supervisor's pid, a
-bounded wait for the drain, SIGKILL only past it (the children die with the supervisor).
+bounded wait for the drain, SIGKILL only past it (the children die with the supervisor); and
+should the test process itself be killed, the supervisor gets SIGTERM from the kernel.
 :func:`scratch_database` makes an empty database for one test session and
 :func:`drop_database` removes it.
 """
@@ -15,6 +16,7 @@ bounded wait for the drain, SIGKILL only past it (the children die with the supe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
 import signal
@@ -39,6 +41,8 @@ from flowforge.store.migrate import migrate
 READY_TIMEOUT_S = 60.0
 #: Seconds allowed past the config's ``processes.drain_timeout_s`` before SIGKILL.
 STOP_MARGIN_S = 10.0
+#: prctl(2): the signal a child gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 #: Longest single wait for a notification, so a tree that died is noticed promptly.
 _POLL_S = 0.2
 
@@ -191,6 +195,7 @@ class TestTree:
 def _spawn(
     config: Path, env: Mapping[str, str], cwd: Path, log: IO[bytes]
 ) -> subprocess.Popen[bytes]:
+    parent = os.getpid()
     return subprocess.Popen(
         [sys.executable, "-m", "flowforge.cli", "-c", str(config.resolve()), "up"],
         cwd=cwd,
@@ -198,4 +203,15 @@ def _spawn(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=log,
+        preexec_fn=lambda: _stop_with(parent),
     )
+
+
+def _stop_with(parent: int) -> None:
+    """In the forked child, before the exec: SIGTERM it (a drain) when the test process dies
+    — killed by a CI timeout, say — so no tree outlives the session that started it. The
+    setting survives the exec; a parent already gone is caught by the check after it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)

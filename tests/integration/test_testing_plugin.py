@@ -49,7 +49,6 @@ name: demo
 tasks:
   - {name: double, handler: demo.double}
   - {name: report, handler: demo.report, depends_on: [double]}
----
 """
 
 USER_TESTS = """
@@ -166,3 +165,49 @@ def test_without_a_config_the_fixture_says_how_to_name_one(project: Path) -> Non
     assert done.returncode != 0
     assert "flowforge_tree needs a config: --flowforge-config PATH" in done.stdout
     assert not (project / "probe.txt").exists()
+
+
+KILLED_SESSION = """
+import os, signal, sys
+from flowforge.testing.tree import TestTree
+
+tree = TestTree(sys.argv[1], sys.argv[2], database_url=sys.argv[3])
+tree.start()
+print(tree.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # a CI timeout, say: no teardown runs
+"""
+
+
+@pytest.mark.slow
+def test_a_tree_whose_test_process_is_killed_drains_and_exits(
+    project: Path, pg_server_url: str
+) -> None:
+    from flowforge.testing.tree import drop_database, scratch_database
+    from tests.helpers import wait_for
+
+    database = scratch_database(pg_server_url)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
+        env["PYTHONPATH"] = str(REPO)
+        done = subprocess.run(
+            [sys.executable, "-c", KILLED_SESSION, "flowforge.yaml", "tree.log", database],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == -9, done.stderr[-3000:]
+        supervisor = int(done.stdout)
+        children = child_pids(supervisor, recursive=True)
+        assert children  # the tree was running when its starter died
+        wait_for(
+            lambda: not any(_alive(p) for p in [supervisor, *children]),
+            timeout=30,
+            what="the orphaned tree to drain and exit",
+        )
+        log = (project / "tree.log").read_text()
+        assert "draining (" in log and "all children stopped; exiting with 0" in log
+    finally:
+        drop_database(database)
