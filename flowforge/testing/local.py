@@ -17,12 +17,11 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 from typing import Any
 from uuid import UUID, uuid4
 
 from flowforge.config import Config, WorkerConfig, load_config
-from flowforge.definitions import load_paths
 from flowforge.domain import conditions, policy
 from flowforge.domain.children import MAX_CHILD_DEPTH, render_input
 from flowforge.domain.dag import TaskDef, WorkflowDef
@@ -33,14 +32,11 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.runstate import RunFacts, derive
 from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.domain.values import to_json
-from flowforge.errors import DefinitionError, InputError
-from flowforge.handlers import collect
+from flowforge.errors import InputError
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import Job, classify
 from flowforge.testing.results import REUSED, LocalAttempt, LocalRun, LocalTask
-
-Handler = Callable[[TaskContext], Any]
-WorkflowSource = WorkflowDef | str | Path
+from flowforge.testing.sources import Handler, WorkflowSource, load_handlers, load_workflows
 
 
 class LocalRunner:
@@ -70,8 +66,8 @@ class LocalRunner:
         max_result_bytes: int = WorkerConfig.max_result_bytes,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.workflows = _workflows(workflows)
-        self.handlers = _handlers(handlers, search_path)
+        self.workflows = load_workflows(workflows)
+        self.handlers = load_handlers(handlers, search_path)
         self._sleep = sleep
         self._rand = rand
         self._max_result_bytes = max_result_bytes
@@ -476,34 +472,3 @@ def _copy(value: Any) -> Any:
 def _read_back(text: str | None) -> Any:
     """A checked result as the next task receives it: parsed back from its JSON text."""
     return None if text is None else json.loads(text)
-
-
-def _workflows(given: WorkflowSource | Iterable[WorkflowSource]) -> dict[str, WorkflowDef]:
-    sources: list[WorkflowSource] = (
-        [given] if isinstance(given, WorkflowDef | str | Path) else list(given)
-    )
-    found: dict[str, WorkflowDef] = {}
-    for source in sources:
-        loaded = (
-            {source.name: source} if isinstance(source, WorkflowDef) else load_paths([Path(source)])
-        )
-        for name, workflow in loaded.items():
-            if found.get(name, workflow) != workflow:
-                raise DefinitionError(f"workflow {name!r} is defined twice")
-            found[name] = workflow
-    return found
-
-
-def _handlers(
-    given: Mapping[str, Handler] | Iterable[str | ModuleType | Mapping[str, Handler]],
-    search_path: str | Path | None,
-) -> Mapping[str, Handler]:
-    sources = [given] if isinstance(given, Mapping) else list(given)
-    found: dict[str, Handler] = {}
-    for source in sources:
-        if isinstance(source, Mapping):
-            found.update(source)
-        else:
-            name = source.__name__ if isinstance(source, ModuleType) else source
-            found.update(collect([name], None if search_path is None else str(search_path)))
-    return MappingProxyType(found)

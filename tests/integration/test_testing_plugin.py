@@ -6,6 +6,7 @@ database is dropped."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -18,8 +19,9 @@ import pika
 import psycopg
 import pytest
 
-from flowforge.domain.names import BANDS, band_queue
+from tests.harness.bench_outbox import delete_queues
 from tests.harness.resources import child_pids
+from tests.trees import alive
 
 pytestmark = pytest.mark.integration
 
@@ -107,39 +109,23 @@ def project(tmp_path: Path, pg_server_url: str, broker_url: str) -> Iterator[Pat
         )
     )
     yield tmp_path
-    try:
-        conn = pika.BlockingConnection(pika.URLParameters(broker_url))
-    except pika.exceptions.AMQPError:
-        return
-    try:
-        channel = conn.channel()
-        for index in range(len(BANDS)):
-            channel.queue_delete(band_queue(queue, index))
-    finally:
-        conn.close()
+    with contextlib.suppress(pika.exceptions.AMQPError):
+        delete_queues(broker_url, queue)
+
+
+def _python(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in the user's project, with this checkout's flowforge as if installed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWFORGE_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(REPO)
+    env["PROBE"] = str(project / "probe.txt")
+    return subprocess.run(
+        [sys.executable, *args], cwd=project, env=env, capture_output=True, text=True,
+        timeout=240, check=False,
+    )  # fmt: skip
 
 
 def _user_pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWFORGE_", "PYTEST_"))}
-    env["PYTHONPATH"] = str(REPO)  # this checkout's flowforge, as installed for the user
-    env["PROBE"] = str(project / "probe.txt")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    return _python(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args)
 
 
 @pytest.mark.slow
@@ -151,7 +137,7 @@ def test_the_fixture_runs_a_real_tree_and_leaves_nothing_behind(
     assert "2 passed" in done.stdout
     pid_text, database_url = (project / "probe.txt").read_text().split(" ", 1)
     supervisor = int(pid_text)
-    assert not _alive(supervisor) and child_pids(supervisor) == []
+    assert not alive(supervisor) and child_pids(supervisor) == []
     name = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
     assert str(name).startswith("flowforge_test_")
     with psycopg.connect(pg_server_url, autocommit=True) as admin:
@@ -187,23 +173,13 @@ def test_a_tree_whose_test_process_is_killed_drains_and_exits(
 
     database = scratch_database(pg_server_url)
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
-        env["PYTHONPATH"] = str(REPO)
-        done = subprocess.run(
-            [sys.executable, "-c", KILLED_SESSION, "flowforge.yaml", "tree.log", database],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _python(project, "-c", KILLED_SESSION, "flowforge.yaml", "tree.log", database)
         assert done.returncode == -9, done.stderr[-3000:]
         supervisor = int(done.stdout)
         children = child_pids(supervisor, recursive=True)
         assert children  # the tree was running when its starter died
         wait_for(
-            lambda: not any(_alive(p) for p in [supervisor, *children]),
+            lambda: not any(alive(p) for p in [supervisor, *children]),
             timeout=30,
             what="the orphaned tree to drain and exit",
         )

@@ -236,12 +236,12 @@ def test_a_handler_past_its_timeout_fails_its_attempt_as_timeout() -> None:
     ]
 
 
+def _boom(ctx: Any) -> Any:
+    raise PermanentError("x")
+
+
 def test_without_fail_fast_siblings_go_on_and_all_done_runs_after_a_death() -> None:
     calls = Calls()
-
-    def boom(ctx: Any) -> Any:
-        raise PermanentError("x")
-
     workflow = WorkflowDef(
         "w",
         (
@@ -252,7 +252,7 @@ def test_without_fail_fast_siblings_go_on_and_all_done_runs_after_a_death() -> N
         ),
         fail_fast=False,
     )
-    runner = LocalRunner(workflow, {"h.boom": boom, "h.ok": calls.handler("ok", "fine")})
+    runner = LocalRunner(workflow, {"h.boom": _boom, "h.ok": calls.handler("ok", "fine")})
     run = runner.run("w")
     assert run.state is RunState.FAILED
     assert run["b"].state is TaskState.SUCCEEDED
@@ -263,10 +263,6 @@ def test_without_fail_fast_siblings_go_on_and_all_done_runs_after_a_death() -> N
 
 def test_fail_fast_cancels_what_has_not_started_but_spares_compensation() -> None:
     calls = Calls()
-
-    def boom(ctx: Any) -> Any:
-        raise PermanentError("x")
-
     workflow = WorkflowDef(
         "w",
         (
@@ -276,7 +272,7 @@ def test_fail_fast_cancels_what_has_not_started_but_spares_compensation() -> Non
             TaskDef("notify", "h.ok", depends_on=("refund",)),
         ),
     )
-    run = LocalRunner(workflow, {"h.boom": boom, "h.ok": calls.handler("ok", 1)}).run("w")
+    run = LocalRunner(workflow, {"h.boom": _boom, "h.ok": calls.handler("ok", 1)}).run("w")
     assert run.state is RunState.FAILED
     assert run["b"].cancel_cause is CancelCause.UPSTREAM and "b" not in calls.count
     assert calls.count == {"refund": 1, "notify": 1}
