@@ -187,3 +187,26 @@ def test_a_tree_whose_test_process_is_killed_drains_and_exits(
         assert "draining (" in log and "all children stopped; exiting with 0" in log
     finally:
         drop_database(database)
+
+
+@pytest.mark.slow
+def test_a_tree_that_cannot_boot_fails_start_with_its_log_and_is_not_left_running(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    from flowforge.testing.tree import TestTree, TreeError
+
+    config = tmp_path / "broken.yaml"
+    config.write_text(
+        f'database: {{url: "{database_url}"}}\n'
+        f'broker: {{url: "{broker_url}", queue: flowforge.plugin.broken}}\n'
+        "handlers: [no_such_handlers_module]\n"
+        "workflows: []\n"
+        "processes: {workers: 1}\n"
+    )
+    tree = TestTree(config, tmp_path / "tree.log", env={"PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    with pytest.raises(TreeError) as raised:
+        tree.start(ready_timeout_s=60)
+    assert "the tree exited with" in str(raised.value)
+    assert "no_such_handlers_module" in str(raised.value)  # the log's tail says why
+    assert tree.proc is not None and tree.proc.poll() is not None
+    assert tree.stop() == tree.proc.returncode  # stopping a stopped tree is a no-op

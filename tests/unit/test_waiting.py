@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -194,7 +195,7 @@ def test_the_exit_codes_by_final_state_are_distinct_and_documented() -> None:
     codes = {*BY_STATE.values(), exitcodes.WAIT_TIMEOUT}
     assert len(codes) == 4 and exitcodes.OK in codes
     assert not codes & {exitcodes.USAGE, exitcodes.NOT_FOUND, exitcodes.UNAVAILABLE}
-    readme = (__import__("pathlib").Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     for code in codes - {exitcodes.OK}:
         assert f"| {code} |" in readme
 
