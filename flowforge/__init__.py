@@ -15,7 +15,7 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.schedule import ScheduleDef
 from flowforge.domain.states import RunState, TaskState
-from flowforge.errors import FlowForgeError, PermanentError
+from flowforge.errors import FlowForgeError, PermanentError, WaitTimeoutError
 from flowforge.handlers import task
 from flowforge.workflow import Workflow
 
@@ -43,6 +43,8 @@ __all__ = [
     "TaskRun",
     "TaskState",
     "Workflow",
+
+    "WaitTimeoutError",
     "WorkflowDef",
     "load_config",
     "task",

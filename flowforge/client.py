@@ -34,6 +34,7 @@ from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
 from flowforge.store.schedules import Schedules
 from flowforge.store.triggers import Triggers
+from flowforge.waiting import wait_for_run, wait_timeout
 
 
 class ClientStatements(Triggers, Operator, Schedules, Events, Maps, Control):
@@ -168,6 +169,22 @@ class Client:
 
     def status(self, run_id: UUID | str) -> Run:
         return self._store.get_run(run_id)
+
+    def wait(self, run_id: UUID | str, timeout: float | timedelta) -> Run:
+        """The run once it is finished — SUCCEEDED, FAILED or CANCELLED — read again with a
+        growing pause (50 ms doubling to 1 s: ``flowforge/waiting.py``), never busily.
+
+        ``timeout`` (seconds, or a timedelta; more than 0, at most 366 days) bounds the wait:
+        past it, :class:`~flowforge.errors.WaitTimeoutError` carries the last run read (its
+        ``run``) and the run goes on. A bad ``timeout`` raises
+        :class:`~flowforge.errors.InputError` before anything is read; a malformed or unknown
+        id :class:`~flowforge.errors.InvalidIdError` / :class:`~flowforge.errors.NotFoundError`
+        at the first read; an outage :class:`~flowforge.errors.DatabaseUnavailableError` at
+        any read (the wait does not ride it out). A run that is rerun after it finished is
+        returned as first seen finished.
+        """
+        timeout_s = wait_timeout(timeout)
+        return wait_for_run(lambda: self._store.get_run(run_id), timeout_s)
 
     def cancel(self, run_id: UUID | str) -> Run:
         return self._store.cancel_run(run_id)

@@ -50,6 +50,7 @@ from flowforge.errors import (
     UnknownWorkflowError,
     UnstorableValueError,
     ValueTooLargeError,
+    WaitTimeoutError,
     WrongStateError,
 )
 
@@ -106,6 +107,9 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     MessageError: _INTERNAL,
     # roles
     BootError: _INTERNAL,
+    # waiting: the run goes on; the api never waits (docs/testing-workflows.md), so the status
+    # is only the row's other column
+    WaitTimeoutError: Meaning(exitcodes.WAIT_TIMEOUT, HTTPStatus.GATEWAY_TIMEOUT),
 }
 
 

@@ -10,6 +10,11 @@ so it is not part of the engine's tree.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # every layer imports this module: it imports none, but names this type
+    from flowforge.domain.model import Run
+
 
 class PermanentError(Exception):
     """Raised by a handler to fail its task without any further retry."""
@@ -92,6 +97,16 @@ class UnstorableValueError(InputError):
 
 class ValueTooLargeError(UnstorableValueError):
     """An otherwise storable value whose encoded size is over its bound."""
+
+
+class WaitTimeoutError(FlowForgeError):
+    """``Client.wait`` gave up: the run was not finished within the timeout. ``run`` is the
+    last state read (None only when raised without one). Not a refusal: the run goes on, and a
+    later wait may see it finish (``flowforge status --wait``: exit 10)."""
+
+    def __init__(self, message: str, run: Run | None = None) -> None:
+        super().__init__(message)
+        self.run = run
 
 
 # --- storage -----------------------------------------------------------------------------------

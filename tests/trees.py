@@ -79,10 +79,11 @@ class Tree:
         children = child_pids(supervisor, recursive=True)
         os.kill(supervisor, signal.SIGKILL)
         self.proc.wait(STOP_S)
-        wait_for(lambda: not any(_alive(p) for p in children), STOP_S, 0.05, "children to die")
+        wait_for(lambda: not any(alive(p) for p in children), STOP_S, 0.05, "children to die")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flowforge.broker import quiet_pika_logs
-from flowforge.cli import exitcodes, output
+from flowforge.cli import exitcodes, output, wait
 from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
 from flowforge.definitions import pool_problems
 from flowforge.discovery import check_config
@@ -169,11 +169,13 @@ def _duration(text: str | None, label: str) -> float | None:
 
 
 def status(args: argparse.Namespace) -> int:
+    timeout_s = wait.timeout_of(args)  # None: no --wait
     with _client(args) as client:
-        run = client.status(args.run_id)
+        outcome = wait.read(client, args.run_id, timeout_s)
+    run = outcome.run
     if args.json:
         output.emit_json(output.run_dict(run))
-        return exitcodes.OK
+        return wait.exit_code(outcome, timeout_s is not None)
     reason = f"  reason {run.failure_reason}" if run.failure_reason else ""
     output.line(f"run {run.id}  workflow {run.workflow}  state {run.state}{reason}")
     finished = f"{run.finished_at:%Y-%m-%d %H:%M:%S}" if run.finished_at else "-"
@@ -221,7 +223,7 @@ def status(args: argparse.Namespace) -> int:
             for t in run.tasks
         ],
     )
-    return exitcodes.OK
+    return wait.exit_code(outcome, timeout_s is not None)
 
 
 def _task_reason(task: TaskRun) -> str | None:

@@ -8,3 +8,7 @@ RESTART_LIMIT = 4  # ``up``: restart intensity exceeded
 NOT_FOUND = 5  # no run / task run with that id
 REFUSED = 6  # the request conflicts with the current state (not dead, key reused, schema ahead)
 UNAVAILABLE = 7  # PostgreSQL (or RabbitMQ) cannot be reached
+# ``status --wait``: the run's final state, or no final state in time
+RUN_FAILED = 8  # the run ended FAILED (a task DEAD, or its deadline passed)
+RUN_CANCELLED = 9  # the run ended CANCELLED
+WAIT_TIMEOUT = 10  # the run was not finished within --timeout (it goes on)

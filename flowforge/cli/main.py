@@ -27,6 +27,7 @@ from flowforge.cli import (
     purge,
     schedules,
     tasks,
+    wait,
 )
 from flowforge.errormap import exit_code_for
 from flowforge.errors import FlowForgeError
@@ -108,9 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="0 to 9, higher first within a queue: every task of the run (default: each its own)",
     )
 
-    p = command("status", commands.status, "show a run and its tasks")
+    p = command("status", commands.status, "show a run and its tasks (--wait: once finished)")
     p.add_argument("run_id")
     json_flag(p)
+    wait.add_arguments(p)
 
     p = command("runs", commands.runs, "list runs, newest first")
     p.add_argument("--state", default=None)

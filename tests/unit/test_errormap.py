@@ -37,6 +37,8 @@ CALLER_SIDE = {
     (exitcodes.REFUSED, HTTPStatus.CONFLICT),
     (exitcodes.UNAVAILABLE, HTTPStatus.SERVICE_UNAVAILABLE),
     (exitcodes.INTERNAL, HTTPStatus.INTERNAL_SERVER_ERROR),
+    # a wait that ended before the run did (the api never waits: only the command raises it)
+    (exitcodes.WAIT_TIMEOUT, HTTPStatus.GATEWAY_TIMEOUT),
 }
 #: The operator's own configuration, definitions and schema: no fault of an HTTP caller.
 OPERATOR_SIDE = (ConfigError, DefinitionError, MigrationError)
