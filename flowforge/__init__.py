@@ -42,9 +42,8 @@ __all__ = [
     "TaskDef",
     "TaskRun",
     "TaskState",
-    "Workflow",
-
     "WaitTimeoutError",
+    "Workflow",
     "WorkflowDef",
     "load_config",
     "task",
