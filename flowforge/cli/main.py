@@ -22,6 +22,7 @@ from flowforge.cli import (
     exitcodes,
     gates,
     items,
+    logs,
     output,
     purge,
     schedules,
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.add_command(sub, common)
     events.add_command(sub, common)
     items.add_command(sub, common)
+    logs.add_command(sub, common)
     tasks.add_command(sub, common)
     gates.add_command(sub, common)
     return parser
