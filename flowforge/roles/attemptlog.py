@@ -76,10 +76,10 @@ class AttemptOutput:
 class HandlerLog:
     """``ctx.log``: a logger-like object whose records are the attempt's output.
 
-    Each record enabled at the tree's log level is added to the attempt (``LEVEL message``,
-    then its traceback's lines) and logged to ``flowforge.handler`` with the task's fields,
-    as the handler's own ``logging`` records reach the tree's log. Formatting that fails
-    never fails the handler.
+    Each record at INFO or above (DEBUG too when the tree logs it) is added to the attempt
+    (``LEVEL message``, then its traceback's lines); each one the tree's log level lets through
+    is also logged to ``flowforge.handler`` with the task's fields, as the handler's own
+    ``logging`` records reach the tree's log. Formatting that fails never fails the handler.
     """
 
     def __init__(self, output: AttemptOutput, fields: dict[str, str]) -> None:
@@ -106,7 +106,8 @@ class HandlerLog:
         self.log(logging.CRITICAL, msg, *args, **kwargs)
 
     def log(self, level: int, msg: object, *args: object, exc_info: Any = None, **_: Any) -> None:
-        if not self._logger.isEnabledFor(level):
+        logged = self._logger.isEnabledFor(level)
+        if level < logging.INFO and not logged:
             return
         if exc_info is True:
             exc_info = sys.exc_info()
@@ -129,4 +130,5 @@ class HandlerLog:
         self._output.line(f"{record.levelname} {lines[0]}")
         for more in lines[1:]:
             self._output.line(more)
-        self._logger.handle(record)
+        if logged:
+            self._logger.handle(record)
