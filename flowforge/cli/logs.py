@@ -13,9 +13,10 @@ connects; an unknown task run or attempt exits 5.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from flowforge.cli import exitcodes, output
 from flowforge.config import load_config
@@ -74,8 +75,9 @@ class Printer:
     """Prints an attempt's output past what it printed already (its offset counts every byte
     the attempt wrote, the dropped ones included)."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: TextIO | None = None) -> None:
         self.printed = 0
+        self._out = out or sys.stdout
 
     def show(self, found: AttemptLog) -> None:
         data = found.output.text.encode("utf-8")
@@ -83,12 +85,12 @@ class Printer:
         if dropped + len(data) <= self.printed:
             return
         if self.printed < dropped:
-            output.line(f"[… {dropped - self.printed} bytes dropped …]")
+            output.line(f"[… {dropped - self.printed} bytes dropped …]", self._out)
             new = data
         else:
             new = data[self.printed - dropped :]
         for text_line in new.decode("utf-8", "replace").removesuffix("\n").split("\n"):
-            output.line(text_line)
+            output.line(text_line, self._out)
         self.printed = dropped + len(data)
 
 
@@ -96,10 +98,11 @@ def follow(
     read: Callable[[int | None], AttemptLog],
     attempt: int | None,
     sleep: Callable[[float], None] = time.sleep,
+    out: TextIO | None = None,
 ) -> AttemptLog:
     """Print ``attempt``'s output (None: the latest; none yet: the first to start) as it is
     written, until it has ended (or the task ended without one); returns its last read."""
-    printer = Printer()
+    printer = Printer(out)
     while True:
         found = read(attempt)
         if attempt is None and found.attempt is not None:
