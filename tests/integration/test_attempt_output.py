@@ -236,7 +236,7 @@ def test_a_handler_that_logs_a_megabyte_keeps_the_tail_within_the_limit(
         for i in range(10_000):
             ctx.log.info("%s %05d", line, i)
 
-    task_id, store = run_worker(clean_database_url, repo, loud, capture_bytes=limit)
+    task_id, _ = run_worker(clean_database_url, repo, loud, capture_bytes=limit)
     log = repo.attempt_log(task_id)
     kept = log.output.text.encode()
     assert len(kept) <= limit
