@@ -40,8 +40,12 @@ class Job:
     traceback: str | None = None
 
     def run(self) -> None:
+        ctx = self.ctx
         try:
-            self.result = self.fn(self.ctx)
+            # done is set only once the call's output was taken (attributed's settle), so the
+            # finish stores all of it
+            with attributed(ctx.name, ctx.task_run_id, ctx.run_id, ctx.output):
+                self.result = self.fn(ctx)
         except BaseException as exc:  # a handler's failure is data, whatever it raised
             self.error = exc
             self.traceback = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]  # cleaned by classify
@@ -79,9 +83,7 @@ class HandlerThread:
                     self._changed.wait()
                 job = self._jobs.popleft()
                 job.started = time.monotonic()  # under the lock: withdraw never takes it
-            ctx = job.ctx
-            with attributed(ctx.name, ctx.task_run_id, ctx.run_id, ctx.output):
-                job.run()
+            job.run()
 
 
 def classify(job: Job, max_result_bytes: int) -> Finish:
