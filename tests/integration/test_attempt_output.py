@@ -15,6 +15,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
+from flowforge import Client
 from flowforge.config import BrokerConfig, DatabaseConfig, WorkerConfig, load_config
 from flowforge.domain.model import Finish
 from flowforge.domain.output import Captured, Output, Progress
@@ -243,3 +244,21 @@ def test_a_handler_that_logs_a_megabyte_keeps_the_tail_within_the_limit(
     assert log.output.dropped + len(kept) == 10_000 * 111
     assert log.output.text.endswith(f"INFO {line} 09999\n")
     assert log.output.text.startswith("INFO ")  # whole lines are dropped, not halves
+
+
+def test_the_client_reads_an_attempt_s_output(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    run = repo.trigger(single("out-client"), {})
+    task = repo.get_run(run.run_id).tasks[0]
+    claim = claim_task(repo, sql, task.id)
+    repo.write_output([(claim.task_run_id, claim.fencing_token, captured("hello\n", 3))])
+    config = dataclasses.replace(
+        load_config(env={}), database=DatabaseConfig(url=clean_database_url)
+    )
+    with Client(config) as client:
+        found = client.logs(task.id)
+        assert (found.attempt, found.output) == (1, Output("hello\n", 3))
+        assert client.logs(str(task.id), 1) == found
+        with pytest.raises(NotFoundError):
+            client.logs(task.id, 2)
