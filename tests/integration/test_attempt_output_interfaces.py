@@ -25,8 +25,7 @@ from flowforge.domain.model import Finish
 from flowforge.domain.output import Captured, Output, Progress
 from flowforge.domain.states import TaskState
 from tests import cli_runner
-from tests.api_client import UNKNOWN_ID, Api, Reply, assert_json_error, serve_here
-from tests.e2e import Stack
+from tests.api_client import UNKNOWN_ID, Api, assert_json_error, ok, serve_stack
 from tests.helpers import claim_task, single, wait_for
 from tests.store import Store
 
@@ -41,17 +40,8 @@ HOSTILE = "\x1b[2J\x1b[31mred\x1b[0m\rover\u202e"
 def api(
     tmp_path_factory: pytest.TempPathFactory, database_url: str, broker_url: str
 ) -> Iterator[Api]:
-    stack = Stack(tmp_path_factory.mktemp("logs-api"), database_url, broker_url)
-    found, server = serve_here(stack)
-    try:
+    with serve_stack(tmp_path_factory.mktemp("logs-api"), database_url, broker_url) as found:
         yield found
-    finally:
-        server.stop()
-
-
-def ok(reply: Reply) -> Any:
-    assert reply.status == 200, (reply.status, reply.body[:500])
-    return reply.json()
 
 
 def flowforge(url: str, *args: str) -> subprocess.CompletedProcess[str]:
