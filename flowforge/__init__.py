@@ -11,6 +11,7 @@ from flowforge.domain.breakers import CircuitBreaker
 from flowforge.domain.conditions import RunIf
 from flowforge.domain.dag import Concurrency, EventWait, OnDead, RateLimit, TaskDef, WorkflowDef
 from flowforge.domain.model import Run, TaskRun
+from flowforge.domain.output import AttemptLog, Progress, ProgressError
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.schedule import ScheduleDef
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from flowforge.client import Client
 
 __all__ = [
+    "AttemptLog",
     "CircuitBreaker",
     "Client",
     "Concurrency",
@@ -33,6 +35,8 @@ __all__ = [
     "Jitter",
     "OnDead",
     "PermanentError",
+    "Progress",
+    "ProgressError",
     "RateLimit",
     "RetryPolicy",
     "Run",

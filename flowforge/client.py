@@ -25,6 +25,7 @@ from flowforge.domain.model import (
     TaskRun,
     TriggerResult,
 )
+from flowforge.domain.output import AttemptLog
 from flowforge.domain.states import TaskState
 from flowforge.errors import DefinitionError, UnknownWorkflowError
 from flowforge.store.control import Control
@@ -209,6 +210,13 @@ class Client:
 
     def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
         return self._store.attempts(task_run_id)
+
+    def logs(self, task_run_id: UUID | str, attempt: int | None = None) -> AttemptLog:
+        """What ``attempt`` (None: the latest) of a task run wrote — ``ctx.log``, stdout and
+        stderr, the tail of ``worker.log_capture_bytes`` — as stored so far (``flowforge logs``,
+        ``GET /api/v1/task-runs/{id}/logs``). NotFoundError for an unknown task run or attempt;
+        InputError for an attempt that is not 1 to 2**31 - 1."""
+        return self._store.attempt_log(task_run_id, attempt)
 
     def map_items(
         self,

@@ -324,10 +324,18 @@ class WorkerConfig:
     # Take only tasks of this priority or above: 0, 1 or 5, a band's lowest (docs/flow-control.md
     # "Reserved workers"); usually set per pool (processes.pools[].min_priority).
     min_priority: int = 0
+    # The tail of each attempt's output (ctx.log, stdout, stderr) kept, in bytes of UTF-8: the
+    # rest is dropped from the front and counted (docs/operations.md "Output, logs and progress").
+    log_capture_bytes: int = 64 * 1024
+    # A running attempt's new output and progress are written at most this often
+    # (milliseconds; one statement per worker, none while nothing changed).
+    output_flush_ms: float = 1000.0
 
     def __post_init__(self) -> None:
         _check_min_priority(self.min_priority)
         _positive(self.lease_s, "lease_s")
+        _positive(self.log_capture_bytes, "log_capture_bytes")
+        _positive(self.output_flush_ms, "output_flush_ms")
         _positive(self.fast_handler_ms, "fast_handler_ms")
         _positive(self.heartbeat_s, "heartbeat_s")
         _positive(self.max_result_bytes, "max_result_bytes")

@@ -27,6 +27,7 @@ from flowforge.domain.model import (
     Stats,
     TaskRun,
 )
+from flowforge.domain.output import AttemptLog
 
 
 def _default(value: Any) -> Any:
@@ -69,6 +70,27 @@ def run_dict(run: Run, with_tasks: bool = True) -> dict[str, Any]:
         # what was compensated for a failure: run_if: any_failed steps that succeeded
         data["compensated"] = list(run.compensated)
     return data
+
+
+def attempt_log_dict(log: AttemptLog) -> dict[str, Any]:
+    """The ``flowforge logs --json`` / ``GET /api/v1/task-runs/{id}/logs`` shape: the attempt
+    (null: none yet) and ``attempts`` so far, ``running``, the kept ``output`` (the tail) and
+    ``dropped_bytes`` before it; ``total_bytes`` is everything it wrote (a follower prints what
+    lies past the total it printed)."""
+    text, dropped = log.output.text, log.output.dropped
+    return {
+        "task_run_id": log.task_run_id,
+        "task_state": log.task_state,
+        "attempt": log.attempt,
+        "attempts": log.attempts,
+        "outcome": log.outcome,
+        "started_at": log.started_at,
+        "finished_at": log.finished_at,
+        "running": log.attempt is not None and log.finished_at is None,
+        "output": text,
+        "dropped_bytes": dropped,
+        "total_bytes": dropped + len(text.encode("utf-8")),
+    }
 
 
 def attempt_dict(attempt: Attempt) -> dict[str, Any]:

@@ -227,3 +227,20 @@ def serve_here(stack: Stack, token: str | None = TOKEN, **api: Any) -> tuple[Api
     server = ApiHere(load_config(path, env={} if token is None else {TOKEN_ENV: token}))
     server.start()
     return Api(port, token, path), server
+
+
+@contextmanager
+def serve_stack(directory: Path, database_url: str, broker_url: str) -> Iterator[Api]:
+    """The api role of a fresh :class:`Stack` in ``directory`` on a thread of this process
+    (:func:`serve_here`), serving until the block ends: a module's ``api`` fixture."""
+    found, server = serve_here(Stack(directory, database_url, broker_url))
+    try:
+        yield found
+    finally:
+        server.stop()
+
+
+def ok(reply: Reply) -> Any:
+    """A 200 reply's JSON body (anything else fails, showing the start of the body)."""
+    assert reply.status == 200, (reply.status, reply.body[:500])
+    return reply.json()

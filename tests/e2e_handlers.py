@@ -66,6 +66,25 @@ def gate(ctx: TaskContext) -> dict[str, Any]:
     return {"gated": True}
 
 
+@task("e2e.talk")
+def talk(ctx: TaskContext) -> dict[str, Any]:
+    """Writes ``input.text`` through ctx.log, print and stderr, reports ``input.progress``
+    (default 0.4) with ``input.text`` as its message, then waits like e2e.gate (if
+    ``input.gate``); with ``input.print_mb``, first prints that many MB to stdout."""
+    record(ctx, "e2e.talk")
+    for _ in range(int(float(ctx.input.get("print_mb", 0)) * 1024)):
+        sys.stdout.write(("o" * 1023) + "\n")  # 1 KiB a line
+    text = ctx.input.get("text", "")
+    ctx.log.info("log %s", text)
+    print(f"out {text}", flush=True)
+    print(f"err {text}", file=sys.stderr, flush=True)
+    ctx.progress(float(ctx.input.get("progress", 0.4)), text)
+    gate_file = ctx.input.get("gate")
+    if gate_file is not None:
+        _wait(ctx, lambda: Path(gate_file).exists() or ctx.cancelled.is_set())
+    return {"talked": True}
+
+
 @task("e2e.gate_first")
 def gate_first(ctx: TaskContext) -> dict[str, Any]:
     """With ``input.gate``, waits like e2e.gate; without, returns at once (batch tests)."""

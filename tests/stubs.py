@@ -31,6 +31,7 @@ from flowforge.domain.model import (
     Finished,
 )
 from flowforge.domain.names import BANDS, band
+from flowforge.domain.output import Captured
 from flowforge.domain.states import TaskState
 from flowforge.errors import (
     BrokerUnavailableError,
@@ -185,6 +186,7 @@ class FakeTask:
     finish: Finish | None = None
     timeout_s: float | None = None
     cancel_requested: bool = False  # its run was asked to stop
+    live: list[Captured] = field(default_factory=list)  # what write_output wrote while it ran
 
 
 class FakeStore:
@@ -299,6 +301,16 @@ class FakeStore:
             for t, token in claims
             if self.tasks[t].state is TaskState.RUNNING and self.tasks[t].token == token
         }
+
+    def write_output(self, captured: Sequence[tuple[UUID, int, Captured]]) -> int:
+        self._called("write_output", len(captured))
+        written = 0
+        for task_id, token, found in captured:
+            task = self.tasks[task_id]
+            if task.state is TaskState.RUNNING and task.token == token:
+                task.live.append(found)
+                written += 1
+        return written
 
     def register_process(
         self, process_id: UUID, host: str, pid: int, role: str, queue: str | None = None

@@ -87,6 +87,7 @@ def create_app(
     app.add_route("/api/v1/runs/{run_id}/graph", RunGraph(store, LayoutCache()))
     app.add_route("/api/v1/task-runs/{task_run_id}", tasks.TaskRunDetail(store))
     app.add_route("/api/v1/task-runs/{task_run_id}/items", tasks.MapItems(store))
+    app.add_route("/api/v1/task-runs/{task_run_id}/logs", tasks.TaskRunLogs(store))
     app.add_route("/api/v1/task-runs/{task_run_id}/requeue", dead.Requeue(store, max_body))
     app.add_route("/api/v1/dead", dead.DeadTasks(store))
     app.add_route("/api/v1/dead/requeue", dead.BulkRequeue(store, max_body))

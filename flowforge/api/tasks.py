@@ -1,15 +1,17 @@
-"""``GET /api/v1/task-runs/{task_run_id}``: one task run as an operator inspects it; and
-``GET /api/v1/task-runs/{task_run_id}/items``: a map task's items, counted then paged."""
+"""``GET /api/v1/task-runs/{task_run_id}``: one task run as an operator inspects it;
+``GET /api/v1/task-runs/{task_run_id}/items``: a map task's items, counted then paged; and
+``GET /api/v1/task-runs/{task_run_id}/logs``: what one of its attempts wrote."""
 
 from __future__ import annotations
 
 import falcon
 
 from flowforge.api import params
+from flowforge.domain.output import parse_attempt
 from flowforge.domain.states import TaskState
 from flowforge.store.maps import Maps
 from flowforge.store.reads import Reads
-from flowforge.views import attempt_dict, map_page_dict, task_dict, to_dict
+from flowforge.views import attempt_dict, attempt_log_dict, map_page_dict, task_dict, to_dict
 
 #: Items per page of ``GET /api/v1/task-runs/{id}/items`` unless ``?limit=`` says otherwise.
 DEFAULT_PAGE = 100
@@ -65,3 +67,20 @@ class MapItems:
             state=params.choice(req, "state", list(TaskState)),
         )
         params.send(resp, map_page_dict(page))
+
+
+class TaskRunLogs:
+    """``GET /api/v1/task-runs/{id}/logs?attempt=N``: what attempt N (default: the latest)
+    captured — its ``ctx.log`` records, stdout and stderr, the tail of
+    ``worker.log_capture_bytes`` — as ``{"task_run_id", "task_state", "attempt", "attempts",
+    "outcome", "started_at", "finished_at", "running", "output", "dropped_bytes",
+    "total_bytes"}`` (``attempt`` null and ``output`` empty before the first attempt). The
+    output is the handler's untrusted text, as JSON escapes it: a page must escape it again.
+    A malformed id or attempt is a 400; an unknown task run or attempt a 404."""
+
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, task_run_id: str) -> None:
+        attempt = parse_attempt(req.get_param("attempt"))  # a bad one: InputError, a 400
+        params.send(resp, attempt_log_dict(self._reads.attempt_log(task_run_id, attempt)))

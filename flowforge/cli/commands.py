@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # imported where used: the other commands need none of the da
     from flowforge.cli.statements import CliStatements
     from flowforge.client import Client
     from flowforge.domain.model import TaskRun
+    from flowforge.domain.output import Progress
 
 
 def _config(args: argparse.Namespace, warn: bool = True) -> Config:
@@ -206,6 +207,7 @@ def status(args: argparse.Namespace) -> int:
             "ID",
             "QUEUE",
             "WAITING_ON",
+            "PROGRESS",
         ),
         [
             (
@@ -219,11 +221,20 @@ def status(args: argparse.Namespace) -> int:
                 t.id,
                 t.queue,
                 t.waiting_on,
+                progress_text(t.progress),
             )
             for t in run.tasks
         ],
     )
     return wait.exit_code(outcome, timeout_s is not None)
+
+
+def progress_text(progress: Progress | None) -> str | None:
+    """The PROGRESS column: ``40% message`` (the message is the handler's: the table escapes
+    it); None when the current attempt reported none."""
+    if progress is None:
+        return None
+    return f"{progress.fraction * 100:.0f}% {progress.message}".rstrip()
 
 
 def _task_reason(task: TaskRun) -> str | None:

@@ -23,6 +23,7 @@ from flowforge.cli import (
     export,
     gates,
     items,
+    logs,
     output,
     purge,
     schedules,
@@ -189,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.add_command(sub, common)
     events.add_command(sub, common)
     items.add_command(sub, common)
+    logs.add_command(sub, common)
     tasks.add_command(sub, common)
     gates.add_command(sub, common)
     return parser

@@ -11,6 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from flowforge.domain.conditions import RunIf
+from flowforge.domain.output import Captured, Progress
 from flowforge.domain.reasons import FailureReason, RunFailureReason
 from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.errors import InvalidIdError
@@ -63,6 +64,7 @@ class TaskRun:
     waiting_on: str | None = None  # why it waits (SPEC 7.4): start_at, timer, event, concurrency,
     # rate_limit
     priority: int = 0  # 0..9, higher first within its queue (migration 0019)
+    progress: Progress | None = None  # its current attempt's last ctx.progress (0021)
 
     @property
     def skipped(self) -> bool:
@@ -218,6 +220,7 @@ class Finish:
     reason: FailureReason | None = None
     error: str | None = None
     traceback: str | None = None
+    captured: Captured | None = None  # the attempt's output and progress, if it had any
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ from flowforge.domain.model import Claim, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import FlowForgeError
+from flowforge.roles.attemptlog import AttemptOutput
 from flowforge.roles.context import TaskContext
-from flowforge.roles.execution import HandlerThread, Job, classify
+from flowforge.roles.execution import HandlerThread, Job, captured, classify
 from flowforge.roles.hooks import WORKER_LOGGER, Hooks
 from flowforge.roles.intake import PUMP_INTERVAL_S, Intake
 from flowforge.roles.lease import CancelWatch, Leases
@@ -58,6 +59,7 @@ class Crew:
     fast_s: float  # worker.fast_handler_ms, in seconds
     max_result_bytes: int
     listen_for_cancel: bool
+    log_capture_bytes: int  # worker.log_capture_bytes: the tail of each attempt's output kept
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class Batch:
                     claim.name,
                     item=claim.item,
                     index=claim.index,
+                    output=AttemptOutput(crew.log_capture_bytes),
                 )
                 tasks.append(_Task(claim, Job(handler, ctx)))
         crew.leases.hold([(t.claim, t.job.ctx) for t in tasks])
@@ -221,7 +224,7 @@ class Batch:
                     crew.cancels.start()  # a cancel now reaches it at once, not at renewal
                 self._hand_back(behind)
             if isinstance(said, Finish):
-                self._outcomes.append((task.claim, said))
+                self._outcomes.append((task.claim, captured(job, said)))
                 self.abandoned = True
                 return False
             budget = fast_s - elapsed if fast else PUMP_INTERVAL_S

@@ -1,4 +1,4 @@
-"""The context a handler receives (SPEC 5.1)."""
+"""The context a handler receives (SPEC 5.1, 7.5)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,22 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from flowforge.roles.attemptlog import AttemptOutput, HandlerLog
+
 
 @dataclass(frozen=True)
 class TaskContext:
-    """Everything a handler may know about its task.
+    """Everything a handler may know about its task, and where it reports.
 
     ``cancelled`` is set when the run is cancelled (or fail-fast stops it, or the lease was
     lost): a handler that checks it and returns ends CANCELLED, not SUCCEEDED.
 
     ``item`` and ``index``: for an item of a map task (``for_each``), its element of the
     upstream list and its position from 0; None for every other task.
+
+    ``log``: a logger (``debug``/``info``/``warning``/``error``/``exception``) whose records
+    are kept with this attempt, with its stdout and stderr (``flowforge logs``);
+    :meth:`progress` reports how far it is. ``output`` holds both (the worker's).
     """
 
     input: Mapping[str, Any]
@@ -29,3 +35,21 @@ class TaskContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     item: Any = None
     index: int | None = None
+    output: AttemptOutput = field(default_factory=AttemptOutput, compare=False, repr=False)
+
+    @property
+    def log(self) -> HandlerLog:
+        fields = {
+            "task": self.name,
+            "task_run_id": str(self.task_run_id),
+            "run_id": str(self.run_id),
+            "label": f"{self.name} {self.task_run_id} log",
+        }
+        return HandlerLog(self.output, fields)
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report ``fraction`` (0 to 1) done, with a short ``message`` (cut to 200 characters),
+        shown live by ``flowforge status``, the api and the dashboard. A ``ValueError``
+        (``ProgressError``) for NaN, an infinity, a bool, a non-number, or a value outside
+        [0, 1]. Stored at most every ``worker.output_flush_ms`` and with the finish."""
+        self.output.report(fraction, message)

@@ -10,6 +10,7 @@ worker replaces itself.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 import traceback
@@ -39,8 +40,12 @@ class Job:
     traceback: str | None = None
 
     def run(self) -> None:
+        ctx = self.ctx
         try:
-            self.result = self.fn(self.ctx)
+            # done is set only once the call's output was taken (attributed's settle), so the
+            # finish stores all of it
+            with attributed(ctx.name, ctx.task_run_id, ctx.run_id, ctx.output):
+                self.result = self.fn(ctx)
         except BaseException as exc:  # a handler's failure is data, whatever it raised
             self.error = exc
             self.traceback = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]  # cleaned by classify
@@ -78,12 +83,12 @@ class HandlerThread:
                     self._changed.wait()
                 job = self._jobs.popleft()
                 job.started = time.monotonic()  # under the lock: withdraw never takes it
-            with attributed(job.ctx.name, job.ctx.task_run_id, job.ctx.run_id):
-                job.run()
+            job.run()
 
 
 def classify(job: Job, max_result_bytes: int) -> Finish:
-    """The finish for a completed job: failure, cancellation, or success with a JSON result.
+    """The finish for a completed job: failure, cancellation, or success with a JSON result,
+    with what the attempt wrote and reported (:func:`captured`).
 
     Whatever the handler returned or raised, the finish holds only what PostgreSQL can store:
     the result as checked JSON text (:func:`~flowforge.domain.values.to_json`), error text and
@@ -91,6 +96,16 @@ def classify(job: Job, max_result_bytes: int) -> Finish:
     one over ``max_result_bytes`` with ``result_too_large`` (neither is retried); a cancelled
     task's unstorable result is dropped.
     """
+    return captured(job, _outcome(job, max_result_bytes))
+
+
+def captured(job: Job, finish: Finish) -> Finish:
+    """``finish`` with the job's captured output and progress (unchanged if it had none)."""
+    found = job.ctx.output.final()
+    return finish if found is None else dataclasses.replace(finish, captured=found)
+
+
+def _outcome(job: Job, max_result_bytes: int) -> Finish:
     if job.error is not None:
         reason = (
             FailureReason.PERMANENT_ERROR

@@ -8,6 +8,11 @@ handler that already ran would make the reaper run that task a second time. A ma
 stays stuck stops beating and the supervisor replaces the process (``liveness_timeout_s``); its
 leases then lapse with it.
 
+The keeper also writes what held attempts captured (``ctx.log``, stdout, stderr, progress:
+:mod:`flowforge.roles.attemptlog`) while they run, every ``output_flush_s`` in one statement
+for every held attempt that wrote something since — none for attempts that wrote nothing — so
+``flowforge logs --follow`` and ``status`` see it live; the finish stores the final tail.
+
 Two paths set a held task's ``ctx.cancelled``: :class:`CancelWatch` (a thread LISTENing on
 ``flowforge_cancel``, which the cancelling transaction NOTIFYs with the run id, or with
 ``task:`` and the task run id when an operator stops one task) within
@@ -78,10 +83,14 @@ class Leases:
     lost.
     """
 
-    def __init__(self, repo: WorkerStore, lease_s: float, heartbeat_s: float) -> None:
+    def __init__(
+        self, repo: WorkerStore, lease_s: float, heartbeat_s: float, output_flush_s: float = 1.0
+    ) -> None:
         self._repo = repo
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
+        self._flush_s = output_flush_s
+        self._flush_at = time.monotonic() + output_flush_s
         self._held: dict[UUID, tuple[Claim, TaskContext]] = {}
         self._lock = threading.Lock()  # the keeper and the cancel listener read what is held
         self._settling = threading.Lock()  # a renewal and a finish/hand-back never interleave
@@ -170,12 +179,15 @@ class Leases:
             self._wake.clear()  # before looking: a hold() from now on wakes the wait below
             with self._lock:
                 holding = bool(self._held)
+            flush_in = self._flush_at - time.monotonic()
             if not holding:
                 self._wake.wait()
-            elif self.due_in() > 0:
-                self._wake.wait(self.due_in())
+            elif min(self.due_in(), flush_in) > 0:
+                self._wake.wait(min(self.due_in(), flush_in))
             elif not stop.is_set():
                 try:
+                    if flush_in <= 0:
+                        self.flush_output()
                     self.maybe_renew()
                 except Exception:  # never let the keeper die silently: retry, logged
                     logger.exception("lease renewal failed", extra={"action": "renew_failed"})
@@ -218,6 +230,28 @@ class Leases:
                     task_run_id,
                     extra={"action": "cancel_requested", "via": "renewal"},
                 )
+
+    def flush_output(self) -> int:
+        """Write the output and progress held attempts captured since the last flush, in one
+        statement (none when nothing changed); returns how many were written. A write the
+        database refuses for an outage is skipped: the next line (or the finish) writes the
+        whole tail again."""
+        self._flush_at = time.monotonic() + self._flush_s
+        with self._settling:
+            with self._lock:
+                held = list(self._held.values())
+            changed = [
+                (claim.task_run_id, claim.fencing_token, found)
+                for claim, ctx in held
+                if (found := ctx.output.take_live()) is not None
+            ]
+            if not changed:
+                return 0
+            try:
+                return self._repo.write_output(changed)
+            except DatabaseUnavailableError as exc:
+                logger.debug("output write failed: %s", exc, extra={"action": "output_failed"})
+                return 0
 
     def expired_locally(self) -> bool:
         """True once a full lease has passed since the last successful renewal."""

@@ -22,15 +22,22 @@ own even when the next handler starts at once. Output written after that (a subp
 handler left running) belongs to whichever handler runs when it is read, or to none.
 
 Records a handler logs itself (``logging.info(…)``) already go to the log handlers; a filter
-adds the same attribution to the ones logged from the handler thread.
+adds the same attribution to the ones logged inside the handler call.
 
-A per-attempt sink (SPEC 7.5) would be one more consumer of :func:`_emit`'s lines, keyed by the
-attribution's task run id; nothing here stores output yet.
+Per attempt (SPEC 7.5): an attribution carries the attempt's sink (an
+:class:`~flowforge.roles.attemptlog.AttemptOutput`), and each line :func:`_emit` logs is also
+added to it. The attribution is held twice: as the process's current one (what the reader
+thread attributes descriptor output to: a descriptor has no context, so this is exact while one
+handler runs at a time, as on the handler thread) and in a context variable (:data:`_attempt`),
+which the log filter reads first. A context variable follows the call, not the thread: an
+asyncio Task started inside the call inherits it, so concurrent async handlers' records are
+each their own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import select
@@ -41,9 +48,10 @@ from collections.abc import Iterator
 from typing import NamedTuple
 from uuid import UUID
 
+from flowforge.roles.attemptlog import HANDLER_LOGGER, AttemptOutput
 from supervisor.logs import AtomicLineHandler
 
-logger = logging.getLogger("flowforge.handler")
+logger = logging.getLogger(HANDLER_LOGGER)
 
 #: A line longer than this (bytes) is logged as several records.
 MAX_LINE_BYTES = 2048
@@ -60,6 +68,7 @@ class Attribution(NamedTuple):
     task_run_id: UUID
     run_id: UUID
     thread: int  # the thread that runs the handler (its own log records get the tags too)
+    sink: AttemptOutput | None = None  # the attempt's captured output, if it keeps one
 
     def fields(self) -> dict[str, str]:
         return {"task": self.task, "task_run_id": str(self.task_run_id), "run_id": str(self.run_id)}
@@ -137,9 +146,15 @@ def _emit(stream: str, line: bytes, owner: Attribution | None) -> None:
         label = f"{owner.label} {stream}"
     extra["label"] = label
     logger.log(_LEVELS[stream], "%s", text, extra=extra)
+    if owner is not None and owner.sink is not None:
+        owner.sink.line(text)
 
 
 _capture: _Capture | None = None
+#: The handler call this code runs in (the filter's first source; module docstring).
+_attempt: contextvars.ContextVar[Attribution | None] = contextvars.ContextVar(
+    "flowforge_attempt", default=None
+)
 
 
 def capture() -> None:
@@ -192,24 +207,36 @@ def drain() -> None:
 
 
 @contextlib.contextmanager
-def attributed(task: str, task_run_id: UUID, run_id: UUID) -> Iterator[None]:
-    """Output written inside this block is the given handler call's (module docstring)."""
+def attributed(
+    task: str, task_run_id: UUID, run_id: UUID, sink: AttemptOutput | None = None
+) -> Iterator[None]:
+    """Output written inside this block is the given handler call's, and is added to ``sink``
+    when one is given (module docstring)."""
+    owner = Attribution(task, task_run_id, run_id, threading.get_ident(), sink)
+    token = _attempt.set(owner)
     found = _capture
-    if found is None:
-        yield
-        return
-    found.current = Attribution(task, task_run_id, run_id, threading.get_ident())
     try:
-        yield
+        if found is None:
+            yield
+            return
+        found.current = owner
+        try:
+            yield
+        finally:
+            found.settle()
+            found.current = None
     finally:
-        found.settle()
-        found.current = None
+        _attempt.reset(token)
 
 
 def _attribute(record: logging.LogRecord) -> bool:
-    """Tag a record logged from the thread of the handler call running now (a filter)."""
-    owner = _capture.current if _capture is not None else None
-    if owner is not None and record.thread == owner.thread and not hasattr(record, "task_run_id"):
+    """Tag a record logged inside a handler call: in its context, else from the thread of the
+    call running now (a filter)."""
+    owner = _attempt.get()
+    if owner is None:
+        current = _capture.current if _capture is not None else None
+        owner = current if current is not None and record.thread == current.thread else None
+    if owner is not None and not hasattr(record, "task_run_id"):
         for key, value in owner.fields().items():
             setattr(record, key, value)
         record.label = owner.label

@@ -14,6 +14,7 @@ from typing import Protocol
 from uuid import UUID
 
 from flowforge.domain.model import ClaimResult, Continuation, Finish, Finished
+from flowforge.domain.output import Captured
 
 
 class Registry(Protocol):
@@ -53,6 +54,8 @@ class WorkerStore(Registry, Protocol):
     def renew_leases(
         self, claims: Sequence[tuple[UUID, int]], lease_s: float
     ) -> dict[UUID, bool]: ...
+
+    def write_output(self, captured: Sequence[tuple[UUID, int, Captured]]) -> int: ...
 
 
 class Pool(Protocol):

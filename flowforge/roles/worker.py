@@ -107,7 +107,10 @@ class Worker:
         broker = broker or Consumer(config.broker, band(config.worker.min_priority))
         self._intake = Intake(broker, config.broker.prefetch)
         self._presence = Presence(repo, "worker", config.broker.queue)
-        self._leases = Leases(repo, config.worker.lease_s, config.worker.heartbeat_s)
+        worker = config.worker
+        self._leases = Leases(
+            repo, worker.lease_s, worker.heartbeat_s, worker.output_flush_ms / 1000
+        )
         self._cancels = CancelWatch(config.database, self._leases)
         self._ledger = Ledger(
             config, repo, self._db, self._leases, self._hooks, self._intake.serve, self._beat, rand
@@ -123,6 +126,7 @@ class Worker:
             config.worker.fast_handler_ms / 1000,
             config.worker.max_result_bytes,
             config.worker.listen_for_cancel,
+            config.worker.log_capture_bytes,
         )
         self._ready: list[tuple[UUID, int]] = []  # released by our finishes, not claimed
         self._claimed_next: list[Claim] = []  # claimed for us by our finishes

@@ -21,6 +21,7 @@ from flowforge.domain.model import (
     Finish,
     Finished,
 )
+from flowforge.domain.output import Captured
 from flowforge.domain.states import TaskState
 from flowforge.errors import IllegalTransitionError
 from flowforge.store import rows
@@ -113,6 +114,12 @@ class Claims(Part):
         return rows.held_leases(
             self._query("renew_leases", {**rows.pair_params(claims), "lease_s": lease_s})
         )
+
+    def write_output(self, captured: Sequence[tuple[UUID, int, Captured]]) -> int:
+        """Store each (task run, token, captured) running attempt's output and progress so far
+        where the token is still current and the task RUNNING; returns how many were written
+        (the others finished or were reaped meanwhile)."""
+        return len(self._query("write_output", rows.output_columns(captured)))
 
     def finish_many(
         self,

@@ -764,6 +764,35 @@ WITH held AS (
 )
 SELECT id, cancel_requested FROM renewed;
 
+-- name: write_output
+-- A running attempt's captured output and progress so far (the worker's lease keeper, at most
+-- every worker.output_flush_ms, only for attempts that wrote or reported something since: a
+-- silent handler never costs this statement). Written only while the task is RUNNING with that
+-- token, so nothing lands after its finish or on another worker's attempt; a NULL output or
+-- progress leaves the stored one. Returns the task runs written.
+WITH live AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(outputs)s::text[],
+                         %(dropped)s::bigint[], %(progress)s::float8[], %(messages)s::text[])
+           AS l(id, token, output, dropped, progress, message)
+), current AS (
+    -- (… IS TRUE): the primary key is the only way in (see claim)
+    SELECT t.id, t.attempt, l.output, l.dropped, l.progress, l.message
+      FROM task_runs t JOIN live l ON t.id = l.id
+     WHERE (t.state = 'RUNNING') IS TRUE AND t.fencing_token = l.token
+), progressed AS (
+    UPDATE task_runs t
+       SET progress = c.progress, progress_message = c.message, progress_attempt = c.attempt,
+           progress_at = now()
+      FROM current c
+     WHERE t.id = c.id AND c.progress IS NOT NULL
+), written AS (
+    UPDATE task_attempts a
+       SET output = c.output, output_dropped = c.dropped
+      FROM current c
+     WHERE a.task_run_id = c.id AND a.attempt = c.attempt AND c.output IS NOT NULL
+)
+SELECT id FROM current;
+
 -- name: release_claims
 -- Claims whose handler never started: a worker held up by a slow handler hands the tasks it
 -- claimed behind it back. The attempt is un-counted (its row deleted) and the token bumped.
@@ -819,8 +848,10 @@ WITH outcome AS (
     SELECT *
       FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(states)s::text[],
                   %(results)s::jsonb[], %(reasons)s::text[], %(errors)s::text[],
-                  %(tracebacks)s::text[], %(outcomes)s::text[])
-           AS o(id, token, state, result, reason, error, traceback, outcome)
+                  %(tracebacks)s::text[], %(outcomes)s::text[], %(outputs)s::text[],
+                  %(dropped)s::bigint[], %(progress)s::float8[], %(messages)s::text[])
+           AS o(id, token, state, result, reason, error, traceback, outcome, output, dropped,
+                progress, message)
 ), done AS (
     UPDATE task_runs t
        SET state = CASE WHEN o.state = 'CANCELLED' AND t.bury_requested THEN 'DEAD'
@@ -836,16 +867,26 @@ WITH outcome AS (
                                THEN coalesce(t.cancel_cause, 'operator') END,
            finished_at = CASE WHEN o.state = 'FAILED' THEN NULL ELSE now() END,
            propagated = (o.state = 'FAILED'),
-           updated_at = now()
+           updated_at = now(),
+           -- the attempt's last ctx.progress (NULL: none reported, the stored one is kept)
+           progress = coalesce(o.progress, t.progress),
+           progress_message = CASE WHEN o.progress IS NULL THEN t.progress_message
+                                   ELSE o.message END,
+           progress_attempt = CASE WHEN o.progress IS NULL THEN t.progress_attempt
+                                   ELSE t.attempt END,
+           progress_at = CASE WHEN o.progress IS NULL THEN t.progress_at ELSE now() END
       FROM outcome o
      -- (… IS TRUE): the primary key is the only way in (see claim)
      WHERE t.id = o.id AND (t.state = 'RUNNING') IS TRUE AND t.fencing_token = o.token
     RETURNING t.id, t.attempt, t.idempotency_key, o.token, o.state, o.result, o.reason,
-              o.error, o.traceback, o.outcome
+              o.error, o.traceback, o.outcome, o.output, o.dropped
 ), closed AS (
+    -- with the attempt's captured output (NULL: it wrote nothing, or kept what was written)
     UPDATE task_attempts a
        SET finished_at = now(), outcome = d.outcome, failure_reason = d.reason,
-           error = d.error, traceback = d.traceback
+           error = d.error, traceback = d.traceback,
+           output = coalesce(d.output, a.output),
+           output_dropped = coalesce(d.dropped, a.output_dropped)
       FROM done d
      WHERE a.task_run_id = d.id AND a.attempt = d.attempt
 ), keys_kept AS (
@@ -1043,6 +1084,9 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
        t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at, t.event_name, t.event_key,
        t.run_if, t.cancel_cause,
+       -- a progress another attempt reported is not this one's (migration 0021)
+       CASE WHEN t.progress_attempt = t.attempt THEN t.progress END AS progress,
+       t.progress_message,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
@@ -1065,6 +1109,9 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
        t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at, t.event_name, t.event_key,
        t.run_if, t.cancel_cause,
+       -- a progress another attempt reported is not this one's (migration 0021)
+       CASE WHEN t.progress_attempt = t.attempt THEN t.progress END AS progress,
+       t.progress_message,
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
@@ -1072,6 +1119,18 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
        t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit, t.rate_per_s, t.priority,
 -- use: waiting_on(t)
   FROM task_runs t
+ WHERE t.id = %(id)s;
+
+-- name: get_attempt_output
+-- One attempt's captured output (%(attempt)s; NULL: the latest) with its task's state; no row:
+-- no such task run; a NULL attempt: no such attempt (or none yet).
+SELECT t.id AS task_run_id, t.state, t.attempt AS attempts, a.attempt, a.started_at,
+       a.finished_at, a.outcome, a.output, a.output_dropped
+  FROM task_runs t
+  LEFT JOIN task_attempts a
+    ON a.task_run_id = t.id
+   AND a.attempt = coalesce(%(attempt)s::integer,
+                            (SELECT max(l.attempt) FROM task_attempts l WHERE l.task_run_id = t.id))
  WHERE t.id = %(id)s;
 
 -- name: get_attempts

@@ -24,6 +24,7 @@ from flowforge.domain.model import (
     TaskRun,
     parse_id,
 )
+from flowforge.domain.output import AttemptLog, parse_attempt
 from flowforge.domain.states import RunState
 from flowforge.domain.values import check_text
 from flowforge.errors import NotFoundError
@@ -56,6 +57,20 @@ class Reads(Part):
         if not found:
             raise NotFoundError(f"no task run with id {tid}")
         return rows.task_run(found[0])
+
+    def attempt_log(self, task_run_id: UUID | str, attempt: int | None = None) -> AttemptLog:
+        """What ``attempt`` (None: the latest) of a task run captured, as stored so far;
+        :class:`NotFoundError` if there is no such task run or attempt, :class:`InputError`
+        for an attempt number that is not an integer from 1 to 2**31 - 1. A task run without
+        any attempt yet has ``attempt`` None and an empty output."""
+        tid = parse_id(task_run_id, "task run id")
+        attempt = parse_attempt(attempt)
+        found = self._query("get_attempt_output", {"id": tid, "attempt": attempt})
+        if not found:
+            raise NotFoundError(f"no task run with id {tid}")
+        if attempt is not None and found[0]["attempt"] is None:
+            raise NotFoundError(f"task run {tid} has no attempt {attempt}")
+        return rows.attempt_log(found[0], tid)
 
     def attempts(self, task_run_id: UUID | str) -> list[Attempt]:
         """A task run's attempts, first first."""

@@ -46,6 +46,7 @@ from flowforge.domain.model import (
     TaskRun,
     WokenTask,
 )
+from flowforge.domain.output import AttemptLog, Captured, Output, Progress
 from flowforge.domain.plan import PlannedTask
 from flowforge.domain.policy import FailureFacts, Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason, RunFailureReason
@@ -120,6 +121,26 @@ def task_run(row: Row) -> TaskRun:
         rate_per_s=row.get("rate_per_s"),
         waiting_on=row.get("waiting_on"),
         priority=row.get("priority") or 0,
+        progress=_progress(row),
+    )
+
+
+def _progress(row: Row) -> Progress | None:
+    fraction = row.get("progress")
+    return None if fraction is None else Progress(fraction, row.get("progress_message") or "")
+
+
+def attempt_log(row: Row, task_run_id: UUID) -> AttemptLog:
+    """A ``get_attempt_output`` row (its attempt columns NULL: no attempt to show)."""
+    return AttemptLog(
+        task_run_id=task_run_id,
+        task_state=TaskState(row["state"]),
+        attempts=row["attempts"],
+        attempt=row["attempt"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        outcome=row["outcome"],
+        output=Output(row["output"] or "", row["output_dropped"] or 0),
     )
 
 
@@ -512,6 +533,7 @@ def finish_columns(
             "errors",
             "tracebacks",
             "outcomes",
+            *CAPTURED_COLUMNS,
         )
     }
     for task_run_id, token, finish in outcomes:
@@ -528,7 +550,34 @@ def finish_columns(
             None if tb is None else clean_text(tb, MAX_TRACEBACK_CHARS, keep_end=True)
         )
         columns["outcomes"].append(label or OUTCOMES[finish.state])
+        _add_captured(columns, finish.captured)
     return columns
+
+
+#: The parameter arrays of an attempt's captured output and progress (``finish``,
+#: ``write_output``).
+CAPTURED_COLUMNS = ("outputs", "dropped", "progress", "messages")
+
+
+def output_columns(captured: Sequence[tuple[UUID, int, Captured]]) -> dict[str, list[Any]]:
+    """The ``write_output`` query's parameter arrays: (task run, token, captured) each."""
+    columns: dict[str, list[Any]] = {k: [] for k in ("ids", "tokens", *CAPTURED_COLUMNS)}
+    for task_run_id, token, found in captured:
+        columns["ids"].append(task_run_id)
+        columns["tokens"].append(token)
+        _add_captured(columns, found)
+    return columns
+
+
+def _add_captured(columns: dict[str, list[Any]], captured: Captured | None) -> None:
+    """Append one attempt's output and progress (NULLs: none) to ``columns``' arrays; the
+    domain made them storable text already."""
+    output = None if captured is None else captured.output
+    progress = None if captured is None else captured.progress
+    columns["outputs"].append(None if output is None else output.text)
+    columns["dropped"].append(None if output is None else output.dropped)
+    columns["progress"].append(None if progress is None else progress.fraction)
+    columns["messages"].append(None if progress is None else progress.message)
 
 
 # ---------------------------------------------------------------- schedules (SPEC 7.2)

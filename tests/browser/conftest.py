@@ -69,6 +69,9 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
     ],
     # one task that runs until input.gate exists or the run is cancelled
     "ui-gate": [{"name": "only", "handler": "e2e.gate"}],
+    # one task that writes input.text (log, stdout, stderr), reports progress, then waits for
+    # input.gate
+    "ui-talk": [{"name": "only", "handler": "e2e.talk"}],
     # one attempt that raises: DEAD at once
     "ui-fail": [{"name": "only", "handler": "e2e.fail", "retry": {"max_attempts": 1}}],
     # one attempt that raises until input.file exists: DEAD, then fixed and requeued

@@ -1157,3 +1157,31 @@ def test_bury_a_running_task_from_its_panel_with_a_reason(
     assert row == [("operator", "dashboard", reason, "RUNNING")]
     # one execution, stopped at its gate (which never opened): nothing ran it again
     assert executions(sql, tid) == 1
+
+
+def test_a_running_task_shows_its_progress_and_output_as_text(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    """The task panel shows the running attempt's progress and its output (ctx.log, stdout,
+    stderr) as they are written, refreshed live; the handler's markup is text, never HTML."""
+    markup = "<b data-testid=injected>bold</b>"
+    run_id = dashboard.trigger(
+        "ui-talk", {"gate": str(dashboard.gate), "text": markup, "progress": 0.4}
+    )
+    wait_task(sql, run_id, "only", "RUNNING")
+    page.goto(dashboard.url(f"/ui/runs/{run_id}"))
+    save_token(page, dashboard.token)
+    dag_node(page, "only").click()
+    panel = page.locator("[data-testid=task-panel]")
+    expect(panel.locator("[data-testid=task-progress]")).to_have_text(f"40% {markup}")
+    output = panel.locator("[data-testid=task-output]")
+    expect(output).to_contain_text(f"INFO log {markup}")
+    expect(output).to_contain_text(f"out {markup}")
+    expect(output).to_contain_text(f"err {markup}")
+    expect(panel.locator("[data-testid=output-of]")).to_have_text("(attempt 1, running)")
+    assert page.locator("[data-testid=injected]").count() == 0
+    screenshot("task-output")
+    dashboard.gate.touch()
+    wait_task(sql, run_id, "only", "SUCCEEDED")
+    expect(panel.locator("[data-testid=output-of]")).to_have_text("(attempt 1)")
+    expect(output).to_contain_text(f"INFO log {markup}")

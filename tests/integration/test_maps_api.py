@@ -22,8 +22,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.states import TaskState
 from flowforge.errors import InputError, NotFoundError
 from tests import cli_runner
-from tests.api_client import UNKNOWN_ID, Api, Reply, assert_json_error, serve_here
-from tests.e2e import Stack
+from tests.api_client import UNKNOWN_ID, Api, assert_json_error, ok, serve_stack
 from tests.helpers import claim_task, dispatch, drain, task_ids
 from tests.store import Store
 
@@ -45,17 +44,8 @@ MAPPED = WorkflowDef(
 def api(
     tmp_path_factory: pytest.TempPathFactory, database_url: str, broker_url: str
 ) -> Iterator[Api]:
-    stack = Stack(tmp_path_factory.mktemp("maps-api"), database_url, broker_url)
-    found, server = serve_here(stack)
-    try:
+    with serve_stack(tmp_path_factory.mktemp("maps-api"), database_url, broker_url) as found:
         yield found
-    finally:
-        server.stop()
-
-
-def ok(reply: Reply) -> Any:
-    assert reply.status == 200, (reply.status, reply.body[:500])
-    return reply.json()
 
 
 def expanded(repo: Store, sql: Sql, n: int) -> tuple[UUID, dict[str, UUID]]:

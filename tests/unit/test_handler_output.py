@@ -20,17 +20,20 @@ from flowforge.roles import output
 REPO = Path(__file__).resolve().parents[2]
 
 #: What the child runs: two handler calls that write every way a handler can, then output
-#: written outside any call. ``TASK_A``/``TASK_B``/``RUN`` are filled in.
+#: written outside any call. ``TASK_A``/``TASK_B``/``RUN``/``SINKS`` are filled in; each call's
+#: per-attempt sink is written to the file ``SINKS`` names, as JSON.
 CHILD = """
-import logging, os, subprocess, sys, uuid
+import json, logging, os, subprocess, sys, uuid
 from supervisor import logs
 logs.configure("worker-1", "json")
 from flowforge.roles import output
+from flowforge.roles.attemptlog import AttemptOutput
 from flowforge.roles.output import attributed, capture
 capture()
 capture()  # a second call changes nothing
 logging.getLogger("flowforge.worker").info("the worker's own record")
-with attributed("first", uuid.UUID(TASK_A), uuid.UUID(RUN)):
+sink_a, sink_b = AttemptOutput(100_000), AttemptOutput(100_000)
+with attributed("first", uuid.UUID(TASK_A), uuid.UUID(RUN), sink_a):
     print("2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \\x1b[31mforged\\x1b[0m")
     sys.stderr.write("to stderr\\rover it\\n")
     os.write(2, b"straight to fd 2\\n")
@@ -39,16 +42,21 @@ with attributed("first", uuid.UUID(TASK_A), uuid.UUID(RUN)):
     logging.getLogger().warning("logged by the handler")
     print("x" * 5000)
     print("no newline at the end", end="")
-with attributed("second", uuid.UUID(TASK_B), uuid.UUID(RUN)):
+with attributed("second", uuid.UUID(TASK_B), uuid.UUID(RUN), sink_b):
     print("the next call, at once")
 print("outside any call")
 output.drain()
+with open(SINKS, "w") as sinks:
+    json.dump([sink.final().output.text for sink in (sink_a, sink_b)], sinks)
 """
 
 
-def _run_child() -> tuple[list[dict[str, Any]], str, str, str, bytes]:
+def _run_child(sinks: Path) -> tuple[list[dict[str, Any]], str, str, str, bytes]:
     task_a, task_b, run = (str(uuid.uuid4()) for _ in range(3))
-    code = f"TASK_A, TASK_B, RUN = {task_a!r}, {task_b!r}, {run!r}\n" + textwrap.dedent(CHILD)
+    code = (
+        f"TASK_A, TASK_B, RUN, SINKS = {task_a!r}, {task_b!r}, {run!r}, {str(sinks)!r}\n"
+        + textwrap.dedent(CHILD)
+    )
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -62,8 +70,8 @@ def _run_child() -> tuple[list[dict[str, Any]], str, str, str, bytes]:
     return records, task_a, task_b, run, done.stderr
 
 
-def test_every_write_of_a_handler_is_its_own_tagged_record() -> None:
-    records, task_a, task_b, run, raw = _run_child()
+def test_every_write_of_a_handler_is_its_own_tagged_record(tmp_path: Path) -> None:
+    records, task_a, task_b, run, raw = _run_child(tmp_path / "sinks.json")
     assert b"\x1b" not in raw and b"\r" not in raw and b"\x07" not in raw
     assert b"\xc2\x9b" not in raw  # nor a C1 control, UTF-8 encoded
 
@@ -101,3 +109,17 @@ def test_every_write_of_a_handler_is_its_own_tagged_record() -> None:
     assert "task_run_id" not in own
     [outside] = [r for r in records if r["msg"] == "outside any call"]
     assert outside["stream"] == "stdout" and "task_run_id" not in outside
+
+
+def test_every_line_of_a_handler_call_is_also_kept_in_its_attempt_s_sink(tmp_path: Path) -> None:
+    """The per-attempt sink (SPEC 7.5) gets each line the call's record got, raw (escaping is
+    for the terminal that shows it), and nothing of the other call or of no call."""
+    _run_child(tmp_path / "sinks.json")
+    first, second = json.loads((tmp_path / "sinks.json").read_text())
+    lines = first.splitlines()
+    assert "2026-01-01 00:00:00.000 INFO scheduler[1] flowforge: \x1b[31mforged\x1b[0m" in lines
+    assert "straight to fd 2" in lines and "from a subprocess" in lines
+    assert "its stderr" in lines and "no newline at the end" in lines
+    assert [len(line) for line in lines if set(line) == {"x"}] == [2048, 2048, 904]
+    assert "the next call, at once" not in first and "outside any call" not in first
+    assert second == "the next call, at once\n"

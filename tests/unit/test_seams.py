@@ -55,6 +55,7 @@ def test_the_worker_store_declares_the_claims_and_the_registry() -> None:
         "finish_many",
         "release_claims",
         "renew_leases",
+        "write_output",
         "register_process",
         "deregister_process",
     }

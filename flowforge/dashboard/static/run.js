@@ -8,7 +8,10 @@
 // item order; a state filter, previous/next by cursor), so a map of 10,000 items is never
 // loaded whole. The task panel's buttons act on that one task, each with the reason the
 // operator gives (audited; listed under "Operator actions"): retry now (a RETRYING task), cancel
-// and bury (an unfinished one; a running one is asked to stop).
+// and bury (an unfinished one; a running one is asked to stop). The panel shows the task's
+// progress (ctx.progress) and the output of the attempt picked, else the latest (ctx.log,
+// stdout, stderr: GET /api/v1/task-runs/{id}/logs), refreshed with it; handler text is set as
+// text, never as HTML.
 
 import {
   $,
@@ -261,6 +264,12 @@ function drawTask(detail) {
     const key = keys[task.waiting_on] ? ` (${keys[task.waiting_on]})` : "";
     $("#task-waiting-on").textContent = `${task.waiting_on}${key}`;
   });
+  // the current attempt's last ctx.progress (none reported: hidden)
+  fact("#task-progress-fact", task.progress, () => {
+    $("#task-progress-bar").value = task.progress.fraction;
+    const percent = `${Math.round(task.progress.fraction * 100)}%`;
+    $("#task-progress").textContent = [percent, task.progress.message].filter(Boolean).join(" ");
+  });
   const shown = shownAttempt(detail.attempts);
   $("#attempt-rows").replaceChildren(
     ...detail.attempts.map((a) => {
@@ -277,6 +286,7 @@ function drawTask(detail) {
       row.addEventListener("click", () => {
         view.attempt = a.attempt;
         drawTask(detail);
+        loadOutput(task).catch((error) => flash(describe(error)));
       });
       return row;
     }),
@@ -330,7 +340,19 @@ async function loadTask() {
   if (!drawn) return;
   const detail = await getJSON(`/api/v1/task-runs/${encodeURIComponent(drawn.node.task_id)}`);
   drawTask(detail);
+  await loadOutput(detail.task);
   await loadItems(detail.task);
+}
+
+/** The output of the attempt picked (else the latest), with how much its tail dropped. */
+async function loadOutput(task) {
+  const params = view.attempt ? `?${query({ attempt: view.attempt })}` : "";
+  const log = await getJSON(`/api/v1/task-runs/${encodeURIComponent(task.id)}/logs${params}`);
+  $("#output-of").textContent = log.attempt
+    ? `(attempt ${log.attempt}${log.running ? ", running" : ""})`
+    : "(no attempt yet)";
+  const dropped = log.dropped_bytes ? `[… ${log.dropped_bytes} bytes dropped …]\n` : "";
+  $("[data-testid=task-output]").textContent = dropped + log.output || "(nothing written)";
 }
 
 /** A map task's items: the page shown (first on another map), refreshed with the panel. */
