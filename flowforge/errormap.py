@@ -33,6 +33,8 @@ from flowforge.errors import (
     DatabaseUnavailableError,
     DatabaseValueError,
     DefinitionError,
+    DevServiceError,
+    DevServiceMissingError,
     FlowForgeError,
     IllegalTransitionError,
     InputError,
@@ -106,6 +108,9 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     MessageError: _INTERNAL,
     # roles
     BootError: _INTERNAL,
+    # flowforge dev's private services (never met by the API)
+    DevServiceError: Meaning(exitcodes.SERVICE_FAILED, HTTPStatus.INTERNAL_SERVER_ERROR),
+    DevServiceMissingError: Meaning(exitcodes.SERVICE_MISSING, HTTPStatus.INTERNAL_SERVER_ERROR),
 }
 
 

@@ -8,3 +8,5 @@ RESTART_LIMIT = 4  # ``up``: restart intensity exceeded
 NOT_FOUND = 5  # no run / task run with that id
 REFUSED = 6  # the request conflicts with the current state (not dead, key reused, schema ahead)
 UNAVAILABLE = 7  # PostgreSQL (or RabbitMQ) cannot be reached
+SERVICE_MISSING = 8  # ``dev``: PostgreSQL or RabbitMQ is not installed here
+SERVICE_FAILED = 9  # ``dev``: a private PostgreSQL or RabbitMQ could not start or stop
