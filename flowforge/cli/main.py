@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from flowforge.cli import (
     commands,
+    dev,
     events,
     exitcodes,
     gates,
@@ -187,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     items.add_command(sub, common)
     tasks.add_command(sub, common)
     gates.add_command(sub, common)
+    dev.add_command(sub, common)
     return parser
 
 

@@ -164,7 +164,7 @@ class PrivatePostgres:
         previous ``kill()`` (orphaned backends, stale postmaster.pid, stale SysV shm).
         Blocks at most about PG_START_TIMEOUT_S seconds.
         """
-        account = self._check_prerequisites()
+        account = self.check_installed()
         if not self.is_running():
             self._clear_crash_leftovers(account)
             wait_ports_free({"PostgreSQL": self.port})
@@ -218,7 +218,7 @@ class PrivatePostgres:
     def _binary(self, name: str) -> Path:
         return self.bin_dir / name
 
-    def _check_prerequisites(self) -> Account:
+    def check_installed(self) -> Account:
         """Raise ServiceUnavailable if binaries or account are missing; return the account."""
         require_executables([self._binary(n) for n in ("initdb", "pg_ctl", "postgres")], PG_PACKAGE)
         return service_account(PG_USER, PG_PACKAGE)

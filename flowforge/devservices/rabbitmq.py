@@ -238,7 +238,7 @@ class PrivateRabbitMQ:
         Idempotent. Blocks at most about RABBIT_START_TIMEOUT_S seconds (a boot
         typically takes 5-10 s; after a SIGKILL somewhat longer).
         """
-        account = self._check_prerequisites()
+        account = self.check_installed()
         if self.is_running():
             self._check_running_ports()
             logger.info("rabbitmq node %s already running", self.node)
@@ -309,7 +309,7 @@ class PrivateRabbitMQ:
 
     # -- internals --------------------------------------------------------------------
 
-    def _check_prerequisites(self) -> Account:
+    def check_installed(self) -> Account:
         """Raise ServiceUnavailable if binaries or account are missing; return the account."""
         require_executables(
             [self.bin_dir / n for n in ("rabbitmq-server", "rabbitmqctl")], RABBIT_PACKAGE
