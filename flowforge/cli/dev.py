@@ -116,7 +116,7 @@ def dev(args: argparse.Namespace) -> int:
     wake = threading.Event()
     stops = StopSignals(wake=wake.set)
     restore = install_stop_handlers(stops)
-    services = None
+    services = started = None
     try:
         if not args.use_config_urls:
             from flowforge.devservices.project import ProjectServices
@@ -130,15 +130,17 @@ def dev(args: argparse.Namespace) -> int:
         env = tree_environment(os.environ, urls, token)
         config = load_config(config_path, env=env)  # the tree's own view, refused before a start
         if services is not None:
+            services.check_installed()
             _say(f"starting PostgreSQL and RabbitMQ in {escape(str(state_dir))}")
-            services.start()  # bounded; a stop meanwhile is acted on once they are up
+            started = services
+            started.start()  # bounded; a stop meanwhile is acted on once they are up
         if stops.count:
             return 0
         return _run_tree(args, config, config_path, env, state_dir, stops, wake, token)
     finally:
-        if services is not None:
+        if started is not None:
             _say("stopping PostgreSQL and RabbitMQ")
-            for failure in services.stop():
+            for failure in started.stop():
                 _say(f"could not stop {escape(failure)}")
         restore()
 

@@ -112,12 +112,8 @@ class ProjectServices:
 
     def start(self) -> None:
         """Start both (each reused if it already runs), record the ports. Bounded: at most
-        about two minutes for a first boot; ServiceError / DevServiceMissingError otherwise.
-
-        What either needs (binaries, accounts) is checked before anything starts: a machine
-        without RabbitMQ gets the one line that says so, and no PostgreSQL to stop."""
-        self.postgres.check_installed()
-        self.rabbitmq.check_installed()
+        about two minutes for a first boot; ServiceError / DevServiceMissingError otherwise."""
+        self.check_installed()
         ensure_base_dir(self.state_dir)
         self.state_dir.chmod(0o755)  # the service accounts enter it when run as root
         record = {
@@ -128,6 +124,13 @@ class ProjectServices:
         (self.state_dir / STATE_FILE).write_text(json.dumps(record) + "\n")
         self.postgres.start()
         self.rabbitmq.start()
+
+    def check_installed(self) -> None:
+        """Raise DevServiceMissingError naming the Debian package of the first binary or account
+        either server lacks: checked before anything starts, so a machine without RabbitMQ gets
+        the one line that says so, and no PostgreSQL to stop."""
+        self.postgres.check_installed()
+        self.rabbitmq.check_installed()
 
     def stop(self) -> list[str]:
         """Stop both, the broker first; each is tried whatever the other did. Returns what
