@@ -10,25 +10,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowforge.config import ENV_CONFIG, Config, load_config
-from flowforge.devloop import (
-    DevLoop,
-    StopSignals,
-    TreeProcess,
-    check_code,
-    dev_token,
-    install_stop_handlers,
-    tree_environment,
-)
 from flowforge.errors import InputError
 from flowforge.redact import redact_url
 from flowforge.text import escape
-from flowforge.watch import Watcher, WatchSet, scan
+
+if TYPE_CHECKING:  # imported where used: every other command parses this one's options only
+    import threading
+
+    from flowforge.devloop import StopSignals
+    from flowforge.watch import WatchSet
 
 #: The project's state directory, beside the config, unless ``--state-dir`` says otherwise.
 STATE_DIR_NAME = ".flowforge-dev"
@@ -93,6 +87,8 @@ def _say(text: str) -> None:
 def _watch_set(config: Config, config_path: Path, state_dir: Path, extra: list[Path]) -> WatchSet:
     """The config, its folder (handler modules and workflows beside it), the workflow paths and
     whatever ``--watch`` named."""
+    from flowforge.watch import WatchSet
+
     folder = config_path.parent
     paths = [p.absolute() for p in (*config.workflow_paths(), *extra)]
     outside = [p for p in paths if not p.is_relative_to(folder)]
@@ -104,6 +100,10 @@ def _watch_set(config: Config, config_path: Path, state_dir: Path, extra: list[P
 
 
 def dev(args: argparse.Namespace) -> int:
+    import threading
+
+    from flowforge.devloop import StopSignals, dev_token, install_stop_handlers, tree_environment
+
     path = getattr(args, "config", None) or os.environ.get(ENV_CONFIG)
     if not path:
         raise InputError("flowforge dev needs a config file: -c CONFIG (or $FLOWFORGE_CONFIG)")
@@ -155,7 +155,11 @@ def _run_tree(
     wake: threading.Event,
     token: tuple[str, str] | None,
 ) -> int:
+    import time
+
+    from flowforge.devloop import DevLoop, TreeProcess, check_code
     from flowforge.store.migrate import migrate
+    from flowforge.watch import Watcher, scan
 
     applied = migrate(config.database.url)
     _say(f"database {redact_url(config.database.url)} ({len(applied)} migration(s) applied)")
