@@ -33,6 +33,8 @@ from flowforge.errors import (
     DatabaseUnavailableError,
     DatabaseValueError,
     DefinitionError,
+    DevServiceError,
+    DevServiceMissingError,
     FlowForgeError,
     IllegalTransitionError,
     InputError,
@@ -110,6 +112,9 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     # waiting: the run goes on; the api never waits (docs/testing-workflows.md), so the status
     # is only the row's other column
     WaitTimeoutError: Meaning(exitcodes.WAIT_TIMEOUT, HTTPStatus.GATEWAY_TIMEOUT),
+    # flowforge dev's private services (never met by the API)
+    DevServiceError: Meaning(exitcodes.SERVICE_FAILED, HTTPStatus.INTERNAL_SERVER_ERROR),
+    DevServiceMissingError: Meaning(exitcodes.SERVICE_MISSING, HTTPStatus.INTERNAL_SERVER_ERROR),
 }
 
 

@@ -185,6 +185,19 @@ class BootError(FlowForgeError):
     """A role cannot start for a reason that retrying will not fix (config, imports, topology)."""
 
 
+# --- flowforge dev ------------------------------------------------------------------------------
+
+
+class DevServiceError(FlowForgeError):
+    """A private PostgreSQL or RabbitMQ of ``flowforge dev`` (flowforge/devservices) could not be
+    started, stopped or inspected: a port taken, a server that did not come up in time."""
+
+
+class DevServiceMissingError(DevServiceError):
+    """A binary or system account a private service needs is not on this machine; the message
+    names the Debian package that provides it."""
+
+
 #: Outages: what a role survives by reconnecting with backoff (``run_role``), and what the
 #: worker's finish is retried through. A :class:`TransactionConflictError` is not one: the
 #: ``Database`` already ran the transaction again, and is the only level that does

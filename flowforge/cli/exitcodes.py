@@ -12,3 +12,5 @@ UNAVAILABLE = 7  # PostgreSQL (or RabbitMQ) cannot be reached
 RUN_FAILED = 8  # the run ended FAILED (a task DEAD, or its deadline passed)
 RUN_CANCELLED = 9  # the run ended CANCELLED
 WAIT_TIMEOUT = 10  # the run was not finished within --timeout (it goes on)
+SERVICE_MISSING = 11  # ``dev``: PostgreSQL or RabbitMQ is not installed here
+SERVICE_FAILED = 12  # ``dev``: a private PostgreSQL or RabbitMQ could not start or stop

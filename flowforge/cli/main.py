@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from flowforge.cli import (
     commands,
+    dev,
     events,
     exitcodes,
     export,
@@ -193,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_command(sub, common)
     tasks.add_command(sub, common)
     gates.add_command(sub, common)
+    dev.add_command(sub, common)
     return parser
 
 

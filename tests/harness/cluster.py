@@ -128,7 +128,7 @@ class PrivateRabbitCluster:
         is raised. Raises ServiceUnavailable if rabbitmq-server is not installed.
         """
         started = time.monotonic()
-        self.nodes[0]._check_prerequisites()  # ServiceUnavailable before anything is made
+        self.nodes[0].check_installed()  # ServiceUnavailable before anything is made
         if not self.root.exists():
             self.base_dir.mkdir(mode=0o755, exist_ok=True)  # kept: it may be shared
             self.root.mkdir()

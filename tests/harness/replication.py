@@ -39,23 +39,25 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from tests.harness.services import (
-    CONNECT_TIMEOUT_S,
-    LOOPBACK,
+from flowforge.devservices.postgres import (
     PG_BIN_DIR,
     PG_DATABASE,
     PG_PACKAGE,
     PG_USER,
     PrivatePostgres,
+)
+from flowforge.devservices.procs import (
+    CONNECT_TIMEOUT_S,
+    LOOPBACK,
+    Account,
     ServiceError,
-    _Account,
-    _ensure_base_dir,
-    _make_dirs,
-    _process_env,
-    _require_executables,
-    _run,
-    _service_account,
-    _wait_until,
+    ensure_base_dir,
+    make_dirs,
+    process_env,
+    require_executables,
+    run_command,
+    service_account,
+    wait_until,
 )
 
 logger = logging.getLogger(__name__)
@@ -142,12 +144,12 @@ class PrivateReplicatedPostgres:
         if self.root.exists():
             logger.info("discarding previous pair under %s", self.root)
             shutil.rmtree(self.root)
-        _ensure_base_dir(self.base_dir)
+        ensure_base_dir(self.base_dir)
         primary, replica = self.nodes
         primary.start()
         self._base_backup(account)
         replica.start()
-        _wait_until(
+        wait_until(
             lambda: self._standby_state() in (("streaming", "async"), ("streaming", "sync")),
             REPLICATION_TIMEOUT_S,
             f"{STANDBY_NAME} to stream from port {primary.port}",
@@ -160,7 +162,7 @@ class PrivateReplicatedPostgres:
             )
             conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
             conn.execute("SELECT pg_reload_conf()")
-        _wait_until(
+        wait_until(
             lambda: self._standby_state() == ("streaming", "sync"),
             REPLICATION_TIMEOUT_S,
             f"{STANDBY_NAME} to become a synchronous standby",
@@ -219,7 +221,7 @@ class PrivateReplicatedPostgres:
             row = conn.execute("SELECT pg_promote(true, %s)", (int(PROMOTE_TIMEOUT_S),)).fetchone()
         if row is None or row[0] is not True:
             raise ServiceError(f"node {index} did not finish promotion in {PROMOTE_TIMEOUT_S} s")
-        _wait_until(
+        wait_until(
             lambda: self._accepts_writes(index),
             PROMOTE_TIMEOUT_S,
             f"promoted node {index} to accept read-write sessions",
@@ -229,13 +231,13 @@ class PrivateReplicatedPostgres:
 
     # -- internals --------------------------------------------------------------------
 
-    def _check_prerequisites(self) -> _Account:
+    def _check_prerequisites(self) -> Account:
         """Raise ServiceUnavailable if binaries or the account are missing; return it."""
         names = ("initdb", "pg_ctl", "postgres", "pg_basebackup")
-        _require_executables([self.bin_dir / name for name in names], PG_PACKAGE)
-        return _service_account(PG_USER, PG_PACKAGE)
+        require_executables([self.bin_dir / name for name in names], PG_PACKAGE)
+        return service_account(PG_USER, PG_PACKAGE)
 
-    def _base_backup(self, account: _Account) -> None:
+    def _base_backup(self, account: Account) -> None:
         """Clone node 0 into node 1's (absent) data dir as a standby with slot and conninfo.
 
         ``-R`` writes standby.signal plus primary_conninfo (with our application_name) and
@@ -244,7 +246,7 @@ class PrivateReplicatedPostgres:
         checkpoint.
         """
         primary, replica = self.nodes
-        _make_dirs(account, replica.root, replica.socket_dir)
+        make_dirs(account, replica.root, replica.socket_dir)
         conninfo = (
             f"host={LOOPBACK} port={primary.port} user={PG_USER} application_name={STANDBY_NAME}"
         )
@@ -266,7 +268,9 @@ class PrivateReplicatedPostgres:
             "--no-password",
         ]
         started = time.monotonic()
-        _run(argv, account, env=_process_env({}), cwd=replica.root, timeout=BASEBACKUP_TIMEOUT_S)
+        run_command(
+            argv, account, env=process_env({}), cwd=replica.root, timeout=BASEBACKUP_TIMEOUT_S
+        )
         logger.info("pg_basebackup took %.2f s", time.monotonic() - started)
 
     def _standby_state(self) -> tuple[str, str] | None:

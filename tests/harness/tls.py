@@ -35,22 +35,18 @@ from urllib.parse import quote
 
 import trustme
 
-from tests.harness.services import (
+from flowforge.devservices.postgres import PG_PACKAGE, PG_USER, PrivatePostgres
+from flowforge.devservices.procs import (
     LOOPBACK,
-    PG_PACKAGE,
-    PG_USER,
-    RABBIT_PACKAGE,
-    RABBIT_USER,
-    PrivatePostgres,
-    PrivateRabbitMQ,
-    _Account,
-    _chown,
-    _make_dirs,
-    _port_accepts,
-    _service_account,
-    _wait_until,
-    _write_file,
+    Account,
+    chown,
+    make_dirs,
+    port_accepts,
+    service_account,
+    wait_until,
+    write_file,
 )
+from flowforge.devservices.rabbitmq import RABBIT_PACKAGE, RABBIT_USER, PrivateRabbitMQ
 
 #: A name that resolves to 127.0.0.1 but is not in the server certificate.
 MISMATCHED_HOST = "localhost"
@@ -107,16 +103,16 @@ def _server_files(certs: Certificates, *modes: int) -> list[tuple[Path, int]]:
     )
 
 
-def _install(certs: Certificates, directory: Path, account: _Account) -> tuple[Path, Path, Path]:
+def _install(certs: Certificates, directory: Path, account: Account) -> tuple[Path, Path, Path]:
     """Copy the CA, the server certificate and its key into ``directory``, owned by
     ``account`` (the key mode 0600); return their paths."""
-    _make_dirs(account, directory)
+    make_dirs(account, directory)
     copies = []
     for source, mode in _server_files(certs, _PUBLIC, _PUBLIC, _PRIVATE):
         target = directory / source.name
         shutil.copyfile(source, target)
         target.chmod(mode)
-        _chown(target, account)
+        chown(target, account)
         copies.append(target)
     return copies[0], copies[1], copies[2]
 
@@ -148,11 +144,11 @@ class TlsPostgres(PrivatePostgres):
         )
 
     def start(self) -> None:
-        account = _service_account(PG_USER, PG_PACKAGE)
+        account = service_account(PG_USER, PG_PACKAGE)
         self.base_dir.mkdir(mode=0o755, exist_ok=True)
         _install(self.certs, self.tls_dir, account)
         hba = "local all all trust\nhostssl all all 127.0.0.1/32 cert\n"
-        _write_file(self.hba_file, hba, account, _PRIVATE)
+        write_file(self.hba_file, hba, account, _PRIVATE)
         super().start()
 
     def client_url(self, dbname: str = "flowforge", **params: str | Path) -> str:
@@ -221,10 +217,10 @@ class TlsRabbitMQ(PrivateRabbitMQ):
 
     def start(self) -> None:
         self.base_dir.mkdir(mode=0o755, exist_ok=True)
-        _install(self.certs, self.tls_dir, _service_account(RABBIT_USER, RABBIT_PACKAGE))
+        _install(self.certs, self.tls_dir, service_account(RABBIT_USER, RABBIT_PACKAGE))
         super().start()
-        _wait_until(
-            lambda: _port_accepts(self.amqps_port),
+        wait_until(
+            lambda: port_accepts(self.amqps_port),
             AMQPS_START_TIMEOUT_S,
             f"amqps port {self.amqps_port}",
         )

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from flowforge.devservices.procs import ensure_ports_free
 from tests.harness import CHECKOUT
 from tests.harness.resources import PORT_FLOOR, choose_ports, free_ports
 from tests.harness.services import (
     DEFAULT_PORTS,
     ServiceError,
     _CliConfig,
-    _ensure_ports_free,
     _warn_if_ephemeral,
     ephemeral_range,
 )
@@ -92,7 +92,7 @@ def test_a_port_another_test_process_holds_is_never_handed_out() -> None:
 
 def test_a_start_that_finds_its_port_taken_names_the_service_and_the_port(listening: int) -> None:
     with pytest.raises(ServiceError, match=f"^AMQP port {listening} on 127.0.0.1 is already"):
-        _ensure_ports_free({"PostgreSQL": free_ports(1)[0], "AMQP": listening})
+        ensure_ports_free({"PostgreSQL": free_ports(1)[0], "AMQP": listening})
 
 
 def _unreserved(count: int) -> list[int]:
