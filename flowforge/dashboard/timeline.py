@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from itertools import pairwise
 from typing import Literal
 from uuid import UUID
 
@@ -149,7 +148,7 @@ def duration_label(seconds: float) -> str:
 def ticks(span_s: float, most: int = MAX_TICKS) -> tuple[Tick, ...]:
     """Marks from 0 every round step (:data:`TICK_STEPS`) to ``span_s``, at most ``most``."""
     step = next((s for s in TICK_STEPS if span_s / s < most), TICK_STEPS[-1])
-    count = int(span_s // step) + 1
+    count = int(span_s / step + 1e-9) + 1  # 1.0 // 0.2 is 4.0: binary fractions fall short
     return tuple(Tick(round(i * step, DECIMALS), duration_label(i * step)) for i in range(count))
 
 
@@ -250,14 +249,16 @@ def _pieces(task: TimelineTask) -> list[_Piece]:
     if not attempts or attempts[0].attempt == 1:  # its wait is shown with its first attempt
         first = attempts[0].started_at if attempts else task.finished_at
         pieces = _wait(task.eligible_at, first, not attempts and not finished)
-    for before, after in pairwise(attempts):
-        if before.finished_at is not None and after.started_at > before.finished_at:
-            pieces.append(("backoff", before.finished_at, after.started_at, None))
-    for attempt in attempts:
+    previous: Attempt | None = None
+    for attempt in attempts:  # in time order: a backoff before the attempt it ends with
+        ended = previous.finished_at if previous else None
+        if ended is not None and attempt.started_at > ended:
+            pieces.append(("backoff", ended, attempt.started_at, None))
         pieces.append(("attempt", attempt.started_at, attempt.finished_at, attempt))
-    if attempts and attempts[-1].finished_at is not None and not finished:
-        pieces.append(("backoff", attempts[-1].finished_at, None, None))  # awaits its retry
-    return sorted(pieces, key=lambda p: p[1])
+        previous = attempt
+    if previous and previous.finished_at is not None and not finished:
+        pieces.append(("backoff", previous.finished_at, None, None))  # awaits its retry
+    return pieces
 
 
 def _wait(since: datetime | None, until: datetime | None, waiting: bool) -> list[_Piece]:
