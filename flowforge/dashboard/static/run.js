@@ -8,7 +8,8 @@
 // item order; a state filter, previous/next by cursor), so a map of 10,000 items is never
 // loaded whole. The task panel's buttons act on that one task, each with the reason the
 // operator gives (audited; listed under "Operator actions"): retry now (a RETRYING task), cancel
-// and bury (an unfinished one; a running one is asked to stop).
+// and bury (an unfinished one; a running one is asked to stop). Under the DAG, the run's
+// timeline (timeline.js), refreshed with it; a click on a task's row there selects the task.
 
 import {
   $,
@@ -23,6 +24,7 @@ import {
   pretty,
   query,
   renderRows,
+  span,
   stateBadge,
   svg,
   timeCell,
@@ -30,6 +32,7 @@ import {
   when,
   wirePager,
 } from "./app.js";
+import { timeline } from "./timeline.js";
 
 const REFRESH_MS = 2000;
 const STATES = ["PENDING", "READY", "RUNNING", "RETRYING", "FAILED", "SUCCEEDED", "DEAD", "CANCELLED"];
@@ -194,19 +197,6 @@ function runHref(id) {
 function fact(selector, value, draw) {
   $(selector).hidden = !value;
   if (value) draw();
-}
-
-/** A number of seconds as "1h 30m" (a timer's sleep). */
-function span(seconds) {
-  const parts = [];
-  let left = Math.round(seconds);
-  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
-    if (left >= size) {
-      parts.push(`${Math.floor(left / size)}${unit}`);
-      left %= size;
-    }
-  }
-  return parts.join(" ") || `${seconds}s`;
 }
 
 function shapeOf(graph) {
@@ -397,9 +387,11 @@ async function refresh() {
     view.shape = shape;
   }
   updateNodes(graph);
+  await gantt.refresh();
   if (view.selected) await loadTask();
 }
 
+const gantt = timeline(runId, (name) => select(name));
 const poll = poller(REFRESH_MS, refresh);
 
 function select(name) {
