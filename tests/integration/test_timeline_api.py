@@ -11,7 +11,6 @@ attempts) each counted, never dropped silently; a malformed id 400, an unknown r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -23,8 +22,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.domain.timeline import TimelineLimits
-from tests.api_client import UNKNOWN_ID, Api, Reply, assert_json_error, serve_here
-from tests.e2e import Stack
+from tests.api_client import UNKNOWN_ID, Api, StartApi, assert_json_error, assert_json_ok
 from tests.helpers import FAST_RETRY, claim_task, dispatch, drain, task_ids
 from tests.store import Store
 
@@ -45,25 +43,13 @@ TIMELINE = WorkflowDef(
 )
 
 
-@pytest.fixture(scope="module")
-def api(
-    tmp_path_factory: pytest.TempPathFactory, database_url: str, broker_url: str
-) -> Iterator[Api]:
-    stack = Stack(tmp_path_factory.mktemp("timeline-api"), database_url, broker_url)
-    found, server = serve_here(stack)
-    try:
-        yield found
-    finally:
-        server.stop()
-
-
-def ok(reply: Reply) -> Any:
-    assert reply.status == 200, (reply.status, reply.body[:500])
-    return reply.json()
+@pytest.fixture
+def api(api_here: StartApi) -> Api:
+    return api_here()
 
 
 def timeline(api: Api, run_id: UUID | str) -> dict[str, Any]:
-    return ok(api.get(f"/api/v1/runs/{run_id}/timeline"))  # type: ignore[no-any-return]
+    return assert_json_ok(api.get(f"/api/v1/runs/{run_id}/timeline"))  # type: ignore[no-any-return]
 
 
 def retried_then_mapped(repo: Store, sql: Sql) -> tuple[UUID, dict[str, UUID]]:
