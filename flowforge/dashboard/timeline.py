@@ -132,10 +132,12 @@ def first_line(text: str | None, limit: int = ERROR_LINE_CHARS) -> str | None:
 
 
 def duration_label(seconds: float) -> str:
-    """``seconds`` as the two largest units: ``0s``, ``250ms``, ``45s``, ``1m 30s``, ``2h``,
-    ``1d 4h``."""
+    """``seconds`` as the two largest units: ``0s``, ``250ms``, ``1.5s``, ``45s``, ``1m 30s``,
+    ``2h``, ``1d 4h`` (tenths below a minute, so half-second ticks read apart)."""
     if 0 < seconds < 1:
         return f"{round(seconds * 1000)}ms"
+    if seconds < 60 and round(seconds, 1) != round(seconds):
+        return f"{seconds:.1f}s"
     left = round(seconds)
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):

@@ -348,6 +348,12 @@ def test_ticks_take_the_smallest_round_step_that_fits(span: float, step: float, 
     assert found[0].label == "0s"
 
 
+def test_half_second_ticks_read_apart() -> None:
+    labels = [t.label for t in ticks(3.8)]
+    assert labels == ["0s", "500ms", "1s", "1.5s", "2s", "2.5s", "3s", "3.5s"]
+    assert len(set(labels)) == len(labels)
+
+
 def test_ticks_stay_bounded_on_any_span() -> None:
     for span in (0.001, 1, 7, 123.4, 86400 * 3, 86400 * 5000):
         assert 1 <= len(ticks(span)) <= 60
@@ -355,7 +361,16 @@ def test_ticks_stay_bounded_on_any_span() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "label"),
-    [(0, "0s"), (0.25, "250ms"), (45, "45s"), (90, "1m 30s"), (7200, "2h"), (93784, "1d 2h")],
+    [
+        (0, "0s"),
+        (0.25, "250ms"),
+        (1.5, "1.5s"),
+        (2.5, "2.5s"),
+        (45, "45s"),
+        (90, "1m 30s"),
+        (7200, "2h"),
+        (93784, "1d 2h"),
+    ],
 )
 def test_durations_read_in_their_two_largest_units(seconds: float, label: str) -> None:
     assert duration_label(seconds) == label
