@@ -146,7 +146,9 @@ export function timeline(runId, onSelect) {
       {
         "data-testid": "timeline-row",
         "data-kind": row.kind,
-        "data-task": row.name || null,
+        // a "more" row names its map apart, so [data-task=NAME] is one row
+        "data-task": row.kind === "more" ? null : row.name || null,
+        "data-map": row.kind === "more" ? row.name : null,
         "data-task-id": row.task_id,
         "data-state": row.state,
         "data-key": row.key,
