@@ -188,11 +188,10 @@ def _rows(facts: TimelineFacts, now: datetime) -> Iterator[tuple[Row, list[_Unpl
     tasks = list(facts.tasks)
     for i, task in enumerate(tasks):
         yield _task_row(task), _ended(_pieces(task), now)
-        # after a map's last shown item (or the map itself when none is): its rest
-        ends_map = task.kind == "map" if task.map_id is None else True
-        owner = task.id if task.map_id is None else task.map_id
+        # a map's rest follows its last shown item, or the map itself when none is shown
+        owner = task.map_id or (task.id if task.kind == "map" else None)
         following = tasks[i + 1] if i + 1 < len(tasks) else None
-        if ends_map and owner in rests and (following is None or following.map_id != owner):
+        if owner in rests and (following is None or following.map_id != owner):
             rest = rests[owner]
             yield _more_row(rest, names.get(owner, "")), _ended(_rest_pieces(rest), now)
     omitted = facts.tasks_total - len(names)
