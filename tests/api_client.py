@@ -166,6 +166,13 @@ def assert_json_error(reply: Reply, status: int | range | tuple[int, ...]) -> st
     return data["error"]
 
 
+def assert_json_ok(reply: Reply) -> Any:
+    """A 200 with a JSON body; the body decoded."""
+    assert reply.status == 200, (reply.status, reply.body[:500])
+    assert reply.headers.get_content_type() == "application/json", reply.headers
+    return reply.json()
+
+
 def count_runs(sql: Sql) -> int:
     row = sql.execute("SELECT count(*) FROM workflow_runs").fetchone()
     assert row is not None

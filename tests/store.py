@@ -29,6 +29,7 @@ from flowforge.store.outbox import Outbox
 from flowforge.store.passes import Passes
 from flowforge.store.processes import Processes
 from flowforge.store.schedules import Schedules
+from flowforge.store.timelines import Timelines
 from flowforge.store.triggers import Triggers
 
 
@@ -54,6 +55,7 @@ class Store(
     Control,
     Limits,
     Gates,
+    Timelines,
 ):
     """Triggers, scheduler passes, claims, the outbox, the registry, operator actions and
     reads (``Operator`` answers with the read models) over one ``Database``.

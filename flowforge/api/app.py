@@ -22,6 +22,7 @@ from flowforge.api import (
 from flowforge.api.graph import RunGraph
 from flowforge.api.metrics import Metrics
 from flowforge.api.security import AccessLog, CsrfGuard, HostCheck, SecurityHeaders, TokenAuth
+from flowforge.api.timeline import RunTimeline
 from flowforge.client import Client
 from flowforge.config import ApiConfig
 from flowforge.dashboard import pages
@@ -33,9 +34,10 @@ from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
 from flowforge.store.processes import Processes
 from flowforge.store.schedules import Schedules
+from flowforge.store.timelines import Timelines
 
 
-class ApiStatements(Operator, Processes, Schedules, Maps, Control, Gates):
+class ApiStatements(Operator, Processes, Schedules, Maps, Control, Gates, Timelines):
     """The api's part of the store: read models and the operator's actions (``Operator``
     answers with ``Reads``, its base), the process registry (``/api/v1/processes``) and the
     schedules (``/api/v1/schedules``).
@@ -85,6 +87,7 @@ def create_app(
     app.add_route("/api/v1/runs/{run_id}/cancel", runs.CancelRun(store))
     app.add_route("/api/v1/runs/{run_id}/rerun", runs.RerunRun(store, max_body))
     app.add_route("/api/v1/runs/{run_id}/graph", RunGraph(store, LayoutCache()))
+    app.add_route("/api/v1/runs/{run_id}/timeline", RunTimeline(store))
     app.add_route("/api/v1/task-runs/{task_run_id}", tasks.TaskRunDetail(store))
     app.add_route("/api/v1/task-runs/{task_run_id}/items", tasks.MapItems(store))
     app.add_route("/api/v1/task-runs/{task_run_id}/logs", tasks.TaskRunLogs(store))

@@ -2808,3 +2808,78 @@ SELECT parked_on AS reason, count(*) AS n
   FROM task_runs
  WHERE parked_on IS NOT NULL AND state = 'RETRYING'
  GROUP BY parked_on;
+
+-- name: timeline_tasks
+-- A run's timeline (store/timelines.py; docs/dashboard-contract.md "Timeline"): its first
+-- %(max_tasks)s top-level tasks in creation order (`total`: how many it has), each map followed
+-- by its first %(max_items)s items in item order, %(max_item_rows)s items in all (the first
+-- maps' first; task_runs_map_item_idx walks each map's from index 0). `eligible_at`: when the
+-- task could first start — its dependencies all finished and its run's start time reached
+-- (null while one is unfinished); an item's: its map's expansion, which inserted it.
+WITH top AS MATERIALIZED (
+    SELECT t.id, t.seq, t.for_each, count(*) OVER () AS total
+      FROM task_runs t
+     WHERE t.run_id = %(id)s AND t.map_id IS NULL
+     ORDER BY t.seq
+     LIMIT %(max_tasks)s
+), items AS (
+    SELECT i.id, m.seq, i.item_index
+      FROM top m
+     CROSS JOIN LATERAL (SELECT x.id, x.item_index FROM task_runs x
+                          WHERE x.map_id = m.id AND x.item_index < %(max_items)s
+                          ORDER BY x.item_index) AS i
+     WHERE m.for_each IS NOT NULL
+     ORDER BY m.seq, i.item_index
+     LIMIT %(max_item_rows)s
+), shown AS (
+    SELECT id, seq, -1 AS item_index FROM top
+    UNION ALL
+    SELECT id, seq, item_index FROM items
+)
+SELECT t.id, t.name, t.handler, t.state, t.attempt, t.created_at, t.started_at, t.finished_at,
+       t.retry_at, t.failure_reason, t.map_id, t.item_index, t.sleep_s, t.for_each,
+       t.event_name, t.child_workflow, (SELECT max(total) FROM top) AS total,
+       CASE WHEN t.map_id IS NOT NULL THEN t.created_at
+            WHEN d.unfinished = 0 THEN greatest(t.created_at, r.start_at, d.last_finished)
+       END AS eligible_at
+  FROM shown s
+  JOIN task_runs t ON t.id = s.id
+  JOIN workflow_runs r ON r.id = t.run_id
+ CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE u.finished_at IS NULL) AS unfinished,
+                            max(u.finished_at) AS last_finished
+                       FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                      WHERE e.downstream_id = t.id) AS d
+ ORDER BY s.seq, s.item_index;
+
+-- name: timeline_attempts
+-- The latest %(max_attempts)s attempts of each task run of %(ids)s (the primary key walks them
+-- from the last), first first; the error cut to %(error_chars)s characters, no traceback: a
+-- timeline shows an attempt's first line (the task panel shows it whole).
+SELECT a.task_run_id, a.attempt, a.fencing_token, a.worker, a.started_at, a.finished_at,
+       a.outcome, a.failure_reason, left(a.error, %(error_chars)s) AS error,
+       NULL::text AS traceback
+  FROM unnest(%(ids)s::uuid[]) AS s(id)
+ CROSS JOIN LATERAL (SELECT x.* FROM task_attempts x
+                      WHERE x.task_run_id = s.id
+                      ORDER BY x.attempt DESC
+                      LIMIT %(max_attempts)s) AS a
+ ORDER BY a.task_run_id, a.attempt;
+
+-- name: timeline_map_rests
+-- What a timeline leaves out of each map of %(maps)s: its items from index %(shown)s on (the
+-- same position in the arrays), counted in all and by state, their attempts, the first start,
+-- the last finish and how many started and are not finished. A map with none is absent.
+SELECT s.map_id, sum(c.n)::bigint AS n, jsonb_object_agg(c.state, c.n) AS counts,
+       sum(c.attempts)::bigint AS attempts, min(c.first_started) AS first_started_at,
+       max(c.last_finished) AS last_finished_at,
+       sum(c.unfinished_started)::bigint AS unfinished_started
+  FROM unnest(%(maps)s::uuid[], %(shown)s::int[]) AS s(map_id, shown)
+ CROSS JOIN LATERAL (SELECT i.state, count(*) AS n, sum(i.attempt) AS attempts,
+                            min(i.started_at) AS first_started,
+                            max(i.finished_at) AS last_finished,
+                            count(*) FILTER (WHERE i.started_at IS NOT NULL
+                                               AND i.finished_at IS NULL) AS unfinished_started
+                       FROM task_runs i
+                      WHERE i.map_id = s.map_id AND i.item_index >= s.shown
+                      GROUP BY i.state) AS c
+ GROUP BY s.map_id;

@@ -52,6 +52,7 @@ from flowforge.domain.policy import FailureFacts, Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason, RunFailureReason
 from flowforge.domain.schedule import Fire
 from flowforge.domain.states import CancelCause, RunState, TaskState
+from flowforge.domain.timeline import MapRest, TaskKind, TimelineTask
 from flowforge.domain.values import (
     MAX_ERROR_CHARS,
     MAX_TRACEBACK_CHARS,
@@ -677,4 +678,52 @@ def key_task(row: Row, why: str) -> KeyTask:
         on_dead=row["on_dead"],
         created_at=row["created_at"],
         why=why,
+    )
+
+
+def timeline_task(row: Row, attempts: tuple[Attempt, ...]) -> TimelineTask:
+    """A ``timeline_tasks`` row with its latest attempts (``timeline_attempts``)."""
+    return TimelineTask(
+        id=row["id"],
+        name=row["name"],
+        handler=row["handler"],
+        kind=_task_kind(row),
+        state=row["state"],
+        attempt=row["attempt"],
+        created_at=row["created_at"],
+        eligible_at=row["eligible_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        retry_at=row["retry_at"],
+        failure_reason=row["failure_reason"],
+        map_id=row["map_id"],
+        item_index=row["item_index"],
+        attempts=attempts,
+    )
+
+
+def _task_kind(row: Row) -> TaskKind:
+    """What runs the task: the column that makes it need no worker (architecture.md "Task
+    kinds"), else a worker."""
+    if row["for_each"] is not None:
+        return "map"
+    if row["sleep_s"] is not None:
+        return "timer"
+    if row["event_name"] is not None:
+        return "event"
+    if row["child_workflow"] is not None:
+        return "child"
+    return "worker"
+
+
+def map_rest(row: Row) -> MapRest:
+    """A ``timeline_map_rests`` row."""
+    return MapRest(
+        map_id=row["map_id"],
+        n=int(row["n"]),
+        counts={state: int(n) for state, n in row["counts"].items()},
+        attempts=int(row["attempts"]),
+        first_started_at=row["first_started_at"],
+        last_finished_at=row["last_finished_at"],
+        unfinished_started=int(row["unfinished_started"]),
     )

@@ -100,6 +100,18 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
         {"name": "here", "handler": "e2e.record"},
         {"name": "away", "handler": "e2e.record", "depends_on": ["here"], "queue": UNSERVED},
     ],
+    # the timeline (test_timeline.py): flaky fails (1 s backoff) until input.file exists, then
+    # a map of input.n items of input.item_s seconds, then merge
+    "ui-timeline": [
+        {
+            "name": "flaky",
+            "handler": "e2e.fail_until",
+            "retry": {"max_attempts": 5, "base_delay": 1, "max_delay": 1, "jitter": "none"},
+        },
+        {"name": "list", "handler": "e2e.labelled_items", "depends_on": ["flaky"]},
+        {"name": "process", "handler": "e2e.item_paced", "for_each": "list"},
+        {"name": "merge", "handler": "e2e.record", "depends_on": ["process"]},
+    ],
 }
 #: Workflow keys besides ``tasks`` (by workflow name).
 WORKFLOW_KEYS: dict[str, dict[str, Any]] = {"ui-map": {"fail_fast": False}}

@@ -109,6 +109,7 @@ def test_the_parts_share_no_name() -> None:
         "Control",
         "Limits",
         "Gates",
+        "Timelines",
     }
     owners: dict[str, list[str]] = {}
     for part in parts:

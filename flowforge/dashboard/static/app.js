@@ -165,6 +165,20 @@ export function wirePager(view, poll, next = $("[data-testid=next-page]"), prev 
   });
 }
 
+/** A number of seconds as "1h 30m 5s" ("250ms" below a second). */
+export function span(seconds) {
+  if (seconds > 0 && seconds < 1) return `${Math.round(seconds * 1000)}ms`;
+  const parts = [];
+  let left = Math.round(seconds);
+  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
+    if (left >= size) {
+      parts.push(`${Math.floor(left / size)}${unit}`);
+      left %= size;
+    }
+  }
+  return parts.join(" ") || "0s";
+}
+
 function pad(n) {
   return String(n).padStart(2, "0");
 }

@@ -11,7 +11,8 @@
 // and bury (an unfinished one; a running one is asked to stop). The panel shows the task's
 // progress (ctx.progress) and the output of the attempt picked, else the latest (ctx.log,
 // stdout, stderr: GET /api/v1/task-runs/{id}/logs), refreshed with it; handler text is set as
-// text, never as HTML.
+// text, never as HTML. Under the DAG, the run's timeline (timeline.js), refreshed with it; a
+// click on a task's row there selects the task.
 
 import {
   $,
@@ -26,6 +27,7 @@ import {
   pretty,
   query,
   renderRows,
+  span,
   stateBadge,
   svg,
   timeCell,
@@ -33,6 +35,7 @@ import {
   when,
   wirePager,
 } from "./app.js";
+import { timeline } from "./timeline.js";
 
 const REFRESH_MS = 2000;
 const STATES = ["PENDING", "READY", "RUNNING", "RETRYING", "FAILED", "SUCCEEDED", "DEAD", "CANCELLED"];
@@ -197,19 +200,6 @@ function runHref(id) {
 function fact(selector, value, draw) {
   $(selector).hidden = !value;
   if (value) draw();
-}
-
-/** A number of seconds as "1h 30m" (a timer's sleep). */
-function span(seconds) {
-  const parts = [];
-  let left = Math.round(seconds);
-  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
-    if (left >= size) {
-      parts.push(`${Math.floor(left / size)}${unit}`);
-      left %= size;
-    }
-  }
-  return parts.join(" ") || `${seconds}s`;
 }
 
 function shapeOf(graph) {
@@ -419,9 +409,11 @@ async function refresh() {
     view.shape = shape;
   }
   updateNodes(graph);
+  await gantt.refresh();
   if (view.selected) await loadTask();
 }
 
+const gantt = timeline(runId, (name) => select(name));
 const poll = poller(REFRESH_MS, refresh);
 
 function select(name) {
