@@ -3,10 +3,14 @@ connection's turns while handlers run.
 
 The consumer's prefetch *is* the window: until a batch is acked the broker pushes nothing more
 to this worker. The window starts at 1, doubles after every batch of fast handlers up to
-``broker.prefetch``, and falls back to 1 after a slow one. A broker call that fails once the
-batch's claims committed does not stop the batch (the leases own its tasks): the failure is
-kept in :attr:`Intake.broken` and raised by :meth:`Intake.settle` when the batch is done, so
-the role reconnects; meanwhile nothing more is asked of the broken connection.
+``broker.prefetch``, and falls back to 1 after a slow one. After a slow batch the worker
+consumes only while it takes: what else came with the take is handed back at once, so a
+delivery (an urgent one above all) never waits in a worker whose handlers are slow.
+
+A broker call that fails once the batch's claims committed does not stop the batch (the
+leases own its tasks): the failure is kept in :attr:`Intake.broken` and raised by
+:meth:`Intake.settle` when the batch is done, so the role reconnects; meanwhile nothing more
+is asked of the broken connection.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Intake:
         self.window = 1
         self.broken: BrokerUnavailableError | None = None
         self._took_at = 0.0
+        self._slow = False  # the last batch had a slow handler: hold nothing while running
 
     def connect(self) -> None:
         self.broken = None
@@ -60,6 +65,12 @@ class Intake:
         it is acked with its batch."""
         deliveries = self._broker.take(limit, timeout_s)
         self._took_at = time.monotonic()
+        if self._slow and deliveries:
+            # After a slow batch, hold nothing while this one runs: a delivery that came with
+            # the take (another band's, up to one each) would wait for handlers that may be
+            # slow again, and be handed back at the slow moment to a worker in the same state.
+            # Consuming only while taking, a worker gets it when it can run it.
+            self.hand_back()
         return _named(deliveries), deliveries
 
     def take_above(self, band: int, limit: int) -> tuple[list[tuple[UUID, int]], list[Delivery]]:
@@ -114,6 +125,7 @@ class Intake:
     def settle(self, slow: bool) -> None:
         """A batch is done: grow or reset the window; raise a failure the batch outlived."""
         self.window = 1 if slow else min(self.window * 2, self._prefetch)
+        self._slow = slow
         if self.broken is not None:
             raise self.broken
 

@@ -185,7 +185,7 @@ def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
         raise _KeyBusyError
     reused = Finish(TaskState.SUCCEEDED, result=held["result"])
     columns = _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused")
-    tx.all("finish", {**columns, "offer": 0, "queue": None})
+    tx.all("finish", {**columns, "offer": 0, "queue": None, "min_priority": 0})
     return ClaimResult(ClaimOutcome.REUSED, claim)
 
 

@@ -371,3 +371,47 @@ def test_an_overtaking_claim_that_fails_leaves_its_delivery_unacked_and_the_batc
     assert ran.count("urgent") == 1 and ran.count("backlog") == 12
     assert rig.store.tasks[arrival[0]].attempt == 1
     assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
+
+
+# ---------------------------------------------------------------- after a slow batch (the intake)
+
+
+def slow_rig(slow: bool) -> tuple[Any, Any, list[UUID]]:
+    from flowforge.roles.intake import Intake
+    from tests.stubs import StubBroker
+
+    broker = StubBroker()
+    broker.connect()
+    intake = Intake(broker, prefetch=16)
+    intake.settle(slow=slow)  # the last batch had (or had not) a slow handler
+    ids = [UUID(int=n) for n in range(1, 4)]
+    broker.publish(ids[0], 1)  # two of priority 0 and one of 9 wait in the queue
+    broker.publish(ids[1], 1)
+    broker.publish(ids[2], 1, priority=9)
+    return broker, intake, ids
+
+
+def test_after_a_slow_batch_a_worker_holds_nothing_while_it_runs_the_next() -> None:
+    broker, intake, ids = slow_rig(slow=True)
+    wanted, taken = intake.take(1, 0.0)  # window 1: the priority-9 one, highest first
+    assert wanted == [(ids[2], 1)]
+    # what came with the take (the first priority-0 one) went back, to the front of its band
+    assert [e for e in broker.events if e[0] == "hand_back"] == [("hand_back", 1)]
+    assert broker.unacked == 1 and len(broker.bands[0]) == 2
+    late = UUID(int=9)
+    broker.publish(late, 1, priority=9)  # urgent work that comes while this batch runs
+    intake.serve()
+    assert len(broker.bands[band(9)]) == 1  # still in the queue, for a worker that takes
+    intake.ack(taken)
+    intake.settle(slow=False)
+    assert intake.take(2, 0.0)[0][0] == (late, 1)  # consuming again at the next take
+
+
+def test_after_a_fast_batch_the_worker_keeps_its_window_while_it_runs() -> None:
+    broker, intake, ids = slow_rig(slow=False)
+    wanted, _taken = intake.take(2, 0.0)
+    assert wanted == [(ids[2], 1), (ids[0], 1)]
+    assert not [e for e in broker.events if e[0] == "hand_back"]
+    broker.publish(UUID(int=9), 1, priority=9)
+    intake.serve()
+    assert len(broker.bands[band(9)]) == 0  # pushed into this worker's window, as before
