@@ -930,9 +930,11 @@ WITH RECURSIVE downstream(id) AS (
            updated_at = now(),
            pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                             WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
-                          -- a map's item waits for a max_parallel slot again (no edge of its own)
+                          -- a map's item waits for a max_parallel slot again (no edge of its
+                          -- own), unless keyed: admit_gated applies its map's max_parallel
                           + (SELECT count(*) FROM task_runs m
-                              WHERE m.id = t.map_id AND m.max_parallel IS NOT NULL)
+                              WHERE m.id = t.map_id AND m.max_parallel IS NOT NULL
+                                AND t.ready_by_itself)
       FROM run_state s
      WHERE t.run_id = %(run_id)s AND t.state = 'CANCELLED' AND t.cancel_cause = 'upstream'
        AND NOT s.operator_cancel
@@ -1628,8 +1630,9 @@ SELECT t.id, t.run_id, t.name, t.for_each, r.input, u.result AS source,
 -- promote_ready makes the others READY, lowest item first under its batch limit (the outbox
 -- rows of one statement carry no order among themselves). An item with a concurrency or rate
 -- key (rendered per item, with the map's limits) is not ready_by_itself: admit_gated admits
--- it, as any limited task. An empty list leaves the map RUNNING with no items: settle_maps
--- completes it in the same pass.
+-- it, as any limited task — and, the map's max_parallel too (it counts the map's items READY
+-- or RUNNING), so a keyed item is created with no closed slot. An empty list leaves the map
+-- RUNNING with no items: settle_maps completes it in the same pass.
 WITH map AS (
     UPDATE task_runs t
        SET state = 'RUNNING', started_at = coalesce(t.started_at, now()), updated_at = now()
@@ -1654,7 +1657,8 @@ WITH map AS (
                            breaker_failures, breaker_window_s, breaker_cooldown_s, breaker_key,
                            concurrency_key, concurrency_limit, rate_key, rate_limit, rate_per_s)
     SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
-           CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
+           CASE WHEN s.idx >= m.max_parallel AND k.ckey IS NULL AND k.rkey IS NULL
+                THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
            m.id, s.idx, s.item, m.queue, m.priority,
            m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s, k.bkey,
@@ -1786,12 +1790,13 @@ SELECT t.id, t.item_index, t.state, t.attempt, t.failure_reason, t.last_error, t
 
 -- name: requeue_map_items
 -- The requeue of a DEAD map requeues its DEAD items with it (the map's audit row covers them):
--- DEAD → PENDING with a fresh retry budget, waiting for a max_parallel slot if it has one.
+-- DEAD → PENDING with a fresh retry budget, waiting for a max_parallel slot if it has one (a
+-- keyed item has none: admit_gated applies its map's max_parallel).
 UPDATE task_runs t
    SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
        failure_reason = NULL, retry_at = NULL, finished_at = NULL, crash_streak = 0,
        cancel_requested = false, propagated = true, updated_at = now(),
-       pending_deps = CASE WHEN m.max_parallel IS NULL THEN 0 ELSE 1 END
+       pending_deps = CASE WHEN m.max_parallel IS NULL OR NOT t.ready_by_itself THEN 0 ELSE 1 END
   FROM task_runs m
  WHERE m.id = %(id)s AND m.for_each IS NOT NULL AND t.map_id = m.id AND t.state = 'DEAD'
 RETURNING t.id;
@@ -2189,11 +2194,54 @@ SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
 -- Whether a task of {task} waits for the admission pass: a worker executes it but a gate holds
 -- it back (a concurrency or rate key: not ready_by_itself), and it is PENDING with its
 -- dependencies met and its ordering stream free (as promote_ready judges it), or RETRYING with
--- its backoff over.
+-- its backoff over — and, for a map's item, its map is not at its max_parallel (an item that
+-- waits for its map takes no turn in its keys' lines: other tasks of the key go ahead).
 {task}.needs_worker AND NOT {task}.ready_by_itself
 AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0 AND
 -- use: stream_free({task})
      ) OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
+AND
+-- use: map_has_room({task})
+
+-- fragment: map_has_room(task)
+-- Whether {task}, if a map's item, may be admitted as far as its map's max_parallel goes: its
+-- map is not among the RUNNING maps with as many items READY or RUNNING as their max_parallel.
+-- Those maps are read once per statement (the subquery does not read {task}: an InitPlan), each
+-- counted through task_runs_map_busy_idx (migration 0022), which holds only busy items.
+({task}.map_id IS NULL OR {task}.map_id <> ALL(ARRAY(
+    SELECT m.id FROM task_runs m
+     WHERE m.state = 'RUNNING' AND m.for_each IS NOT NULL AND m.max_parallel IS NOT NULL
+       AND (SELECT count(*) FROM task_runs b
+             WHERE b.map_id = m.id AND b.state IN ('READY', 'RUNNING')) >= m.max_parallel)))
+
+-- fragment: admission_candidates(task)
+-- The CTE candidates (a column id; {task} names the task rows it reads): for each concurrency
+-- key (ckeys) and rate key (rkeys), only the oldest tasks waiting for admission, as many as the largest limit the key's waiting tasks
+-- declare (no more can be admitted) and at most per_key: a key with 10,000 waiting map items
+-- costs a pass what its limit's worth of them cost, not a lock on each.
+candidates AS (
+    SELECT c.id
+      FROM unnest(%(ckeys)s::text[]) AS k(key)
+     CROSS JOIN LATERAL (
+           SELECT {task}.id FROM task_runs {task}
+            WHERE {task}.concurrency_key = k.key AND
+-- use: awaiting_admission({task})
+            ORDER BY {task}.seq
+            LIMIT least(%(per_key)s, (SELECT max(u.concurrency_limit) FROM task_runs u
+                                     WHERE u.concurrency_key = k.key
+                                       AND u.state IN ('PENDING', 'RETRYING')))) AS c
+    UNION
+    SELECT c.id
+      FROM unnest(%(rkeys)s::text[]) AS k(key)
+     CROSS JOIN LATERAL (
+           SELECT {task}.id FROM task_runs {task}
+            WHERE {task}.rate_key = k.key AND
+-- use: awaiting_admission({task})
+            ORDER BY {task}.seq
+            LIMIT least(%(per_key)s, (SELECT max(u.rate_limit) FROM task_runs u
+                                     WHERE u.rate_key = k.key
+                                       AND u.state IN ('PENDING', 'RETRYING')))) AS c
+)
 
 -- name: concurrency_keys_waiting
 -- Keys with a task the admission pass could admit: PENDING with its dependencies met and its
@@ -2215,11 +2263,29 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
   FROM unnest(%(keys)s::text[]) AS k
  ORDER BY k;
 
+-- name: lock_admission_maps
+-- The maps with a max_parallel whose items are among admit_gated's candidates for these keys
+-- (locked first), each locked (advisory, transaction-scoped, namespace "MP", in id order, after
+-- every key: no deadlock with another admission), and returned: admit_gated admits items of
+-- these maps only, so two schedulers admitting items of one map for different keys take turns
+-- and each counts what the other admitted. Nothing else makes a keyed item READY.
+WITH
+-- use: admission_candidates(t)
+SELECT l.id
+  FROM (SELECT m.id, pg_advisory_xact_lock(%(namespace)s::int4, hashtext(m.id::text))
+          FROM (SELECT DISTINCT t.map_id AS id
+                  FROM task_runs t
+                  JOIN task_runs p ON p.id = t.map_id AND p.max_parallel IS NOT NULL
+                 WHERE t.id IN (SELECT id FROM candidates)
+                 ORDER BY 1) AS m
+         ORDER BY m.id) AS l;
+
 -- name: admit_gated
 -- For each concurrency key (ckeys) and rate key (rkeys), each locked by lock_concurrency_keys: its
 -- waiting tasks (as concurrency_keys_waiting finds them; a task with both kinds of key only
--- when both are locked) become READY with an outbox row, oldest first (seq), as many as both
--- its keys have room for:
+-- when both are locked; a map's item of a map with a max_parallel only when lock_admission_maps
+-- locked its map: maps) become READY with an outbox row, oldest first (seq), as many as both
+-- its keys have room for — and its map (max_parallel less the map's items READY or RUNNING):
 -- - a concurrency key's room is its limit less its tasks READY or RUNNING now (a slot frees
 --   when its task leaves READY/RUNNING: a finish, a reap, a defer, a cancel);
 -- - a rate key's room is its limit less its tasks READY now (admitted, each will start) and
@@ -2228,39 +2294,20 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 --   late a worker claims: docs/flow-control.md "Rate limits" has the argument.
 -- Tasks of one key that declare different rules: the smallest limit (and for a rate key the
 -- longest per) among the waiting ones applies. Rate room is ranked among the tasks the
--- concurrency keys let through, so a task held by its concurrency key takes no rate room.
--- Only the oldest waiting tasks of each key are candidates, as many as the largest limit its
--- waiting tasks declare (no more can be admitted) and at most per_key: a key with 10,000
--- waiting map items costs a pass what its limit's worth of them cost, not a lock on each.
-WITH candidates AS (
-    SELECT c.id
-      FROM unnest(%(ckeys)s::text[]) AS k(key)
-     CROSS JOIN LATERAL (
-           SELECT t.id FROM task_runs t
-            WHERE t.concurrency_key = k.key AND
--- use: awaiting_admission(t)
-            ORDER BY t.seq
-            LIMIT least(%(per_key)s, (SELECT max(u.concurrency_limit) FROM task_runs u
-                                       WHERE u.concurrency_key = k.key
-                                         AND u.state IN ('PENDING', 'RETRYING')))) AS c
-    UNION
-    SELECT c.id
-      FROM unnest(%(rkeys)s::text[]) AS k(key)
-     CROSS JOIN LATERAL (
-           SELECT t.id FROM task_runs t
-            WHERE t.rate_key = k.key AND
--- use: awaiting_admission(t)
-            ORDER BY t.seq
-            LIMIT least(%(per_key)s, (SELECT max(u.rate_limit) FROM task_runs u
-                                       WHERE u.rate_key = k.key
-                                         AND u.state IN ('PENDING', 'RETRYING')))) AS c
-), waiting AS (
+-- concurrency keys let through, and a map's room among those both kinds of key let through, so
+-- a task held by a key takes no room of the next gate (an item waiting for its tenant's key
+-- holds no max_parallel slot). Candidates: admission_candidates.
+WITH
+-- use: admission_candidates(t)
+, waiting AS (
     SELECT t.id, t.seq, t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit,
-           t.rate_per_s
+           t.rate_per_s, t.map_id
       FROM task_runs t
      WHERE t.id IN (SELECT id FROM candidates)
        AND (t.concurrency_key IS NULL OR t.concurrency_key = ANY(%(ckeys)s::text[]))
-       AND (t.rate_key IS NULL OR t.rate_key = ANY(%(rkeys)s::text[])) AND
+       AND (t.rate_key IS NULL OR t.rate_key = ANY(%(rkeys)s::text[]))
+       AND (t.map_id IS NULL OR t.map_id = ANY(%(maps)s::uuid[])
+            OR (SELECT p.max_parallel FROM task_runs p WHERE p.id = t.map_id) IS NULL) AND
 -- use: awaiting_admission(t)
        FOR UPDATE OF t SKIP LOCKED
 ), c_room AS (
@@ -2291,13 +2338,26 @@ WITH candidates AS (
                WHERE a.rate_key = r.key
                  AND a.started_at > now() - make_interval(secs => r.per)) AS room
       FROM r_rule r
-), chosen AS (
-    SELECT o.id
-      FROM (SELECT o.id, o.rate_key,
+), r_ok AS (
+    SELECT o.id, o.seq, o.map_id
+      FROM (SELECT o.id, o.seq, o.map_id, o.rate_key,
                    row_number() OVER (PARTITION BY o.rate_key ORDER BY o.seq) AS rn
               FROM c_ok o) o
       LEFT JOIN r_room r ON r.key = o.rate_key
      WHERE o.rate_key IS NULL OR o.rn <= r.room
+), m_room AS (
+    SELECT p.id,
+           p.max_parallel - (SELECT count(*) FROM task_runs b
+                              WHERE b.map_id = p.id AND b.state IN ('READY', 'RUNNING')) AS room
+      FROM task_runs p
+     WHERE p.id = ANY(%(maps)s::uuid[])
+), chosen AS (
+    SELECT o.id
+      FROM (SELECT o.id, o.map_id,
+                   row_number() OVER (PARTITION BY o.map_id ORDER BY o.seq) AS rn
+              FROM r_ok o) o
+      LEFT JOIN m_room m ON m.id = o.map_id
+     WHERE m.id IS NULL OR o.rn <= m.room
 ),
 -- use: dispatch(chosen)
 SELECT (SELECT count(*) FROM promoted) AS admitted, (SELECT count(*) FROM queued) AS queued;
@@ -2323,7 +2383,8 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
 -- claim: its handler's breaker is open, its queue or handler paused), `concurrency`
 -- (dependencies met, or its backoff over, and no free slot of its concurrency key yet),
 -- `rate_limit` (the same, and its concurrency key, if any, has a free slot: its rate key's
--- window is full).
+-- window is full). A keyed map item whose keys have room but whose map is at its max_parallel
+-- waits for the map: NULL, as an unkeyed item behind its closed slot.
 CASE WHEN {task}.state = 'PENDING' AND {task}.start_gate THEN 'start_at'
      WHEN {task}.state = 'RUNNING' AND {task}.sleep_s IS NOT NULL THEN 'timer'
      WHEN {task}.state = 'RUNNING' AND {task}.event_name IS NOT NULL THEN 'event'
@@ -2331,12 +2392,16 @@ CASE WHEN {task}.state = 'PENDING' AND {task}.start_gate THEN 'start_at'
      WHEN {task}.needs_worker AND NOT {task}.ready_by_itself
           AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0)
                OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
-     THEN CASE WHEN {task}.rate_key IS NULL
-                 OR ({task}.concurrency_key IS NOT NULL
-                     AND (SELECT count(*) FROM task_runs h
-                           WHERE h.concurrency_key = {task}.concurrency_key
-                             AND h.state IN ('READY', 'RUNNING')) >= {task}.concurrency_limit)
-               THEN 'concurrency' ELSE 'rate_limit' END
+     THEN CASE WHEN {task}.concurrency_key IS NOT NULL
+                    AND (SELECT count(*) FROM task_runs h
+                          WHERE h.concurrency_key = {task}.concurrency_key
+                            AND h.state IN ('READY', 'RUNNING')) >= {task}.concurrency_limit
+               THEN 'concurrency'
+               -- its keys' turn comes when its map has room: NULL, as an unkeyed item's slot
+               WHEN NOT
+-- use: map_has_room({task})
+               THEN NULL
+               WHEN {task}.rate_key IS NULL THEN 'concurrency' ELSE 'rate_limit' END
 END AS waiting_on
 
 -- name: concurrency_room
