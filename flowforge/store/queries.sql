@@ -454,6 +454,45 @@ WITH doomed AS (
 )
 DELETE FROM breaker_transitions x USING doomed WHERE x.id = doomed.id;
 
+-- name: purge_idle_breakers
+-- Keyed breakers (key <> '': never a handler's own) that are closed (so not held open by an
+-- operator nor probing), with no failure within their window, unchanged for the retention time
+-- and with no transition left in breaker_transitions (purge_breaker_transitions, run before in
+-- the same transaction, takes those first), in a bounded batch, oldest change first: deleted,
+-- their transitions' kept counts added to their handler's (breaker_transitions_folded, in
+-- handler order: two purges never deadlock), so /metrics' counter never goes down. Such a row
+-- reads as no row: the gate and trip_breakers take an absent breaker for a closed one without
+-- failures. A row a finish or an operator is writing is locked and skipped; one written after
+-- this statement locked it is inserted afresh once the delete commits (ON CONFLICT finds it gone).
+WITH doomed AS (
+    SELECT b.handler, b.key FROM breakers b
+     WHERE b.key <> '' AND b.state = 'closed' AND NOT b.held
+       AND b.updated_at < now() - make_interval(secs => %(age_s)s)
+       AND NOT EXISTS (SELECT 1 FROM unnest(b.failures) AS f(at)
+                        WHERE f.at > now() - make_interval(secs => coalesce(b.window_s, 0)))
+       AND NOT EXISTS (SELECT 1 FROM breaker_transitions x
+                        WHERE x.handler = b.handler AND x.key = b.key)
+     ORDER BY b.updated_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), counts AS (
+    DELETE FROM breaker_transitions_purged p USING doomed d
+     WHERE p.handler = d.handler AND p.key = d.key
+    RETURNING p.handler, p.to_state, p.n
+), folded AS (
+    INSERT INTO breaker_transitions_folded AS f (handler, to_state, n)
+    SELECT handler, to_state, sum(n) FROM counts
+     GROUP BY handler, to_state
+     ORDER BY handler, to_state
+    ON CONFLICT (handler, to_state) DO UPDATE SET n = f.n + EXCLUDED.n
+)
+DELETE FROM breakers b USING doomed d WHERE b.handler = d.handler AND b.key = d.key;
+
+-- name: breaker_folded_transitions
+-- /metrics: the transitions of keyed breakers retention deleted, per handler and state
+-- entered (purge_idle_breakers): added to the handler's counter.
+SELECT handler, to_state, n FROM breaker_transitions_folded ORDER BY handler, to_state;
+
 -- name: purge_gate_audit
 -- Operator actions on breakers and pauses older than the retention, in a bounded batch: the
 -- audit of a run's tasks (task, requeue, rerun audit) goes with its run after the same time,

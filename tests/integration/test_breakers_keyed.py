@@ -9,6 +9,8 @@ is read from the database.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -20,6 +22,7 @@ from flowforge.cli import exitcodes
 from flowforge.domain.breakers import BreakerState, CircuitBreaker
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome
+from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import InputError, WrongStateError
 from flowforge.store import queries
@@ -287,6 +290,124 @@ def test_retention_deletes_old_logged_transitions_only_and_counts_stay(
     assert moved["partner-eu"][BreakerState.OPEN] == gauges["partner-eu"][BreakerState.OPEN] + 1
     assert eu  # its task stayed parked throughout (held open again)
     assert try_claim(repo, sql, eu[0]) is ClaimOutcome.LOST
+
+
+def counter(repo: Store) -> dict[tuple[str, BreakerState], int]:
+    """/metrics' transition counter as the api sums it: per handler and state entered, over
+    its breakers' rows and the counts of keyed rows retention deleted."""
+    gauges = repo.gauges()
+    totals = dict(gauges.folded)
+    for gauge in gauges.breakers:
+        for state, n in gauge.transitions.items():
+            totals[gauge.handler, state] = totals.get((gauge.handler, state), 0) + n
+    return {k: n for k, n in totals.items() if n}
+
+
+def test_retention_deletes_idle_closed_keyed_breakers_only_in_batches(
+    repo: Store, sql: Sql
+) -> None:
+    """A keyed breaker closed, with no failure in its window, unchanged for the retention time
+    and its transitions gone is deleted (it reads as no row), a batch at a time; the handler's
+    own, one held open, one failing within its window, one changed lately and one with a
+    transition not logged yet are kept; /metrics' counter does not go down."""
+    open_key(repo, sql, "eu", extra=0)
+    repo.close_breaker(HANDLER, "ann", None, key="partner-eu")  # opened, closed: 2 transitions
+    for region in ("ap", "us", "ca"):  # one failure each: a closed row, no transition
+        fail(repo, sql, ready(repo, region, 1)[0])
+    fail(repo, sql, ready(repo, "-", 1, breaker=CircuitBreaker(3, 60, 30))[0])  # key ''
+    repo.open_breaker(HANDLER, "ann", None, key="partner-held")
+    drain(repo)  # logs (and marks) every transition so far
+    repo.open_breaker(HANDLER, "ann", None, key="partner-sa")
+    repo.close_breaker(HANDLER, "ann", None, key="partner-sa")  # its transitions not logged
+    before = counter(repo)
+    assert before[HANDLER, BreakerState.OPEN] == 3, transitions(sql)
+    assert before[HANDLER, BreakerState.CLOSED] == 2
+    old = "now() - interval '40 days'"
+    sql.execute(f"UPDATE breaker_transitions SET at = {old}")
+    sql.execute(f"UPDATE breakers SET updated_at = {old}")  # every row idle ...
+    sql.execute(  # ... and every failure out of its window, but us's
+        f"UPDATE breakers SET failures = ARRAY[{old}]"
+        " WHERE cardinality(failures) > 0 AND key <> 'partner-us'"
+    )
+    sql.execute("UPDATE breakers SET updated_at = now() WHERE key = 'partner-ca'")  # lately
+    rows: list[int] = []
+    for _ in range(5):
+        repo.purge(30 * DAY_S, 1)
+        rows.append(len(breakers(sql)))
+    # at most one a pass (eu's goes once the passes took its two transitions, one a pass)
+    assert all(0 <= a - b <= 1 for a, b in zip([7, *rows], rows, strict=False)) and rows[-1] == 5
+    assert sorted(breakers(sql)) == ["", "partner-ca", "partner-held", "partner-sa", "partner-us"]
+    # the deleted keys keep nothing: held's purged transition stays counted under its row
+    kept = sql.execute("SELECT DISTINCT key FROM breaker_transitions_purged").fetchall()
+    assert kept == [("partner-held",)]
+    assert counter(repo) == before  # eu's two transitions are its handler's now
+    assert repo.gauges().folded == {
+        (HANDLER, BreakerState.OPEN): 1,
+        (HANDLER, BreakerState.CLOSED): 1,
+    }
+    # a deleted key that fails again starts afresh: one failure, closed, its own row
+    fail(repo, sql, ready(repo, "ap", 1)[0])
+    row = sql.execute(
+        "SELECT state, cardinality(failures) FROM breakers WHERE key = 'partner-ap'"
+    ).fetchone()
+    assert row == ("closed", 1)
+
+
+def test_retention_skips_a_breaker_being_written_and_a_failure_after_it_starts_afresh(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    """A finish counting a failure holds the breaker row's lock: retention skips the row. The
+    other order, forced: retention's delete uncommitted while a key fails three times — the
+    failure waits, then inserts a fresh row (ON CONFLICT finds the old one gone) and opens it."""
+    fail(repo, sql, ready(repo, "eu", 1)[0])
+    fail(repo, sql, ready(repo, "us", 1)[0])
+    sql.execute("UPDATE breakers SET updated_at = now() - interval '40 days', failures = '{}'")
+    named = queries.load()
+    with psycopg.connect(clean_database_url) as writer:  # as trip_breakers' ON CONFLICT would
+        writer.execute("SELECT 1 FROM breakers WHERE key = 'partner-eu' FOR UPDATE")
+        repo.purge(30 * DAY_S, 100)
+        assert sorted(breakers(sql)) == ["partner-eu"]  # us deleted, eu skipped
+    with psycopg.connect(clean_database_url) as purger:
+        found = purger.execute(named["purge_idle_breakers"], {"age_s": 30 * DAY_S, "limit": 10})
+        assert found.rowcount == 1
+        tasks = ready(repo, "eu", 3)
+        claims = [claim_task(repo, sql, tid) for tid in tasks]
+        finisher = threading.Thread(
+            target=lambda: [
+                repo.finish(
+                    t,
+                    c.fencing_token,
+                    TaskState.FAILED,
+                    reason=FailureReason.HANDLER_ERROR,
+                    error="x",
+                )
+                for t, c in zip(tasks, claims, strict=True)
+            ]
+        )
+        finisher.start()
+        deadline = time.monotonic() + 10
+        while not waits_on_lock(sql) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert waits_on_lock(sql), "the failure did not wait for the deleting transaction"
+        purger.commit()
+        finisher.join(timeout=30)
+        assert not finisher.is_alive()
+    assert breakers(sql)["partner-eu"][0] == "open"  # three fresh failures, counted
+    assert sql.execute(
+        "SELECT cardinality(failures) FROM breakers WHERE key = 'partner-eu'"
+    ).fetchone() == (3,)
+
+
+COUNTED = FailureReason.HANDLER_ERROR
+
+
+def waits_on_lock(sql: Sql) -> bool:
+    """Whether another session of this database waits on a row (tuple or transaction) lock."""
+    row = sql.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return row is not None and row[0] > 0
 
 
 # ------------------------------------------------------------------ the CLI, the api, /metrics

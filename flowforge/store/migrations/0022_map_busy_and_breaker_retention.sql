@@ -15,3 +15,20 @@ CREATE INDEX task_runs_map_busy_idx ON task_runs (map_id)
 UPDATE task_runs
    SET pending_deps = 0, updated_at = now()
  WHERE map_id IS NOT NULL AND state = 'PENDING' AND pending_deps > 0 AND NOT ready_by_itself;
+
+-- Retention of keyed breakers (docs/flow-control.md "Retention of transitions and gate audit").
+-- A keyed breaker row that is closed, has no failure within its window and has not changed for
+-- the retention time reads exactly as no row (the gate and trip_breakers take an absent row for
+-- a closed one with no failures), so retention deletes it, with its transitions' kept counts:
+-- those are added to its handler's here, so /metrics' per-handler transition counter never
+-- goes down and nothing is kept per key that is gone. Never the handler-wide row (key '').
+CREATE TABLE breaker_transitions_folded (
+    handler  text   NOT NULL,
+    to_state text   NOT NULL,
+    n        bigint NOT NULL,
+    PRIMARY KEY (handler, to_state)
+);
+-- The idle keyed rows, oldest change first (the handler-wide rows and any not closed are not
+-- indexed: retention never deletes them).
+CREATE INDEX breakers_idle_keyed_idx ON breakers (updated_at)
+    WHERE key <> '' AND state = 'closed' AND NOT held;
