@@ -1092,7 +1092,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
                            WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
        t.child_workflow, t.child_run_id, t.queue, t.concurrency_key, t.concurrency_limit,
-       t.rate_key, t.rate_limit, t.rate_per_s, t.priority,
+       t.rate_key, t.rate_limit, t.rate_per_s, t.breaker_key, t.priority,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
@@ -1108,7 +1108,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
        t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id, t.queue,
-       t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit, t.rate_per_s, t.priority,
+       t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit, t.rate_per_s,
+       t.breaker_key, t.priority,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.id = %(id)s;

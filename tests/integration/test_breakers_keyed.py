@@ -20,7 +20,7 @@ import pytest
 
 from flowforge.cli import exitcodes
 from flowforge.domain.breakers import BreakerState, CircuitBreaker
-from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.dag import Concurrency, RateLimit, TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
@@ -504,6 +504,51 @@ def test_api_names_a_keyed_breaker_by_its_query_parameter(
         text = api.get("/metrics").body.decode()
         assert 'key="partner-us"' not in text  # closed: its series is gone
     assert sql.execute("SELECT count(*) FROM gate_audit").fetchone() == (2,)
+
+
+def test_a_tasks_keys_are_in_its_json_everywhere(config: Path, repo: Store, sql: Sql) -> None:
+    """A task's rendered keys — concurrency, rate and breaker — in the store's task and run
+    reads, `flowforge status RUN --json` and the api's task and run JSON (null without)."""
+    wf = WorkflowDef(
+        "all-keys",
+        (
+            TaskDef(
+                "call",
+                HANDLER,
+                concurrency=Concurrency("t-{region}", 2),
+                rate_limit=RateLimit(10, 1.0, "r-{region}"),
+                circuit_breaker=KEYED,
+            ),
+            TaskDef("plain", HANDLER, depends_on=("call",)),
+        ),
+    )
+    run_id = repo.trigger(wf, {"region": "eu"}).run_id
+    ids = task_ids(repo, run_id)
+    want = {
+        "concurrency_key": "t-eu",
+        "concurrency_limit": 2,
+        "rate_key": "r-eu",
+        "rate_limit": 10,
+        "rate_per_s": 1.0,
+        "breaker_key": "partner-eu",
+    }
+    none = dict.fromkeys(want)
+
+    def keys(task: dict[str, Any]) -> dict[str, Any]:
+        return {k: task[k] for k in want}
+
+    task = repo.get_task(ids["call"])
+    assert (task.concurrency_key, task.rate_key, task.breaker_key) == ("t-eu", "r-eu", "partner-eu")
+    by_name = {t.name: t for t in repo.get_run(run_id).tasks}
+    assert (by_name["call"].breaker_key, by_name["plain"].breaker_key) == ("partner-eu", None)
+    status = json.loads(assert_ok(flowforge(config, "status", str(run_id), "--json")))
+    shown = {t["name"]: keys(t) for t in status["tasks"]}
+    assert shown == {"call": want, "plain": none}
+    with serve_config(config) as api:
+        assert keys(api.get(f"/api/v1/task-runs/{ids['call']}").json()["task"]) == want
+        assert keys(api.get(f"/api/v1/task-runs/{ids['plain']}").json()["task"]) == none
+        tasks = api.get(f"/api/v1/runs/{run_id}").json()["tasks"]
+        assert {t["name"]: keys(t) for t in tasks} == {"call": want, "plain": none}
 
 
 def claim_counting_gates(sql: Sql, tids: list[UUID]) -> tuple[int, int]:
