@@ -89,9 +89,9 @@ def _admit(tx: Tx, limit: int) -> int:
         tx.all("lock_concurrency_keys", {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": ckeys})
     if rkeys:
         tx.all("lock_concurrency_keys", {"namespace": RATE_LOCK_NAMESPACE, "keys": rkeys})
-    params = {"ckeys": ckeys, "rkeys": rkeys, "per_key": limit}
-    maps = tx.all("lock_admission_maps", {**params, "namespace": MAP_LOCK_NAMESPACE})
-    row = tx.one("admit_gated", {**params, "maps": [m["id"] for m in maps]})
+    maps = tx.all("lock_admission_maps", {"namespace": MAP_LOCK_NAMESPACE, "limit": limit})
+    params = {"ckeys": ckeys, "rkeys": rkeys, "per_key": limit, "maps": [m["id"] for m in maps]}
+    row = tx.one("admit_gated", params)
     admitted, queued = (int(row["admitted"]), int(row["queued"])) if row else (0, 0)
     if queued:
         tx.all("notify_outbox")

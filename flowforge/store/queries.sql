@@ -2254,35 +2254,6 @@ AND
        AND (SELECT count(*) FROM task_runs b
              WHERE b.map_id = m.id AND b.state IN ('READY', 'RUNNING')) >= m.max_parallel)))
 
--- fragment: admission_candidates(task)
--- The CTE candidates (a column id; {task} names the task rows it reads): for each concurrency
--- key (ckeys) and rate key (rkeys), only the oldest tasks waiting for admission, as many as the largest limit the key's waiting tasks
--- declare (no more can be admitted) and at most per_key: a key with 10,000 waiting map items
--- costs a pass what its limit's worth of them cost, not a lock on each.
-candidates AS (
-    SELECT c.id
-      FROM unnest(%(ckeys)s::text[]) AS k(key)
-     CROSS JOIN LATERAL (
-           SELECT {task}.id FROM task_runs {task}
-            WHERE {task}.concurrency_key = k.key AND
--- use: awaiting_admission({task})
-            ORDER BY {task}.seq
-            LIMIT least(%(per_key)s, (SELECT max(u.concurrency_limit) FROM task_runs u
-                                     WHERE u.concurrency_key = k.key
-                                       AND u.state IN ('PENDING', 'RETRYING')))) AS c
-    UNION
-    SELECT c.id
-      FROM unnest(%(rkeys)s::text[]) AS k(key)
-     CROSS JOIN LATERAL (
-           SELECT {task}.id FROM task_runs {task}
-            WHERE {task}.rate_key = k.key AND
--- use: awaiting_admission({task})
-            ORDER BY {task}.seq
-            LIMIT least(%(per_key)s, (SELECT max(u.rate_limit) FROM task_runs u
-                                     WHERE u.rate_key = k.key
-                                       AND u.state IN ('PENDING', 'RETRYING')))) AS c
-)
-
 -- name: concurrency_keys_waiting
 -- Keys with a task the admission pass could admit: PENDING with its dependencies met and its
 -- ordering stream free, or RETRYING with its backoff over — and a worker to execute it. Sorted:
@@ -2304,20 +2275,28 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
  ORDER BY k;
 
 -- name: lock_admission_maps
--- The maps with a max_parallel whose items are among admit_gated's candidates for these keys
--- (locked first), each locked (advisory, transaction-scoped, namespace "MP", in id order, after
--- every key: no deadlock with another admission), and returned: admit_gated admits items of
--- these maps only, so two schedulers admitting items of one map for different keys take turns
--- and each counts what the other admitted. Nothing else makes a keyed item READY.
-WITH
--- use: admission_candidates(t)
+-- The RUNNING maps with a max_parallel whose items are keyed (their first item is not
+-- ready_by_itself: a map's items are all keyed or none) and that have room (fewer items READY or
+-- RUNNING than max_parallel; a full one admits nothing), up to %(limit)s, oldest first, each
+-- locked (advisory, transaction-scoped, namespace %(namespace)s, in id order, after every key:
+-- no deadlock with another admission), and returned: admit_gated admits items of these maps
+-- only, so two schedulers admitting items of one map for different keys take turns and each
+-- counts what the other admitted. Nothing else makes a keyed item READY. Read from the few
+-- RUNNING maps (task_runs_map_running_idx), not from the waiting items: a pass over 10,000
+-- waiting items pays for them once, in admit_gated.
 SELECT l.id
   FROM (SELECT m.id, pg_advisory_xact_lock(%(namespace)s::int4, hashtext(m.id::text))
-          FROM (SELECT DISTINCT t.map_id AS id
-                  FROM task_runs t
-                  JOIN task_runs p ON p.id = t.map_id AND p.max_parallel IS NOT NULL
-                 WHERE t.id IN (SELECT id FROM candidates)
-                 ORDER BY 1) AS m
+          FROM (SELECT p.id
+                  FROM task_runs p
+                 WHERE p.state = 'RUNNING' AND p.for_each IS NOT NULL
+                   AND p.max_parallel IS NOT NULL
+                   AND (SELECT NOT i.ready_by_itself FROM task_runs i
+                         WHERE i.map_id = p.id AND i.item_index = 0)
+                   AND (SELECT count(*) FROM task_runs b
+                         WHERE b.map_id = p.id AND b.state IN ('READY', 'RUNNING'))
+                       < p.max_parallel
+                 ORDER BY p.seq
+                 LIMIT %(limit)s) AS m
          ORDER BY m.id) AS l;
 
 -- name: admit_gated
@@ -2336,10 +2315,33 @@ SELECT l.id
 -- longest per) among the waiting ones applies. Rate room is ranked among the tasks the
 -- concurrency keys let through, and a map's room among those both kinds of key let through, so
 -- a task held by a key takes no room of the next gate (an item waiting for its tenant's key
--- holds no max_parallel slot). Candidates: admission_candidates.
-WITH
--- use: admission_candidates(t)
-, waiting AS (
+-- holds no max_parallel slot).
+-- Only the oldest waiting tasks of each key are candidates, as many as the largest limit its
+-- waiting tasks declare (no more can be admitted) and at most per_key: a key with 10,000
+-- waiting map items costs a pass what its limit's worth of them cost, not a lock on each.
+WITH candidates AS (
+    SELECT c.id
+      FROM unnest(%(ckeys)s::text[]) AS k(key)
+     CROSS JOIN LATERAL (
+           SELECT t.id FROM task_runs t
+            WHERE t.concurrency_key = k.key AND
+-- use: awaiting_admission(t)
+            ORDER BY t.seq
+            LIMIT least(%(per_key)s, (SELECT max(u.concurrency_limit) FROM task_runs u
+                                       WHERE u.concurrency_key = k.key
+                                         AND u.state IN ('PENDING', 'RETRYING')))) AS c
+    UNION
+    SELECT c.id
+      FROM unnest(%(rkeys)s::text[]) AS k(key)
+     CROSS JOIN LATERAL (
+           SELECT t.id FROM task_runs t
+            WHERE t.rate_key = k.key AND
+-- use: awaiting_admission(t)
+            ORDER BY t.seq
+            LIMIT least(%(per_key)s, (SELECT max(u.rate_limit) FROM task_runs u
+                                       WHERE u.rate_key = k.key
+                                         AND u.state IN ('PENDING', 'RETRYING')))) AS c
+), waiting AS (
     SELECT t.id, t.seq, t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit,
            t.rate_per_s, t.map_id
       FROM task_runs t
@@ -2350,7 +2352,7 @@ WITH
             OR (SELECT p.max_parallel FROM task_runs p WHERE p.id = t.map_id) IS NULL) AND
 -- use: awaiting_admission(t)
        FOR UPDATE OF t SKIP LOCKED
-), c_room AS (
+), c_room AS MATERIALIZED (
     SELECT w.concurrency_key AS key,
            min(w.concurrency_limit)
            - (SELECT count(*) FROM task_runs h
@@ -2370,7 +2372,7 @@ WITH
       FROM waiting w
      WHERE w.rate_key IS NOT NULL
      GROUP BY w.rate_key
-), r_room AS (
+), r_room AS MATERIALIZED (
     SELECT r.key,
            r.lim
            - (SELECT count(*) FROM task_runs h WHERE h.rate_key = r.key AND h.state = 'READY')
@@ -2385,7 +2387,7 @@ WITH
               FROM c_ok o) o
       LEFT JOIN r_room r ON r.key = o.rate_key
      WHERE o.rate_key IS NULL OR o.rn <= r.room
-), m_room AS (
+), m_room AS MATERIALIZED (
     SELECT p.id,
            p.max_parallel - (SELECT count(*) FROM task_runs b
                               WHERE b.map_id = p.id AND b.state IN ('READY', 'RUNNING')) AS room

@@ -305,7 +305,7 @@ def test_a_second_admission_for_another_key_waits_for_the_maps_lock(
             named["lock_concurrency_keys"], {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": [key]}
         )
         maps = conn.execute(
-            named["lock_admission_maps"], {**params, "namespace": MAP_LOCK_NAMESPACE}
+            named["lock_admission_maps"], {"namespace": MAP_LOCK_NAMESPACE, "limit": 100}
         ).fetchall()
         row = conn.execute(named["admit_gated"], {**params, "maps": [m[0] for m in maps]})
         found = row.fetchone()
