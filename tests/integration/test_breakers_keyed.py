@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -30,7 +29,7 @@ from tests.api_client import assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_ok
 from tests.cli_runner import assert_refused as refused
 from tests.cli_runner import run_config as flowforge
-from tests.helpers import claim_task, dispatch, drain, outbox_token, task_ids
+from tests.helpers import claim_task, dispatch, drain, outbox_token, task_ids, wait_for
 from tests.integration.test_breakers import (
     HANDLER,
     NOW_RETRY,
@@ -385,10 +384,7 @@ def test_retention_skips_a_breaker_being_written_and_a_failure_after_it_starts_a
             ]
         )
         finisher.start()
-        deadline = time.monotonic() + 10
-        while not waits_on_lock(sql) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert waits_on_lock(sql), "the failure did not wait for the deleting transaction"
+        wait_for(lambda: waits_on_lock(sql), what="the failure to wait for the delete")
         purger.commit()
         finisher.join(timeout=30)
         assert not finisher.is_alive()

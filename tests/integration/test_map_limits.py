@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -37,7 +36,16 @@ from flowforge.store.db import Database
 from flowforge.store.limits import CONCURRENCY_LOCK_NAMESPACE, MAP_LOCK_NAMESPACE
 from tests.api_client import Api, assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_refused, run_config
-from tests.helpers import claim_task, dispatch, drain, race, running_peaks, task_ids, until_idle
+from tests.helpers import (
+    claim_task,
+    dispatch,
+    drain,
+    race,
+    running_peaks,
+    task_ids,
+    until_idle,
+    wait_for,
+)
 from tests.integration.test_concurrency_limits import waits_on_advisory_lock
 from tests.integration.test_maps import run_list
 from tests.store import Store
@@ -316,13 +324,10 @@ def test_a_second_admission_for_another_key_waits_for_the_maps_lock(
         second: dict[str, int] = {}
         racer = threading.Thread(target=lambda: second.update(n=admit(b, "t-b")))
         racer.start()
-        deadline = time.monotonic() + 10
-        blocked = False
-        while not blocked and time.monotonic() < deadline:
-            blocked = waits_on_advisory_lock(sql, b.info.backend_pid)
-            if not blocked:
-                time.sleep(0.02)
-        assert blocked, "the second admission did not wait for the map's lock"
+        wait_for(
+            lambda: waits_on_advisory_lock(sql, b.info.backend_pid),
+            what="the second admission to wait for the map's lock",
+        )
         first.commit()
         racer.join(timeout=30)
         assert not racer.is_alive()
