@@ -41,7 +41,8 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 TABLES = (
     "test_executions, counters, processes, purge_audit, requeue_audit, idempotency_keys, outbox, "
     "schedule_fires, schedules, event_deliveries, events, rerun_audit, task_audit, "
-    "gate_audit, pauses, breaker_transitions, breakers, "
+    "gate_audit, pauses, breaker_transitions, breaker_transitions_purged, "
+    "breaker_transitions_folded, breakers, "
     "task_attempts, task_edges, task_runs, workflow_runs, workflow_definitions"
 )
 

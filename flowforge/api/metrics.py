@@ -92,7 +92,7 @@ def _gate_metrics(gated: GateGauges) -> Iterator[Metric]:
     the keyed ones not closed (a key absent reads closed), at most
     :data:`MAX_KEYED_SERIES` of them (the rows come not-closed first, newest change first),
     and ``flowforge_breakers_keyed_not_closed{handler}`` counts them all; the transition
-    counter is per handler, summed over its keys."""
+    counter is per handler, summed over its keys (those retention deleted included)."""
     state = GaugeMetricFamily(
         "flowforge_breaker_state",
         "Circuit breaker state per handler and key ('' the handler's own; keyed ones only when "
@@ -109,7 +109,7 @@ def _gate_metrics(gated: GateGauges) -> Iterator[Metric]:
         "Keyed circuit breakers of a handler that are open or half-open",
         labels=["handler"],
     )
-    totals: dict[tuple[str, BreakerState], int] = {}
+    totals = dict(gated.folded)  # keyed breakers retention deleted: their counts stay
     not_closed: dict[str, int] = {}
     shown = 0
     for gauge in gated.breakers:

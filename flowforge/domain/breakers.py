@@ -8,7 +8,7 @@ and the names an operator may pause. The state itself lives in PostgreSQL (``bre
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
@@ -233,10 +233,13 @@ class BreakerGauge:
 
 @dataclass(frozen=True)
 class GateGauges:
-    """``/metrics``' breakers and parked tasks (by ``waiting_on``)."""
+    """``/metrics``' breakers and parked tasks (by ``waiting_on``); ``folded``: per (handler,
+    state entered), the transitions of keyed breakers retention deleted (their handler's
+    counter keeps them)."""
 
     breakers: tuple[BreakerGauge, ...]
     parked: dict[str, int]
+    folded: dict[tuple[str, BreakerState], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

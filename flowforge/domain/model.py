@@ -61,6 +61,7 @@ class TaskRun:
     rate_key: str | None = None  # its rate key, rendered (None: no rate limit)
     rate_limit: int | None = None  # ... the starts it allows per window
     rate_per_s: float | None = None  # ... and the window, in seconds
+    breaker_key: str | None = None  # its circuit breaker's key, rendered (None: the handler's)
     waiting_on: str | None = None  # why it waits (SPEC 7.4): start_at, timer, event, concurrency,
     # rate_limit
     priority: int = 0  # 0..9, higher first within its queue (migration 0019)

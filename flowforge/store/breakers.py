@@ -143,6 +143,10 @@ def _gauges(tx: Tx) -> GateGauges:
             for r in tx.all("breaker_gauges")
         ),
         {r["reason"]: r["n"] for r in tx.all("parked_counts")},
+        {
+            (r["handler"], BreakerState(r["to_state"])): r["n"]
+            for r in tx.all("breaker_folded_transitions")
+        },
     )
 
 

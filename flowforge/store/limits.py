@@ -27,6 +27,8 @@ CONCURRENCY_LOCK_NAMESPACE = 0x434B
 #: ... and of rate keys ("RL"). Every transaction locks ordering keys, then concurrency keys,
 #: then rate keys, each in key order: no two of them deadlock.
 RATE_LOCK_NAMESPACE = 0x524C
+#: ... and of maps whose max_parallel the admission applies ("MP"), after every key.
+MAP_LOCK_NAMESPACE = 0x4D50
 
 
 class Limits(Part):
@@ -37,9 +39,11 @@ class Limits(Part):
         tasks admitted (PENDING with dependencies met, or due RETRYING → READY + outbox row),
         oldest first, as many as each key has room for and at most ``limit`` per key (the
         oldest ``limit`` waiting tasks of a key are the pass's candidates: a map's 10,000 items
-        waiting on one key are not all locked by every pass). Returns how many tasks were admitted.
-        Never over a key's limit with any number of schedulers and triggers: each key is
-        locked (advisory, transaction-scoped) before its room is counted."""
+        waiting on one key are not all locked by every pass) — and, for a map's items, as many
+        as the map's ``max_parallel`` has room for (its items READY or RUNNING: an item waiting
+        for its key holds no slot). Returns how many tasks were admitted. Never over a key's
+        limit nor a map's max_parallel with any number of schedulers and triggers: each key and
+        each such map is locked (advisory, transaction-scoped) before its room is counted."""
         transitions.check((TaskState.PENDING, TaskState.RETRYING), TaskState.READY)
         return self._transaction(_admit, limit)
 
@@ -85,7 +89,9 @@ def _admit(tx: Tx, limit: int) -> int:
         tx.all("lock_concurrency_keys", {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": ckeys})
     if rkeys:
         tx.all("lock_concurrency_keys", {"namespace": RATE_LOCK_NAMESPACE, "keys": rkeys})
-    row = tx.one("admit_gated", {"ckeys": ckeys, "rkeys": rkeys, "per_key": limit})
+    maps = tx.all("lock_admission_maps", {"namespace": MAP_LOCK_NAMESPACE, "limit": limit})
+    params = {"ckeys": ckeys, "rkeys": rkeys, "per_key": limit, "maps": [m["id"] for m in maps]}
+    row = tx.one("admit_gated", params)
     admitted, queued = (int(row["admitted"]), int(row["queued"])) if row else (0, 0)
     if queued:
         tx.all("notify_outbox")

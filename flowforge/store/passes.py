@@ -161,16 +161,18 @@ class Passes(Part):
 
     def purge(self, age_s: float, limit: int, *, key_age_s: float | None = None) -> int:
         """Retention: delete up to ``limit`` each of finished runs, published outbox rows,
-        logged breaker transitions and gate audit rows older than ``age_s`` and SUCCEEDED
+        logged breaker transitions and gate audit rows older than ``age_s``, keyed breakers
+        closed, without failures in their window and unchanged for ``age_s``, and SUCCEEDED
         idempotency keys unused for ``key_age_s`` (seconds; None leaves keys alone); returns
         the rows deleted. A run with a DEAD (or any unsettled) task is never deleted, nor a
-        breaker transition not logged yet."""
+        breaker transition not logged yet, nor a handler's own breaker or one not closed."""
         ages = {
             "purge_runs": age_s,
             "purge_outbox": age_s,
             "purge_keys": key_age_s,
             "purge_gate_audit": age_s,
             "purge_breaker_transitions": age_s,
+            "purge_idle_breakers": age_s,  # after the transitions: it needs theirs gone
         }
         return self._transaction(_purge, ages, limit)
 

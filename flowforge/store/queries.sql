@@ -454,6 +454,45 @@ WITH doomed AS (
 )
 DELETE FROM breaker_transitions x USING doomed WHERE x.id = doomed.id;
 
+-- name: purge_idle_breakers
+-- Keyed breakers (key <> '': never a handler's own) that are closed (so not held open by an
+-- operator nor probing), with no failure within their window, unchanged for the retention time
+-- and with no transition left in breaker_transitions (purge_breaker_transitions, run before in
+-- the same transaction, takes those first), in a bounded batch, oldest change first: deleted,
+-- their transitions' kept counts added to their handler's (breaker_transitions_folded, in
+-- handler order: two purges never deadlock), so /metrics' counter never goes down. Such a row
+-- reads as no row: the gate and trip_breakers take an absent breaker for a closed one without
+-- failures. A row a finish or an operator is writing is locked and skipped; one written after
+-- this statement locked it is inserted afresh once the delete commits (ON CONFLICT finds it gone).
+WITH doomed AS (
+    SELECT b.handler, b.key FROM breakers b
+     WHERE b.key <> '' AND b.state = 'closed' AND NOT b.held
+       AND b.updated_at < now() - make_interval(secs => %(age_s)s)
+       AND NOT EXISTS (SELECT 1 FROM unnest(b.failures) AS f(at)
+                        WHERE f.at > now() - make_interval(secs => coalesce(b.window_s, 0)))
+       AND NOT EXISTS (SELECT 1 FROM breaker_transitions x
+                        WHERE x.handler = b.handler AND x.key = b.key)
+     ORDER BY b.updated_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), counts AS (
+    DELETE FROM breaker_transitions_purged p USING doomed d
+     WHERE p.handler = d.handler AND p.key = d.key
+    RETURNING p.handler, p.to_state, p.n
+), folded AS (
+    INSERT INTO breaker_transitions_folded AS f (handler, to_state, n)
+    SELECT handler, to_state, sum(n) FROM counts
+     GROUP BY handler, to_state
+     ORDER BY handler, to_state
+    ON CONFLICT (handler, to_state) DO UPDATE SET n = f.n + EXCLUDED.n
+)
+DELETE FROM breakers b USING doomed d WHERE b.handler = d.handler AND b.key = d.key;
+
+-- name: breaker_folded_transitions
+-- /metrics: the transitions of keyed breakers retention deleted, per handler and state
+-- entered (purge_idle_breakers): added to the handler's counter.
+SELECT handler, to_state, n FROM breaker_transitions_folded ORDER BY handler, to_state;
+
 -- name: purge_gate_audit
 -- Operator actions on breakers and pauses older than the retention, in a bounded batch: the
 -- audit of a run's tasks (task, requeue, rerun audit) goes with its run after the same time,
@@ -973,9 +1012,11 @@ WITH RECURSIVE downstream(id) AS (
            updated_at = now(),
            pending_deps = (SELECT count(*) FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                             WHERE e.downstream_id = t.id AND u.state <> 'SUCCEEDED')
-                          -- a map's item waits for a max_parallel slot again (no edge of its own)
+                          -- a map's item waits for a max_parallel slot again (no edge of its
+                          -- own), unless keyed: admit_gated applies its map's max_parallel
                           + (SELECT count(*) FROM task_runs m
-                              WHERE m.id = t.map_id AND m.max_parallel IS NOT NULL)
+                              WHERE m.id = t.map_id AND m.max_parallel IS NOT NULL
+                                AND t.ready_by_itself)
       FROM run_state s
      WHERE t.run_id = %(run_id)s AND t.state = 'CANCELLED' AND t.cancel_cause = 'upstream'
        AND NOT s.operator_cancel
@@ -1097,7 +1138,7 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
                            WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
        t.child_workflow, t.child_run_id, t.queue, t.concurrency_key, t.concurrency_limit,
-       t.rate_key, t.rate_limit, t.rate_per_s, t.priority,
+       t.rate_key, t.rate_limit, t.rate_per_s, t.breaker_key, t.priority,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL
@@ -1116,7 +1157,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
        t.for_each, t.map_id, t.item_index, t.child_workflow, t.child_run_id, t.queue,
-       t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit, t.rate_per_s, t.priority,
+       t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit, t.rate_per_s,
+       t.breaker_key, t.priority,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.id = %(id)s;
@@ -1689,8 +1731,9 @@ SELECT t.id, t.run_id, t.name, t.for_each, r.input, u.result AS source,
 -- promote_ready makes the others READY, lowest item first under its batch limit (the outbox
 -- rows of one statement carry no order among themselves). An item with a concurrency or rate
 -- key (rendered per item, with the map's limits) is not ready_by_itself: admit_gated admits
--- it, as any limited task. An empty list leaves the map RUNNING with no items: settle_maps
--- completes it in the same pass.
+-- it, as any limited task — and, the map's max_parallel too (it counts the map's items READY
+-- or RUNNING), so a keyed item is created with no closed slot. An empty list leaves the map
+-- RUNNING with no items: settle_maps completes it in the same pass.
 WITH map AS (
     UPDATE task_runs t
        SET state = 'RUNNING', started_at = coalesce(t.started_at, now()), updated_at = now()
@@ -1715,7 +1758,8 @@ WITH map AS (
                            breaker_failures, breaker_window_s, breaker_cooldown_s, breaker_key,
                            concurrency_key, concurrency_limit, rate_key, rate_limit, rate_per_s)
     SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
-           CASE WHEN s.idx >= m.max_parallel THEN 1 ELSE 0 END, m.max_attempts,
+           CASE WHEN s.idx >= m.max_parallel AND k.ckey IS NULL AND k.rkey IS NULL
+                THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
            m.id, s.idx, s.item, m.queue, m.priority,
            m.breaker_failures, m.breaker_window_s, m.breaker_cooldown_s, k.bkey,
@@ -1847,12 +1891,13 @@ SELECT t.id, t.item_index, t.state, t.attempt, t.failure_reason, t.last_error, t
 
 -- name: requeue_map_items
 -- The requeue of a DEAD map requeues its DEAD items with it (the map's audit row covers them):
--- DEAD → PENDING with a fresh retry budget, waiting for a max_parallel slot if it has one.
+-- DEAD → PENDING with a fresh retry budget, waiting for a max_parallel slot if it has one (a
+-- keyed item has none: admit_gated applies its map's max_parallel).
 UPDATE task_runs t
    SET state = 'PENDING', budget_start = t.attempt, fencing_token = t.fencing_token + 1,
        failure_reason = NULL, retry_at = NULL, finished_at = NULL, crash_streak = 0,
        cancel_requested = false, propagated = true, updated_at = now(),
-       pending_deps = CASE WHEN m.max_parallel IS NULL THEN 0 ELSE 1 END
+       pending_deps = CASE WHEN m.max_parallel IS NULL OR NOT t.ready_by_itself THEN 0 ELSE 1 END
   FROM task_runs m
  WHERE m.id = %(id)s AND m.for_each IS NOT NULL AND t.map_id = m.id AND t.state = 'DEAD'
 RETURNING t.id;
@@ -2250,11 +2295,25 @@ SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
 -- Whether a task of {task} waits for the admission pass: a worker executes it but a gate holds
 -- it back (a concurrency or rate key: not ready_by_itself), and it is PENDING with its
 -- dependencies met and its ordering stream free (as promote_ready judges it), or RETRYING with
--- its backoff over.
+-- its backoff over — and, for a map's item, its map is not at its max_parallel (an item that
+-- waits for its map takes no turn in its keys' lines: other tasks of the key go ahead).
 {task}.needs_worker AND NOT {task}.ready_by_itself
 AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0 AND
 -- use: stream_free({task})
      ) OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
+AND
+-- use: map_has_room({task})
+
+-- fragment: map_has_room(task)
+-- Whether {task}, if a map's item, may be admitted as far as its map's max_parallel goes: its
+-- map is not among the RUNNING maps with as many items READY or RUNNING as their max_parallel.
+-- Those maps are read once per statement (the subquery does not read {task}: an InitPlan), each
+-- counted through task_runs_map_busy_idx (migration 0022), which holds only busy items.
+({task}.map_id IS NULL OR {task}.map_id <> ALL(ARRAY(
+    SELECT m.id FROM task_runs m
+     WHERE m.state = 'RUNNING' AND m.for_each IS NOT NULL AND m.max_parallel IS NOT NULL
+       AND (SELECT count(*) FROM task_runs b
+             WHERE b.map_id = m.id AND b.state IN ('READY', 'RUNNING')) >= m.max_parallel)))
 
 -- name: concurrency_keys_waiting
 -- Keys with a task the admission pass could admit: PENDING with its dependencies met and its
@@ -2276,11 +2335,37 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
   FROM unnest(%(keys)s::text[]) AS k
  ORDER BY k;
 
+-- name: lock_admission_maps
+-- The RUNNING maps with a max_parallel whose items are keyed (their first item is not
+-- ready_by_itself: a map's items are all keyed or none) and that have room (fewer items READY or
+-- RUNNING than max_parallel; a full one admits nothing), up to %(limit)s, oldest first, each
+-- locked (advisory, transaction-scoped, namespace %(namespace)s, in id order, after every key:
+-- no deadlock with another admission), and returned: admit_gated admits items of these maps
+-- only, so two schedulers admitting items of one map for different keys take turns and each
+-- counts what the other admitted. Nothing else makes a keyed item READY. Read from the few
+-- RUNNING maps (task_runs_map_running_idx), not from the waiting items: a pass over 10,000
+-- waiting items pays for them once, in admit_gated.
+SELECT l.id
+  FROM (SELECT m.id, pg_advisory_xact_lock(%(namespace)s::int4, hashtext(m.id::text))
+          FROM (SELECT p.id
+                  FROM task_runs p
+                 WHERE p.state = 'RUNNING' AND p.for_each IS NOT NULL
+                   AND p.max_parallel IS NOT NULL
+                   AND (SELECT NOT i.ready_by_itself FROM task_runs i
+                         WHERE i.map_id = p.id AND i.item_index = 0)
+                   AND (SELECT count(*) FROM task_runs b
+                         WHERE b.map_id = p.id AND b.state IN ('READY', 'RUNNING'))
+                       < p.max_parallel
+                 ORDER BY p.seq
+                 LIMIT %(limit)s) AS m
+         ORDER BY m.id) AS l;
+
 -- name: admit_gated
 -- For each concurrency key (ckeys) and rate key (rkeys), each locked by lock_concurrency_keys: its
 -- waiting tasks (as concurrency_keys_waiting finds them; a task with both kinds of key only
--- when both are locked) become READY with an outbox row, oldest first (seq), as many as both
--- its keys have room for:
+-- when both are locked; a map's item of a map with a max_parallel only when lock_admission_maps
+-- locked its map: maps) become READY with an outbox row, oldest first (seq), as many as both
+-- its keys have room for — and its map (max_parallel less the map's items READY or RUNNING):
 -- - a concurrency key's room is its limit less its tasks READY or RUNNING now (a slot frees
 --   when its task leaves READY/RUNNING: a finish, a reap, a defer, a cancel);
 -- - a rate key's room is its limit less its tasks READY now (admitted, each will start) and
@@ -2289,7 +2374,9 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 --   late a worker claims: docs/flow-control.md "Rate limits" has the argument.
 -- Tasks of one key that declare different rules: the smallest limit (and for a rate key the
 -- longest per) among the waiting ones applies. Rate room is ranked among the tasks the
--- concurrency keys let through, so a task held by its concurrency key takes no rate room.
+-- concurrency keys let through, and a map's room among those both kinds of key let through, so
+-- a task held by a key takes no room of the next gate (an item waiting for its tenant's key
+-- holds no max_parallel slot).
 -- Only the oldest waiting tasks of each key are candidates, as many as the largest limit its
 -- waiting tasks declare (no more can be admitted) and at most per_key: a key with 10,000
 -- waiting map items costs a pass what its limit's worth of them cost, not a lock on each.
@@ -2317,14 +2404,16 @@ WITH candidates AS (
                                          AND u.state IN ('PENDING', 'RETRYING')))) AS c
 ), waiting AS (
     SELECT t.id, t.seq, t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit,
-           t.rate_per_s
+           t.rate_per_s, t.map_id
       FROM task_runs t
      WHERE t.id IN (SELECT id FROM candidates)
        AND (t.concurrency_key IS NULL OR t.concurrency_key = ANY(%(ckeys)s::text[]))
-       AND (t.rate_key IS NULL OR t.rate_key = ANY(%(rkeys)s::text[])) AND
+       AND (t.rate_key IS NULL OR t.rate_key = ANY(%(rkeys)s::text[]))
+       AND (t.map_id IS NULL OR t.map_id = ANY(%(maps)s::uuid[])
+            OR (SELECT p.max_parallel FROM task_runs p WHERE p.id = t.map_id) IS NULL) AND
 -- use: awaiting_admission(t)
        FOR UPDATE OF t SKIP LOCKED
-), c_room AS (
+), c_room AS MATERIALIZED (
     SELECT w.concurrency_key AS key,
            min(w.concurrency_limit)
            - (SELECT count(*) FROM task_runs h
@@ -2344,7 +2433,7 @@ WITH candidates AS (
       FROM waiting w
      WHERE w.rate_key IS NOT NULL
      GROUP BY w.rate_key
-), r_room AS (
+), r_room AS MATERIALIZED (
     SELECT r.key,
            r.lim
            - (SELECT count(*) FROM task_runs h WHERE h.rate_key = r.key AND h.state = 'READY')
@@ -2352,13 +2441,26 @@ WITH candidates AS (
                WHERE a.rate_key = r.key
                  AND a.started_at > now() - make_interval(secs => r.per)) AS room
       FROM r_rule r
-), chosen AS (
-    SELECT o.id
-      FROM (SELECT o.id, o.rate_key,
+), r_ok AS (
+    SELECT o.id, o.seq, o.map_id
+      FROM (SELECT o.id, o.seq, o.map_id, o.rate_key,
                    row_number() OVER (PARTITION BY o.rate_key ORDER BY o.seq) AS rn
               FROM c_ok o) o
       LEFT JOIN r_room r ON r.key = o.rate_key
      WHERE o.rate_key IS NULL OR o.rn <= r.room
+), m_room AS MATERIALIZED (
+    SELECT p.id,
+           p.max_parallel - (SELECT count(*) FROM task_runs b
+                              WHERE b.map_id = p.id AND b.state IN ('READY', 'RUNNING')) AS room
+      FROM task_runs p
+     WHERE p.id = ANY(%(maps)s::uuid[])
+), chosen AS (
+    SELECT o.id
+      FROM (SELECT o.id, o.map_id,
+                   row_number() OVER (PARTITION BY o.map_id ORDER BY o.seq) AS rn
+              FROM r_ok o) o
+      LEFT JOIN m_room m ON m.id = o.map_id
+     WHERE m.id IS NULL OR o.rn <= m.room
 ),
 -- use: dispatch(chosen)
 SELECT (SELECT count(*) FROM promoted) AS admitted, (SELECT count(*) FROM queued) AS queued;
@@ -2384,7 +2486,8 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
 -- claim: its handler's breaker is open, its queue or handler paused), `concurrency`
 -- (dependencies met, or its backoff over, and no free slot of its concurrency key yet),
 -- `rate_limit` (the same, and its concurrency key, if any, has a free slot: its rate key's
--- window is full).
+-- window is full). A keyed map item whose keys have room but whose map is at its max_parallel
+-- waits for the map: NULL, as an unkeyed item behind its closed slot.
 CASE WHEN {task}.state = 'PENDING' AND {task}.start_gate THEN 'start_at'
      WHEN {task}.state = 'RUNNING' AND {task}.sleep_s IS NOT NULL THEN 'timer'
      WHEN {task}.state = 'RUNNING' AND {task}.event_name IS NOT NULL THEN 'event'
@@ -2392,12 +2495,16 @@ CASE WHEN {task}.state = 'PENDING' AND {task}.start_gate THEN 'start_at'
      WHEN {task}.needs_worker AND NOT {task}.ready_by_itself
           AND (({task}.state = 'PENDING' AND {task}.pending_deps = 0)
                OR ({task}.state = 'RETRYING' AND {task}.retry_at <= now()))
-     THEN CASE WHEN {task}.rate_key IS NULL
-                 OR ({task}.concurrency_key IS NOT NULL
-                     AND (SELECT count(*) FROM task_runs h
-                           WHERE h.concurrency_key = {task}.concurrency_key
-                             AND h.state IN ('READY', 'RUNNING')) >= {task}.concurrency_limit)
-               THEN 'concurrency' ELSE 'rate_limit' END
+     THEN CASE WHEN {task}.concurrency_key IS NOT NULL
+                    AND (SELECT count(*) FROM task_runs h
+                          WHERE h.concurrency_key = {task}.concurrency_key
+                            AND h.state IN ('READY', 'RUNNING')) >= {task}.concurrency_limit
+               THEN 'concurrency'
+               -- its keys' turn comes when its map has room: NULL, as an unkeyed item's slot
+               WHEN NOT
+-- use: map_has_room({task})
+               THEN NULL
+               WHEN {task}.rate_key IS NULL THEN 'concurrency' ELSE 'rate_limit' END
 END AS waiting_on
 
 -- name: concurrency_room

@@ -120,6 +120,7 @@ def task_run(row: Row) -> TaskRun:
         rate_key=row.get("rate_key"),
         rate_limit=row.get("rate_limit"),
         rate_per_s=row.get("rate_per_s"),
+        breaker_key=row.get("breaker_key"),
         waiting_on=row.get("waiting_on"),
         priority=row.get("priority") or 0,
         progress=_progress(row),

@@ -112,6 +112,22 @@ WORKFLOWS: dict[str, list[dict[str, Any]]] = {
         {"name": "process", "handler": "e2e.item_paced", "for_each": "list"},
         {"name": "merge", "handler": "e2e.record", "depends_on": ["process"]},
     ],
+    # a gated task with every flow-control key rendered from input.tenant: a second run of one
+    # tenant waits for the first's concurrency slot
+    "ui-keyed": [
+        {
+            "name": "call",
+            "handler": "e2e.gate",
+            "concurrency": {"key": "t-{tenant}", "limit": 1},
+            "rate_limit": {"limit": 100, "per": "1s", "key": "r-{tenant}"},
+            "circuit_breaker": {
+                "failures": 5,
+                "window": "60s",
+                "cooldown": "30s",
+                "key": "b-{tenant}",
+            },
+        }
+    ],
 }
 #: Workflow keys besides ``tasks`` (by workflow name).
 WORKFLOW_KEYS: dict[str, dict[str, Any]] = {"ui-map": {"fail_fast": False}}

@@ -793,6 +793,40 @@ def test_a_task_shows_its_queue_and_the_overview_flags_an_unserved_queue(
             channel.queue_delete(UNSERVED)
 
 
+def test_a_tasks_panel_shows_its_keys_as_text(
+    page: Page, dashboard: Dashboard, sql: Sql, screenshot: Shot
+) -> None:
+    """The task panel lists the task's rendered concurrency, rate and breaker keys (keys are
+    rendered from run input: shown as text, never markup) and names the key it waits on."""
+    dashboard.sign_in(page)
+    tenant = "<i data-testid=injected-key>x</i>"
+    never = str(dashboard.gate) + ".never"  # the gate stays shut: the runs are cancelled below
+    first = dashboard.trigger("ui-keyed", {"tenant": tenant, "gate": never})
+    second = dashboard.trigger("ui-keyed", {"tenant": tenant, "gate": never})
+    try:
+        wait_task(sql, first, "call", "RUNNING")
+        page.goto(dashboard.url(f"/ui/runs/{second}"))
+        dag_node(page, "call").click()
+        panel = page.locator("[data-testid=task-panel]")
+        expect(panel.locator("[data-testid=task-key]")).to_have_text(
+            [
+                f"concurrency t-{tenant} (limit 1)",
+                f"rate_limit r-{tenant} (100 per 1s)",
+                f"circuit_breaker b-{tenant}",
+            ]
+        )
+        expect(panel.locator("[data-testid=task-waiting-on]")).to_have_text(
+            f"concurrency (t-{tenant})"
+        )
+        expect(page.locator("[data-testid=injected-key]")).to_have_count(0)
+        screenshot("task-keys")
+    finally:
+        for run_id in (first, second):
+            status, body = dashboard.request("POST", f"/api/v1/runs/{run_id}/cancel", {})
+            assert status == 200, (status, body)
+        wait_run(sql, first, "CANCELLED")
+
+
 # ------------------------------------------------------------------ time
 
 

@@ -9,6 +9,7 @@ is read from the database.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -18,8 +19,9 @@ import pytest
 
 from flowforge.cli import exitcodes
 from flowforge.domain.breakers import BreakerState, CircuitBreaker
-from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.dag import Concurrency, RateLimit, TaskDef, WorkflowDef
 from flowforge.domain.model import ClaimOutcome
+from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import InputError, WrongStateError
 from flowforge.store import queries
@@ -27,7 +29,7 @@ from tests.api_client import assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_ok
 from tests.cli_runner import assert_refused as refused
 from tests.cli_runner import run_config as flowforge
-from tests.helpers import claim_task, dispatch, drain, outbox_token, task_ids
+from tests.helpers import claim_task, dispatch, drain, outbox_token, task_ids, wait_for
 from tests.integration.test_breakers import (
     HANDLER,
     NOW_RETRY,
@@ -289,6 +291,121 @@ def test_retention_deletes_old_logged_transitions_only_and_counts_stay(
     assert try_claim(repo, sql, eu[0]) is ClaimOutcome.LOST
 
 
+def counter(repo: Store) -> dict[tuple[str, BreakerState], int]:
+    """/metrics' transition counter as the api sums it: per handler and state entered, over
+    its breakers' rows and the counts of keyed rows retention deleted."""
+    gauges = repo.gauges()
+    totals = dict(gauges.folded)
+    for gauge in gauges.breakers:
+        for state, n in gauge.transitions.items():
+            totals[gauge.handler, state] = totals.get((gauge.handler, state), 0) + n
+    return {k: n for k, n in totals.items() if n}
+
+
+def test_retention_deletes_idle_closed_keyed_breakers_only_in_batches(
+    repo: Store, sql: Sql
+) -> None:
+    """A keyed breaker closed, with no failure in its window, unchanged for the retention time
+    and its transitions gone is deleted (it reads as no row), a batch at a time; the handler's
+    own, one held open, one failing within its window, one changed lately and one with a
+    transition not logged yet are kept; /metrics' counter does not go down."""
+    open_key(repo, sql, "eu", extra=0)
+    repo.close_breaker(HANDLER, "ann", None, key="partner-eu")  # opened, closed: 2 transitions
+    for region in ("ap", "us", "ca"):  # one failure each: a closed row, no transition
+        fail(repo, sql, ready(repo, region, 1)[0])
+    fail(repo, sql, ready(repo, "-", 1, breaker=CircuitBreaker(3, 60, 30))[0])  # key ''
+    repo.open_breaker(HANDLER, "ann", None, key="partner-held")
+    drain(repo)  # logs (and marks) every transition so far
+    repo.open_breaker(HANDLER, "ann", None, key="partner-sa")
+    repo.close_breaker(HANDLER, "ann", None, key="partner-sa")  # its transitions not logged
+    before = counter(repo)
+    assert before[HANDLER, BreakerState.OPEN] == 3, transitions(sql)
+    assert before[HANDLER, BreakerState.CLOSED] == 2
+    old = "now() - interval '40 days'"
+    sql.execute(f"UPDATE breaker_transitions SET at = {old}")
+    sql.execute(f"UPDATE breakers SET updated_at = {old}")  # every row idle ...
+    sql.execute(  # ... and every failure out of its window, but us's
+        f"UPDATE breakers SET failures = ARRAY[{old}]"
+        " WHERE cardinality(failures) > 0 AND key <> 'partner-us'"
+    )
+    sql.execute("UPDATE breakers SET updated_at = now() WHERE key = 'partner-ca'")  # lately
+    rows: list[int] = []
+    for _ in range(5):
+        repo.purge(30 * DAY_S, 1)
+        rows.append(len(breakers(sql)))
+    # at most one a pass (eu's goes once the passes took its two transitions, one a pass)
+    assert all(0 <= a - b <= 1 for a, b in zip([7, *rows], rows, strict=False)) and rows[-1] == 5
+    assert sorted(breakers(sql)) == ["", "partner-ca", "partner-held", "partner-sa", "partner-us"]
+    # the deleted keys keep nothing: held's purged transition stays counted under its row
+    kept = sql.execute("SELECT DISTINCT key FROM breaker_transitions_purged").fetchall()
+    assert kept == [("partner-held",)]
+    assert counter(repo) == before  # eu's two transitions are its handler's now
+    assert repo.gauges().folded == {
+        (HANDLER, BreakerState.OPEN): 1,
+        (HANDLER, BreakerState.CLOSED): 1,
+    }
+    # a deleted key that fails again starts afresh: one failure, closed, its own row
+    fail(repo, sql, ready(repo, "ap", 1)[0])
+    row = sql.execute(
+        "SELECT state, cardinality(failures) FROM breakers WHERE key = 'partner-ap'"
+    ).fetchone()
+    assert row == ("closed", 1)
+
+
+def test_retention_skips_a_breaker_being_written_and_a_failure_after_it_starts_afresh(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    """A finish counting a failure holds the breaker row's lock: retention skips the row. The
+    other order, forced: retention's delete uncommitted while a key fails three times — the
+    failure waits, then inserts a fresh row (ON CONFLICT finds the old one gone) and opens it."""
+    fail(repo, sql, ready(repo, "eu", 1)[0])
+    fail(repo, sql, ready(repo, "us", 1)[0])
+    sql.execute("UPDATE breakers SET updated_at = now() - interval '40 days', failures = '{}'")
+    named = queries.load()
+    with psycopg.connect(clean_database_url) as writer:  # as trip_breakers' ON CONFLICT would
+        writer.execute("SELECT 1 FROM breakers WHERE key = 'partner-eu' FOR UPDATE")
+        repo.purge(30 * DAY_S, 100)
+        assert sorted(breakers(sql)) == ["partner-eu"]  # us deleted, eu skipped
+    with psycopg.connect(clean_database_url) as purger:
+        found = purger.execute(named["purge_idle_breakers"], {"age_s": 30 * DAY_S, "limit": 10})
+        assert found.rowcount == 1
+        tasks = ready(repo, "eu", 3)
+        claims = [claim_task(repo, sql, tid) for tid in tasks]
+        finisher = threading.Thread(
+            target=lambda: [
+                repo.finish(
+                    t,
+                    c.fencing_token,
+                    TaskState.FAILED,
+                    reason=FailureReason.HANDLER_ERROR,
+                    error="x",
+                )
+                for t, c in zip(tasks, claims, strict=True)
+            ]
+        )
+        finisher.start()
+        wait_for(lambda: waits_on_lock(sql), what="the failure to wait for the delete")
+        purger.commit()
+        finisher.join(timeout=30)
+        assert not finisher.is_alive()
+    assert breakers(sql)["partner-eu"][0] == "open"  # three fresh failures, counted
+    assert sql.execute(
+        "SELECT cardinality(failures) FROM breakers WHERE key = 'partner-eu'"
+    ).fetchone() == (3,)
+
+
+COUNTED = FailureReason.HANDLER_ERROR
+
+
+def waits_on_lock(sql: Sql) -> bool:
+    """Whether another session of this database waits on a row (tuple or transaction) lock."""
+    row = sql.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return row is not None and row[0] > 0
+
+
 # ------------------------------------------------------------------ the CLI, the api, /metrics
 
 
@@ -383,6 +500,51 @@ def test_api_names_a_keyed_breaker_by_its_query_parameter(
         text = api.get("/metrics").body.decode()
         assert 'key="partner-us"' not in text  # closed: its series is gone
     assert sql.execute("SELECT count(*) FROM gate_audit").fetchone() == (2,)
+
+
+def test_a_tasks_keys_are_in_its_json_everywhere(config: Path, repo: Store, sql: Sql) -> None:
+    """A task's rendered keys — concurrency, rate and breaker — in the store's task and run
+    reads, `flowforge status RUN --json` and the api's task and run JSON (null without)."""
+    wf = WorkflowDef(
+        "all-keys",
+        (
+            TaskDef(
+                "call",
+                HANDLER,
+                concurrency=Concurrency("t-{region}", 2),
+                rate_limit=RateLimit(10, 1.0, "r-{region}"),
+                circuit_breaker=KEYED,
+            ),
+            TaskDef("plain", HANDLER, depends_on=("call",)),
+        ),
+    )
+    run_id = repo.trigger(wf, {"region": "eu"}).run_id
+    ids = task_ids(repo, run_id)
+    want = {
+        "concurrency_key": "t-eu",
+        "concurrency_limit": 2,
+        "rate_key": "r-eu",
+        "rate_limit": 10,
+        "rate_per_s": 1.0,
+        "breaker_key": "partner-eu",
+    }
+    none = dict.fromkeys(want)
+
+    def keys(task: dict[str, Any]) -> dict[str, Any]:
+        return {k: task[k] for k in want}
+
+    task = repo.get_task(ids["call"])
+    assert (task.concurrency_key, task.rate_key, task.breaker_key) == ("t-eu", "r-eu", "partner-eu")
+    by_name = {t.name: t for t in repo.get_run(run_id).tasks}
+    assert (by_name["call"].breaker_key, by_name["plain"].breaker_key) == ("partner-eu", None)
+    status = json.loads(assert_ok(flowforge(config, "status", str(run_id), "--json")))
+    shown = {t["name"]: keys(t) for t in status["tasks"]}
+    assert shown == {"call": want, "plain": none}
+    with serve_config(config) as api:
+        assert keys(api.get(f"/api/v1/task-runs/{ids['call']}").json()["task"]) == want
+        assert keys(api.get(f"/api/v1/task-runs/{ids['plain']}").json()["task"]) == none
+        tasks = api.get(f"/api/v1/runs/{run_id}").json()["tasks"]
+        assert {t["name"]: keys(t) for t in tasks} == {"call": want, "plain": none}
 
 
 def claim_counting_gates(sql: Sql, tids: list[UUID]) -> tuple[int, int]:

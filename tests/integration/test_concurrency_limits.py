@@ -291,7 +291,9 @@ def test_a_second_scheduler_waits_for_the_firsts_admissions_and_counts_them(
         first.execute(
             named["lock_concurrency_keys"], {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": keys}
         )
-        first.execute(named["admit_gated"], {"ckeys": keys, "rkeys": [], "per_key": 100})
+        first.execute(
+            named["admit_gated"], {"ckeys": keys, "rkeys": [], "per_key": 100, "maps": []}
+        )
         second: dict[str, int] = {}
         racer = threading.Thread(target=lambda: second.update(n=repo.admit_gated(100)))
         racer.start()

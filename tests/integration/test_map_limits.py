@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -32,9 +33,20 @@ from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError
 from flowforge.store import queries
 from flowforge.store.db import Database
+from flowforge.store.limits import CONCURRENCY_LOCK_NAMESPACE, MAP_LOCK_NAMESPACE
 from tests.api_client import Api, assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_refused, run_config
-from tests.helpers import claim_task, dispatch, drain, running_peaks, task_ids
+from tests.helpers import (
+    claim_task,
+    dispatch,
+    drain,
+    race,
+    running_peaks,
+    task_ids,
+    until_idle,
+    wait_for,
+)
+from tests.integration.test_concurrency_limits import waits_on_advisory_lock
 from tests.integration.test_maps import run_list
 from tests.store import Store
 
@@ -84,16 +96,6 @@ def held(sql: Sql, column: str = "concurrency_key") -> dict[str, int]:
         " WHERE map_id IS NOT NULL AND state IN ('READY', 'RUNNING') GROUP BY 1"
     ).fetchall()
     return {str(k): int(n) for k, n in rows}
-
-
-def in_play(sql: Sql) -> int:
-    """Items holding a max_parallel slot: unfinished, their slot open (open_item_slots')."""
-    row = sql.execute(
-        "SELECT count(*) FROM task_runs WHERE map_id IS NOT NULL AND pending_deps = 0"
-        " AND state NOT IN ('SUCCEEDED', 'DEAD', 'CANCELLED')"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def outbox(sql: Sql) -> int:
@@ -213,14 +215,13 @@ def test_a_maps_items_never_hold_more_than_the_limit_per_key(repo: Store, sql: S
 
 
 def test_max_parallel_and_concurrency_together_each_bound_the_items(repo: Store, sql: Sql) -> None:
-    """An item needs a max_parallel slot (opened lowest index first) and then room in its key:
-    at most max_parallel items in play per map, at most limit per key among them."""
+    """An item needs room in its key and in its map: at most max_parallel items of the map
+    READY or RUNNING, at most limit per key among them."""
     max_parallel, limit = 4, 2
     wf = mapped(max_parallel, concurrency=Concurrency(TENANT_KEY, limit))
     run_list(repo, sql, tenants(("a", 8), ("b", 8), ("c", 8)), wf)
 
     def check() -> None:
-        assert in_play(sql) <= max_parallel
         assert sum(held(sql).values()) <= max_parallel
         assert all(n <= limit for n in held(sql).values()), held(sql)
 
@@ -228,23 +229,111 @@ def test_max_parallel_and_concurrency_together_each_bound_the_items(repo: Store,
     drain(repo)
     per_key = peaks(sql)
     assert max(per_key.values()) == limit and len(per_key) == 3
-    assert peaks(sql, "NULL")["all"] <= max_parallel  # every item on one timeline
+    assert peaks(sql, "NULL")["all"] == max_parallel  # every item on one timeline: reached
 
 
-def test_a_max_parallel_slot_is_held_by_an_item_waiting_for_its_key(repo: Store, sql: Sql) -> None:
-    """The composition's price, pinned: items in index order fill max_parallel; one waiting
-    for its key keeps its slot, so another tenant's later item waits for the slot."""
-    wf = mapped(3, concurrency=Concurrency(TENANT_KEY, 1))
-    run_id = run_list(repo, sql, [{"tenant": "a"}] * 3 + [{"tenant": "b"}], wf)
+def test_an_item_waiting_for_its_key_holds_no_max_parallel_slot(repo: Store, sql: Sql) -> None:
+    """max_parallel counts the items READY or RUNNING: a tenant whose key is full waits on its
+    key while the map keeps max_parallel items busy with the other tenants' — at every step
+    where anything is left for them, from the expansion on."""
+    max_parallel, limit = 4, 1
+    wf = mapped(max_parallel, concurrency=Concurrency(TENANT_KEY, limit))
+    crowd = [{"tenant": "a"}] * 6 + [{"tenant": t} for t in "bcdefgh" for _ in range(2)]
+    run_id = run_list(repo, sql, crowd, wf)
     rows = items(sql, run_id)
-    assert [r[1] for r in rows] == ["READY", "PENDING", "PENDING", "PENDING"]
-    assert [repo.get_task(r[5]).waiting_on for r in rows] == [
-        None,
-        "concurrency",
-        "concurrency",
-        None,
-    ]
-    assert in_play(sql) == 3  # b's item waits for a slot of the map, not of its key
+    # a[0] and the first of b, c, d: four busy although a's five others come first in the list
+    assert [r[0] for r in rows if r[1] == "READY"] == [0, 6, 8, 10]
+    why = {r[0]: repo.get_task(r[5]).waiting_on for r in rows if r[1] == "PENDING"}
+    assert {why[i] for i in range(1, 6)} == {"concurrency"}  # a's: its key is full
+    assert {why[i] for i in range(12, 20)} == {None}  # the map is full: as behind a slot
+    busy_while_a_waits: list[int] = []
+
+    def check() -> None:
+        now = held(sql)
+        assert sum(now.values()) <= max_parallel and max(now.values(), default=0) <= limit
+        waiting = sql.execute(
+            "SELECT concurrency_key, count(*) FROM task_runs WHERE map_id IS NOT NULL"
+            " AND state = 'PENDING' GROUP BY 1"
+        ).fetchall()
+        keys_left = {str(k) for k, _ in waiting}
+        if now.get("t-a") == limit and keys_left - {"t-a"} - set(now):
+            # a's key full and some other tenant with items left and none busy: the map must
+            # be full (before, an item of a waiting for its key kept the slot)
+            busy_while_a_waits.append(sum(now.values()))
+
+    work(repo, sql, check)
+    drain(repo)
+    assert busy_while_a_waits and set(busy_while_a_waits) == {max_parallel}
+    per_key = peaks(sql)
+    assert max(per_key.values()) == limit and len(per_key) == 8
+    assert peaks(sql, "NULL")["all"] == max_parallel
+    assert repo.get_run(run_id).state is RunState.SUCCEEDED
+
+
+def test_two_racing_schedulers_never_admit_a_map_over_its_max_parallel(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    """Schedulers admitting items of one map for different keys take turns on the map's lock:
+    across rounds of two free-running passes, the map's busy items never pass max_parallel."""
+    max_parallel = 3
+    wf = mapped(max_parallel, concurrency=Concurrency(TENANT_KEY, 2))
+    run_list(repo, sql, tenants(*((t, 4) for t in "abcdef")), wf)
+    for _ in range(6):
+        race(
+            clean_database_url,
+            until_idle(lambda s: s.admit_gated(100)),
+            until_idle(lambda s: s.admit_gated(100)),
+        )
+        assert sum(held(sql).values()) == max_parallel, held(sql)
+        for tid, token in dispatch(sql)[:2]:  # two finish, freeing two slots of the map
+            claim = repo.claim(tid, token, "w", 30.0).claim
+            assert claim is not None
+            assert repo.finish(tid, claim.fencing_token, TaskState.SUCCEEDED)
+
+
+def test_a_second_admission_for_another_key_waits_for_the_maps_lock(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    """The interleaving a race rarely hits, forced: A has admitted tenant a's item into the
+    map's last slot (uncommitted) when B admits for tenant b — another key, so no key's lock
+    orders them. B must wait on the map's lock and then count A's item; without that lock B
+    would admit b's item too (2 busy, max_parallel 1)."""
+    wf = mapped(1, concurrency=Concurrency(TENANT_KEY, 1))
+    run_id = run_list(repo, sql, [{"tenant": "a"}, {"tenant": "b"}], wf)
+    sql.execute(  # both waiting, none admitted (as after a finish freed the map's slot)
+        "UPDATE task_runs SET state = 'PENDING', ready_at = NULL WHERE map_id IS NOT NULL"
+    )
+    sql.execute("DELETE FROM outbox")
+    named = queries.load()
+
+    def admit(conn: psycopg.Connection[tuple[Any, ...]], key: str) -> int:
+        """The admission pass's statements for one key, the transaction left open."""
+        params: dict[str, Any] = {"ckeys": [key], "rkeys": [], "per_key": 100}
+        conn.execute(
+            named["lock_concurrency_keys"], {"namespace": CONCURRENCY_LOCK_NAMESPACE, "keys": [key]}
+        )
+        maps = conn.execute(
+            named["lock_admission_maps"], {"namespace": MAP_LOCK_NAMESPACE, "limit": 100}
+        ).fetchall()
+        row = conn.execute(named["admit_gated"], {**params, "maps": [m[0] for m in maps]})
+        found = row.fetchone()
+        return int(found[0]) if found else 0
+
+    with psycopg.connect(clean_database_url) as first, psycopg.connect(clean_database_url) as b:
+        assert admit(first, "t-a") == 1
+        second: dict[str, int] = {}
+        racer = threading.Thread(target=lambda: second.update(n=admit(b, "t-b")))
+        racer.start()
+        wait_for(
+            lambda: waits_on_advisory_lock(sql, b.info.backend_pid),
+            what="the second admission to wait for the map's lock",
+        )
+        first.commit()
+        racer.join(timeout=30)
+        assert not racer.is_alive()
+        b.commit()
+    assert second == {"n": 0}
+    assert [r[1] for r in items(sql, run_id)] == ["READY", "PENDING"]
 
 
 def test_a_rate_limited_map_never_starts_more_than_the_limit_in_a_window(
@@ -460,7 +549,7 @@ def test_a_pass_over_a_keys_many_waiting_items_takes_only_what_the_limit_can_adm
     with db.transaction() as cur:  # rows are mappings
         cur.execute(
             b"EXPLAIN (ANALYZE, FORMAT JSON) " + named["admit_gated"],
-            {"ckeys": ["partner"], "rkeys": [], "per_key": 100},
+            {"ckeys": ["partner"], "rkeys": [], "per_key": 100, "maps": []},
         )
         explained = cur.fetchone()
         cur.execute(b"SELECT current_setting('jit') AS jit")

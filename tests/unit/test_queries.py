@@ -39,6 +39,7 @@ INDIRECT_NAMES = (
     "purge_keys",
     "purge_gate_audit",
     "purge_breaker_transitions",
+    "purge_idle_breakers",
 )
 PLACEHOLDER = re.compile(r"%\((?P<name>[a-z_][a-z0-9_]*)\)s")
 

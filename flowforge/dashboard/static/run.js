@@ -202,6 +202,21 @@ function fact(selector, value, draw) {
   if (value) draw();
 }
 
+/** A task's flow-control keys as [kind, text] pairs, in the order the gates apply: its
+ * concurrency key with its limit, its rate key with its window, its circuit breaker's key (a
+ * breaker without a key is its handler's: no entry). Shown as text, never markup. */
+function taskKeys(task) {
+  const keys = [];
+  if (task.concurrency_key) {
+    keys.push(["concurrency", `concurrency ${task.concurrency_key} (limit ${task.concurrency_limit})`]);
+  }
+  if (task.rate_key) {
+    keys.push(["rate_limit", `rate_limit ${task.rate_key} (${task.rate_limit} per ${task.rate_per_s}s)`]);
+  }
+  if (task.breaker_key) keys.push(["circuit_breaker", `circuit_breaker ${task.breaker_key}`]);
+  return keys;
+}
+
 function shapeOf(graph) {
   return JSON.stringify([graph.nodes.map((n) => [n.name, n.x, n.y]), graph.edges.map((e) => e.path)]);
 }
@@ -247,10 +262,23 @@ function drawTask(detail) {
   fact("#task-queue-fact", task.queue, () => {
     $("#task-queue").textContent = task.queue;
   });
-  // why it waits (SPEC 7.4): start_at, timer, event, concurrency or rate_limit (with its key);
-  // none: hidden
+  // its flow-control keys, rendered (concurrency, rate limit, circuit breaker); none: hidden
+  const keyed = taskKeys(task);
+  fact("#task-keys-fact", keyed.length, () => {
+    $("#task-keys").replaceChildren(
+      ...keyed.map(([kind, text]) =>
+        el("span", { "data-testid": "task-key", "data-kind": kind, class: "task-key" }, text),
+      ),
+    );
+  });
+  // why it waits (SPEC 7.4): start_at, timer, event, concurrency, rate_limit or circuit_open
+  // (with its key); none: hidden
   fact("#task-waiting-fact", task.waiting_on, () => {
-    const keys = { concurrency: task.concurrency_key, rate_limit: task.rate_key };
+    const keys = {
+      concurrency: task.concurrency_key,
+      rate_limit: task.rate_key,
+      circuit_open: task.breaker_key,
+    };
     const key = keys[task.waiting_on] ? ` (${keys[task.waiting_on]})` : "";
     $("#task-waiting-on").textContent = `${task.waiting_on}${key}`;
   });
