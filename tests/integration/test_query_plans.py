@@ -121,6 +121,7 @@ def test_finish_releasing_a_wide_fanout_reads_tasks_by_primary_key(
         **rows.finish_columns([(start, token, Finish(TaskState.SUCCEEDED))]),
         "offer": 16,
         "queue": None,
+        "min_priority": 0,
     }
     assert _bad_scans(sql, queries.load()["finish"], params) == []
     # and the statement really releases the whole fan-out

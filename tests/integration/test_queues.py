@@ -281,8 +281,9 @@ def test_status_shows_each_task_queue_and_stats_json_the_queues(
     status = run_config(config, "status", str(run_id))
     assert status.returncode == 0, status.stderr
     header, *rows = status.stdout.splitlines()[2:]
-    assert header.split()[-2:] == ["QUEUE", "WAITING_ON"]  # one word each, "-" when none
-    assert sorted(r.split()[-2] for r in rows) == ["partner", "partner", "tree-a"]
+    # one word each, "-" when none
+    assert header.split()[-3:] == ["QUEUE", "WAITING_ON", "PROGRESS"]
+    assert sorted(r.split()[-3] for r in rows) == ["partner", "partner", "tree-a"]
     shown = json.loads(run_config(config, "status", str(run_id), "--json").stdout)
     assert {t["name"]: t["queue"] for t in shown["tasks"]} == {
         "a": "tree-a",
