@@ -9,6 +9,14 @@ kept has ended, it acks (if not done yet) and commits the rest in one statement,
 the dependents it releases for this worker (:attr:`Batch.claimed`; the others are in
 :attr:`Batch.ready`).
 
+Async handlers (``async def``) of a batch run at once on the worker's event loop, up to
+``worker.async_concurrency``; the batch still waits for its tasks in order, but an async one
+counts as slow only past :data:`ASYNC_SLOW_S` (or ``fast_handler_ms`` if longer): nothing waits
+*behind* a running async call, so a batch of them is as long as its longest, and the window
+keeps growing with it. Once the batch is slow, outcomes of calls that ended meanwhile are
+committed about every second, not held until the slow one ends. A hook that gives an async
+handler up cancels it (no worker is replaced unless it ignores the cancellation).
+
 Between two tasks (and after the last), while no handler was slow, the batch asks whether a
 delivery of a higher priority band than its own came in meanwhile; if so it is claimed and runs
 next, ahead of the batch's tasks not started yet, and is finished with the batch
@@ -30,7 +38,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.errors import FlowForgeError
 from flowforge.roles.context import TaskContext
-from flowforge.roles.execution import HandlerThread, Job, classify
+from flowforge.roles.execution import Executor, Job, classify
 from flowforge.roles.hooks import WORKER_LOGGER, Hooks
 from flowforge.roles.intake import PUMP_INTERVAL_S, Intake
 from flowforge.roles.lease import CancelWatch, Leases
@@ -42,6 +50,13 @@ Handlers = Mapping[str, Callable[[TaskContext], Any]]
 #: Given the band a delivery must be above and the batch's size: claims of such deliveries
 #: waiting here (claimed now), and the deliveries (to ack with the batch).
 Overtake = Callable[[int, int], tuple[list[Claim], list[Delivery]]]
+#: An async handler holds its batch up (the slow path: hand back, ack, window 1) only past
+#: this, or fast_handler_ms if longer (seconds): the main thread must serve the broker about
+#: this often anyway (intake.PUMP_INTERVAL_S), and calls behind it are not waiting for it.
+ASYNC_SLOW_S = PUMP_INTERVAL_S
+#: An async handler given up by a hook (cancelled) that is still running after this long
+#: ignored its cancellation: the worker is replaced, as for a sync one (seconds).
+GIVE_UP_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -50,7 +65,7 @@ class Crew:
 
     intake: Intake
     ledger: Ledger
-    executor: HandlerThread
+    executor: Executor
     leases: Leases
     cancels: CancelWatch
     hooks: Hooks
@@ -91,6 +106,7 @@ class Batch:
         # a delivery must be above to overtake the rest of the batch
         self._floor = min((d.band for d in ack), default=0)
         self._withdrawn: set[int] = set()  # id() of the jobs handed back before they started
+        self._recorded: set[int] = set()  # id() of the jobs whose outcome is recorded early
 
     def run(self, then: Then, overtake: Overtake | None = None) -> bool:
         """Run, ack and finish the batch; True if a handler was slow (the rest handed back).
@@ -105,14 +121,14 @@ class Batch:
         while index < len(tasks):
             task = tasks[index]
             index += 1
-            if id(task.job) in self._withdrawn:
-                continue  # handed back behind a slow handler
+            if id(task.job) in self._withdrawn or id(task.job) in self._recorded:
+                continue  # handed back behind a slow handler, or ended while it ran
             # A job behind a slow one that the handler thread started before the hand-back
             # withdrew the rest could not be handed back: it is waited for like any other.
+            # After a sync job was abandoned, the jobs left are async ones already running
+            # (every other was withdrawn): they are waited for too.
             if not self._wait(task, tasks[index:]):
                 slow = True
-                if self.abandoned:
-                    break  # the handler thread is stuck in it: nothing behind it can start
             elif overtake is not None and not slow and self._failure is None:
                 self._overtake(overtake, tasks, index)
         self._ack()
@@ -147,7 +163,7 @@ class Batch:
                     item=claim.item,
                     index=claim.index,
                 )
-                tasks.append(_Task(claim, Job(handler, ctx)))
+                tasks.append(_Task(claim, Job(handler, ctx, claim.timeout_s)))
         crew.leases.hold([(t.claim, t.job.ctx) for t in tasks])
         return tasks
 
@@ -205,7 +221,7 @@ class Batch:
         """Wait for one job and record its outcome; False if it outlasted fast_handler_ms
         (or a hook gave it up): then everything behind it was handed back."""
         crew, job = self._crew, task.job
-        fast_s = crew.fast_s
+        fast_s = max(crew.fast_s, ASYNC_SLOW_S) if job.asynchronous else crew.fast_s
         fast = True
         while not job.done.is_set():
             started = job.started
@@ -222,7 +238,7 @@ class Batch:
                 self._hand_back(behind)
             if isinstance(said, Finish):
                 self._outcomes.append((task.claim, said))
-                self.abandoned = True
+                self._give_up(job)
                 return False
             budget = fast_s - elapsed if fast else PUMP_INTERVAL_S
             if said is not None:
@@ -232,12 +248,45 @@ class Batch:
             if not fast:
                 crew.intake.serve()  # the leases are the keeper thread's (roles/lease.py)
                 crew.beat()
+                self._harvest(behind)
+        self._record(task)
+        return fast
+
+    def _record(self, task: _Task) -> None:
+        """Record the outcome of a job that ended."""
+        job = task.job
         assert job.started is not None
         duration_s = time.monotonic() - job.started
-        finish = classify(job, crew.max_result_bytes)
-        crew.hooks.after_execute(task.claim, finish, duration_s)
+        finish = classify(job, self._crew.max_result_bytes)
+        self._crew.hooks.after_execute(task.claim, finish, duration_s)
         self._outcomes.append((task.claim, finish))
-        return fast
+        self._recorded.add(id(job))
+
+    def _harvest(self, behind: Sequence[_Task]) -> None:
+        """While a slow handler runs: record and commit the calls behind it that ended
+        (async ones run meanwhile), so their tasks do not wait for it."""
+        ended = [
+            t
+            for t in behind
+            if t.job.done.is_set()
+            and id(t.job) not in self._recorded
+            and id(t.job) not in self._withdrawn
+        ]
+        for t in ended:
+            self._record(t)
+        if ended:
+            self._flush(None)
+
+    def _give_up(self, job: Job) -> None:
+        """A hook gave ``job`` up (its outcome is recorded): an async call is cancelled; a
+        sync one, or an async one still running after :data:`GIVE_UP_GRACE_S`, cannot be
+        stopped, so the worker must be replaced once the batch is done."""
+        self._recorded.add(id(job))
+        if job.asynchronous:
+            self._crew.executor.cancel(job)
+            if job.done.wait(GIVE_UP_GRACE_S):
+                return
+        self.abandoned = True
 
     def _hand_back(self, behind: Sequence[_Task]) -> None:
         """A slow handler holds this worker: stop consuming, ack, give back what waits."""

@@ -46,6 +46,11 @@ class Intake:
         """Close the connection; the broker requeues every delivery not acked."""
         self._broker.close()
 
+    def widen(self, cap: int) -> None:
+        """Let the window grow to ``cap`` if that is above ``broker.prefetch`` (a worker with
+        async handlers: a batch of them should fill ``worker.async_concurrency``)."""
+        self._prefetch = max(self._prefetch, cap)
+
     def limit(self) -> int:
         return min(self.window, self._prefetch)
 

@@ -22,7 +22,20 @@ own even when the next handler starts at once. Output written after that (a subp
 handler left running) belongs to whichever handler runs when it is read, or to none.
 
 Records a handler logs itself (``logging.info(…)``) already go to the log handlers; a filter
-adds the same attribution to the ones logged from the handler thread.
+adds the same attribution to the ones logged inside the call: the attribution is a context
+variable, set by :func:`attributed` in the handler thread and by :func:`attributed_async` in an
+async handler's own :class:`asyncio.Task` (each task runs in a copy of the context, so
+concurrent async calls each see their own).
+
+Async handlers run concurrently on one event loop thread, so the pipes cannot tell their output
+apart, and :func:`attributed`'s settle (a wait) would stall the loop. Their *Python-level*
+writes are therefore routed before they reach a pipe: :func:`capture` replaces ``sys.stdout``
+and ``sys.stderr`` with :class:`_Routed` wrappers, which hand a line written inside
+:func:`attributed_async` straight to :func:`_emit` with that call's attribution (a last line
+without its newline when the call ends), and pass every other write through. What bypasses
+Python's ``sys.stdout``/``sys.stderr`` objects in an async handler — ``sys.stdout.buffer``,
+``os.write(1, …)``, a C extension, a subprocess — reaches the pipes and is attributed like
+any fd-level output: to the sync handler call running at that moment, or to none.
 
 A per-attempt sink (SPEC 7.5) would be one more consumer of :func:`_emit`'s lines, keyed by the
 attribution's task run id; nothing here stores output yet.
@@ -31,6 +44,7 @@ attribution's task run id; nothing here stores output yet.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import select
@@ -38,7 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple, TextIO
 from uuid import UUID
 
 from supervisor.logs import AtomicLineHandler
@@ -59,7 +73,6 @@ class Attribution(NamedTuple):
     task: str
     task_run_id: UUID
     run_id: UUID
-    thread: int  # the thread that runs the handler (its own log records get the tags too)
 
     def fields(self) -> dict[str, str]:
         return {"task": self.task, "task_run_id": str(self.task_run_id), "run_id": str(self.run_id)}
@@ -140,6 +153,47 @@ def _emit(stream: str, line: bytes, owner: Attribution | None) -> None:
 
 
 _capture: _Capture | None = None
+#: The handler call whose code runs in this context (its log records get the tags).
+_owner: contextvars.ContextVar[Attribution | None] = contextvars.ContextVar(
+    "flowforge_handler_call", default=None
+)
+#: An async handler call's lines not ended yet, by stream (set only inside attributed_async).
+_async_lines: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "flowforge_async_output", default=None
+)
+
+
+class _Routed:
+    """``sys.stdout`` / ``sys.stderr`` of a capturing process (module docstring): a write
+    inside :func:`attributed_async` becomes that call's records at once; any other write, and
+    every other attribute, is the wrapped stream's."""
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self._stream = stream
+        self._name = name
+
+    def write(self, text: str) -> int:
+        pending = _async_lines.get()
+        if pending is None:
+            return self._stream.write(text)
+        *lines, pending[self._name] = (pending.get(self._name, "") + text).split("\n")
+        owner = _owner.get()
+        for line in lines:
+            _emit_text(self._name, line, owner)
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _emit_text(stream: str, text: str, owner: Attribution | None) -> None:
+    data = text.encode("utf-8", "replace")
+    for start in range(0, max(len(data), 1), MAX_LINE_BYTES):
+        _emit(stream, data[start : start + MAX_LINE_BYTES], owner)
 
 
 def capture() -> None:
@@ -182,6 +236,8 @@ def capture() -> None:
     for stream_object in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream_object.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.stdout = _Routed(sys.stdout, "stdout")
+    sys.stderr = _Routed(sys.stderr, "stderr")
     _capture = _Capture(pipes)
 
 
@@ -198,18 +254,40 @@ def attributed(task: str, task_run_id: UUID, run_id: UUID) -> Iterator[None]:
     if found is None:
         yield
         return
-    found.current = Attribution(task, task_run_id, run_id, threading.get_ident())
+    found.current = owner = Attribution(task, task_run_id, run_id)
+    token = _owner.set(owner)
     try:
         yield
     finally:
         found.settle()
         found.current = None
+        _owner.reset(token)
+
+
+@contextlib.contextmanager
+def attributed_async(task: str, task_run_id: UUID, run_id: UUID) -> Iterator[None]:
+    """As :func:`attributed`, for an async handler call inside its own :class:`asyncio.Task`:
+    its Python-level writes and log records are its own (module docstring); never waits."""
+    if _capture is None:
+        yield
+        return
+    owner = Attribution(task, task_run_id, run_id)
+    pending: dict[str, str] = {}
+    tokens = (_owner.set(owner), _async_lines.set(pending))
+    try:
+        yield
+    finally:
+        _async_lines.reset(tokens[1])
+        _owner.reset(tokens[0])
+        for stream, text in pending.items():
+            if text:  # a last line without its newline is the finished call's too
+                _emit_text(stream, text, owner)
 
 
 def _attribute(record: logging.LogRecord) -> bool:
-    """Tag a record logged from the thread of the handler call running now (a filter)."""
-    owner = _capture.current if _capture is not None else None
-    if owner is not None and record.thread == owner.thread and not hasattr(record, "task_run_id"):
+    """Tag a record logged inside a handler call (a filter): the call of its context."""
+    owner = _owner.get()
+    if owner is not None and not hasattr(record, "task_run_id"):
         for key, value in owner.fields().items():
             setattr(record, key, value)
         record.label = owner.label

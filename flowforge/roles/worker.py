@@ -47,7 +47,7 @@ from flowforge.domain.model import Claim, Continuation
 from flowforge.handlers import collect
 from flowforge.roles.batch import Batch, Crew, Handlers
 from flowforge.roles.concerns import Metrics, Recycling, TaskLog, TimeLimit
-from flowforge.roles.execution import HandlerThread
+from flowforge.roles.execution import Executor, is_async
 from flowforge.roles.hooks import Hook, Hooks, Recycle
 from flowforge.roles.intake import Intake
 from flowforge.roles.lease import CancelWatch, Leases
@@ -73,7 +73,8 @@ class Worker:
     Parts: :class:`~flowforge.roles.intake.Intake` (the consumer side),
     :class:`~flowforge.roles.batch.Batch` (one batch: run, ack, finish, hand back),
     :class:`~flowforge.roles.ledger.Ledger` (the statements and their retries),
-    :class:`~flowforge.roles.execution.HandlerThread`, :class:`~flowforge.roles.lease.Leases`,
+    :class:`~flowforge.roles.execution.Executor` (the handler thread, the async handlers'
+    event loop), :class:`~flowforge.roles.lease.Leases`,
     and the hooks (:mod:`flowforge.roles.hooks`; the built-in ones in
     :mod:`flowforge.roles.concerns`, then ``hooks``).
     """
@@ -113,7 +114,7 @@ class Worker:
         self._crew = Crew(
             self._intake,
             self._ledger,
-            HandlerThread(),
+            Executor(config.worker.async_concurrency),
             self._leases,
             self._cancels,
             self._hooks,
@@ -135,6 +136,9 @@ class Worker:
     def initialize(self) -> None:
         if self._handlers is None:  # import errors are boot failures, not outages
             self._handlers = collect(self._config.handlers, self._config.base_dir)
+        if any(is_async(fn) for fn in self._handlers.values()):
+            # a batch of async handlers runs at once: let one fill every async slot
+            self._intake.widen(self._config.worker.async_concurrency)
         self._ledger.worker_id = f"{socket.gethostname()}/{os.getpid()}"
         self._db.open()
         self._leases.start()
