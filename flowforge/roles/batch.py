@@ -11,9 +11,11 @@ the dependents it releases for this worker (:attr:`Batch.claimed`; the others ar
 
 Async handlers (``async def``) of a batch run at once on the worker's event loop, up to
 ``worker.async_concurrency``; the batch still waits for its tasks in order, but an async one
-counts as slow only past :data:`ASYNC_SLOW_S` (or ``fast_handler_ms`` if longer): nothing waits
-*behind* a running async call, so a batch of them is as long as its longest, and the window
-keeps growing with it. Once the batch is slow, outcomes of calls that ended meanwhile are
+counts as slow only past :data:`ASYNC_SLOW_S` (or ``fast_handler_ms`` if longer). A slow async
+call takes the slow path too (stop consuming, ack, hand back what has not started), but it
+does not *hold the batch up* (:attr:`Batch.held_up`, which sets the window back to 1): the calls
+beside it run meanwhile, so a batch of async calls lasts as long as its longest, and the
+window keeps its size. Once the batch is slow, outcomes of calls that ended meanwhile are
 committed about every second, not held until the slow one ends. A hook that gives an async
 handler up cancels it (no worker is replaced unless it ignores the cancellation).
 
@@ -50,7 +52,7 @@ Handlers = Mapping[str, Callable[[TaskContext], Any]]
 #: Given the band a delivery must be above and the batch's size: claims of such deliveries
 #: waiting here (claimed now), and the deliveries (to ack with the batch).
 Overtake = Callable[[int, int], tuple[list[Claim], list[Delivery]]]
-#: An async handler holds its batch up (the slow path: hand back, ack, window 1) only past
+#: An async handler is slow (the slow path: hand back, ack) only past
 #: this, or fast_handler_ms if longer (seconds): the main thread must serve the broker about
 #: this often anyway (intake.PUMP_INTERVAL_S), and calls behind it are not waiting for it.
 ASYNC_SLOW_S = PUMP_INTERVAL_S
@@ -101,6 +103,7 @@ class Batch:
         self.claimed: list[Claim] = []
         self.ready: list[tuple[UUID, int]] = []
         self.abandoned = False  # a hook gave up a running handler: the worker must go
+        self.held_up = False  # a sync handler was slow: what waited behind it was handed back
         self._failure: FlowForgeError | None = None  # an overtaking claim failed: raised last
         # the lowest band the batch's deliveries came on (claims without any: band 0), which
         # a delivery must be above to overtake the rest of the batch
@@ -233,6 +236,7 @@ class Batch:
             given_up = isinstance(said, Finish)
             if fast and (elapsed > fast_s or given_up):
                 fast = False
+                self.held_up = self.held_up or not job.asynchronous
                 if crew.listen_for_cancel:
                     crew.cancels.start()  # a cancel now reaches it at once, not at renewal
                 self._hand_back(behind)

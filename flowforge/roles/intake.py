@@ -3,7 +3,9 @@ connection's turns while handlers run.
 
 The consumer's prefetch *is* the window: until a batch is acked the broker pushes nothing more
 to this worker. The window starts at 1, doubles after every batch of fast handlers up to
-``broker.prefetch``, and falls back to 1 after a slow one. A broker call that fails once the
+``broker.prefetch``, and falls back to 1 after a slow sync one. A worker with ``async def``
+handlers lets it grow to ``worker.async_concurrency`` if that is larger, and one with async
+handlers only opens it that wide at once (:meth:`Intake.widen`). A broker call that fails once the
 batch's claims committed does not stop the batch (the leases own its tasks): the failure is
 kept in :attr:`Intake.broken` and raised by :meth:`Intake.settle` when the batch is done, so
 the role reconnects; meanwhile nothing more is asked of the broken connection.
@@ -46,10 +48,13 @@ class Intake:
         """Close the connection; the broker requeues every delivery not acked."""
         self._broker.close()
 
-    def widen(self, cap: int) -> None:
+    def widen(self, cap: int, at_once: bool) -> None:
         """Let the window grow to ``cap`` if that is above ``broker.prefetch`` (a worker with
-        async handlers: a batch of them should fill ``worker.async_concurrency``)."""
+        async handlers: a batch of them should fill ``worker.async_concurrency``); ``at_once``:
+        open it that wide now (a worker with async handlers only, which none holds up)."""
         self._prefetch = max(self._prefetch, cap)
+        if at_once:
+            self.window = self._prefetch
 
     def limit(self) -> int:
         return min(self.window, self._prefetch)
@@ -116,9 +121,10 @@ class Intake:
             logger.warning("broker connection lost while a handler runs: %s", exc)
             self.broken = exc
 
-    def settle(self, slow: bool) -> None:
-        """A batch is done: grow or reset the window; raise a failure the batch outlived."""
-        self.window = 1 if slow else min(self.window * 2, self._prefetch)
+    def settle(self, held_up: bool) -> None:
+        """A batch is done: grow the window, or reset it if a slow sync handler held the batch
+        up (:attr:`~flowforge.roles.batch.Batch.held_up`); raise a failure the batch outlived."""
+        self.window = 1 if held_up else min(self.window * 2, self._prefetch)
         if self.broken is not None:
             raise self.broken
 

@@ -136,9 +136,11 @@ class Worker:
     def initialize(self) -> None:
         if self._handlers is None:  # import errors are boot failures, not outages
             self._handlers = collect(self._config.handlers, self._config.base_dir)
-        if any(is_async(fn) for fn in self._handlers.values()):
-            # a batch of async handlers runs at once: let one fill every async slot
-            self._intake.widen(self._config.worker.async_concurrency)
+        kinds = {is_async(fn) for fn in self._handlers.values()}
+        if True in kinds:
+            # a batch of async handlers runs at once: let one fill every async slot, from the
+            # first batch on when no sync handler could hold a batch up
+            self._intake.widen(self._config.worker.async_concurrency, at_once=kinds == {True})
         self._ledger.worker_id = f"{socket.gethostname()}/{os.getpid()}"
         self._db.open()
         self._leases.start()
@@ -196,7 +198,7 @@ class Worker:
         if batch.abandoned:
             self._recycle.ask()  # its handler thread is stuck in the handler given up
         self._hooks.after_batch(slow)
-        self._intake.settle(slow)
+        self._intake.settle(batch.held_up)
 
     def _overtake(self, floor: int, size: int) -> tuple[list[Claim], list[Delivery]]:
         """Claims of deliveries of a band above ``floor`` that came in while a batch of

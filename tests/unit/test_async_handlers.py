@@ -126,6 +126,43 @@ def test_the_window_grows_to_async_concurrency_above_the_prefetch(rigs: list[Rig
     assert gauge.most == 2 * PREFETCH
 
 
+def test_a_worker_with_async_handlers_only_opens_its_window_at_once(rigs: list[Rig]) -> None:
+    gauge = Gauge()
+    rig = rig_with(rigs, {"fast": gauge.nap}, async_concurrency=12)  # no sync handler left
+    rig.publish("fast", 12 + 12 + 5)
+    rig.run()
+    assert rig.broker.takes() == [12, 12, 12]
+    assert gauge.most == 12
+
+
+def test_a_slow_async_batch_keeps_the_window_a_slow_sync_one_resets_it(
+    rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both take the slow path (stop consuming, ack); only the sync one held tasks up."""
+    monkeypatch.setattr(batch, "ASYNC_SLOW_S", 0.05)
+
+    async def slow_async(ctx: TaskContext) -> None:
+        await asyncio.sleep(0.3)
+
+    def slow_sync(ctx: TaskContext) -> None:
+        time.sleep(0.3)
+
+    handlers = {"slow_async": slow_async, "slow_sync": slow_sync}
+    rig = rig_with(rigs, handlers, fast_ms=50.0, async_concurrency=PREFETCH)
+    rig.store.on_release = rig.broker.publish  # the outbox row a release writes
+    rig.publish("fast", 1 + 2)
+    rig.publish("slow_async", 4)  # the window was 4: a batch of four slow async calls
+    rig.publish("fast", 8)
+    rig.publish("slow_sync")
+    behind = rig.publish("fast", 2)  # handed back behind the slow sync call
+    rig.run()
+    assert rig.broker.takes() == [1, 2, 4, 8, 8, 1, 2]
+    assert rig.trace("hand_back").count("hand_back") == 2
+    assert rig.store.count("release_claims") == 1  # the slow async batch had nothing behind
+    assert {rig.store.tasks[t].attempt for t in behind} == {1}
+    assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
+
+
 def test_a_sync_only_worker_keeps_broker_prefetch_as_its_largest_batch(rigs: list[Rig]) -> None:
     rig = rig_with(rigs, {}, async_concurrency=4 * PREFETCH)
     rig.publish("fast", 1 + 2 + 4 + 8 + 8)
