@@ -49,12 +49,14 @@ class Intake:
         self._broker.close()
 
     def widen(self, cap: int, at_once: bool) -> None:
-        """Let the window grow to ``cap`` if that is above ``broker.prefetch`` (a worker with
-        async handlers: a batch of them should fill ``worker.async_concurrency``); ``at_once``:
-        open it that wide now (a worker with async handlers only, which none holds up)."""
-        self._prefetch = max(self._prefetch, cap)
+        """A worker with async handlers: a batch of them should fill ``cap``
+        (``worker.async_concurrency``), so the window may grow to it if that is above
+        ``broker.prefetch``. ``at_once`` (async handlers only, which none holds up): the window
+        is ``cap`` from now on, neither more (a claim beyond the free slots would only wait)
+        nor less."""
+        self._prefetch = cap if at_once else max(self._prefetch, cap)
         if at_once:
-            self.window = self._prefetch
+            self.window = cap
 
     def limit(self) -> int:
         return min(self.window, self._prefetch)

@@ -126,13 +126,17 @@ def test_the_window_grows_to_async_concurrency_above_the_prefetch(rigs: list[Rig
     assert gauge.most == 2 * PREFETCH
 
 
-def test_a_worker_with_async_handlers_only_opens_its_window_at_once(rigs: list[Rig]) -> None:
+@pytest.mark.parametrize("concurrency", [PREFETCH // 2, 3 * PREFETCH // 2])
+def test_a_worker_with_async_handlers_only_takes_async_concurrency_at_once(
+    rigs: list[Rig], concurrency: int
+) -> None:
+    """From the first batch, and never more than can run (broker.prefetch is 8 here)."""
     gauge = Gauge()
-    rig = rig_with(rigs, {"fast": gauge.nap}, async_concurrency=12)  # no sync handler left
-    rig.publish("fast", 12 + 12 + 5)
+    rig = rig_with(rigs, {"fast": gauge.nap}, async_concurrency=concurrency)  # no sync one
+    rig.publish("fast", 2 * concurrency + 1)
     rig.run()
-    assert rig.broker.takes() == [12, 12, 12]
-    assert gauge.most == 12
+    assert rig.broker.takes() == [concurrency] * 3
+    assert gauge.most == concurrency
 
 
 def test_a_slow_async_batch_keeps_the_window_a_slow_sync_one_resets_it(
