@@ -38,6 +38,7 @@ from flowforge.store.migrate import migrate
 from flowforge.store.triggers import Triggers
 from tests.harness import (
     bench_api,
+    bench_async,
     bench_events,
     bench_maps,
     bench_priorities,
@@ -86,6 +87,7 @@ class Settings:
     map_width: int = 10_000  # a for_each map's items, against the static fan-out as wide
     priority_backlog: int = 10_000  # priority-0 tasks a priority-9 one is measured behind
     priority_samples: int = 10
+    nap_per_worker: int = 40  # sync 50 ms runs per worker (async: 16 times as many)
 
 
 @dataclass
@@ -455,6 +457,15 @@ def measure(
                         settings.timeout_s,
                         record,
                     )
+                    bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
+                    bench_async.measure(
+                        repo,
+                        conn,
+                        settings.workers,
+                        settings.nap_per_worker,
+                        settings.timeout_s,
+                        record,
+                    )
         finally:
             tree.stop()
             db.close()
@@ -606,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             map_width=200,
             priority_backlog=1000,
             priority_samples=5,
+            nap_per_worker=10,
         )
     with service_urls(args) as (server_url, broker_url):
         report = {
