@@ -50,11 +50,18 @@ class AsyncRunner:
         self._running = 0  # read and written on the loop thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}  # id(job) -> its task (loop thread)
+        #: Set whenever a call ends (a slot is free); whoever waits on it clears it.
+        self.freed = threading.Event()
 
     @property
     def running(self) -> int:
         """How many calls run now (a snapshot, for tests and logs)."""
         return self._running
+
+    def free(self) -> int:
+        """Slots neither running nor promised to a waiting job (a snapshot)."""
+        with self._lock:
+            return self._limit - self._running - len(self._waiting)
 
     def submit(self, jobs: Sequence[Job]) -> None:
         """Queue ``jobs``; they start, in order, as soon as a slot is free."""
@@ -126,6 +133,7 @@ class AsyncRunner:
             self._running -= 1
             job.done.set()
             self._start_waiting()
+            self.freed.set()
 
 
 async def _awaited(job: Job) -> Any:

@@ -192,7 +192,7 @@ class Worker:
     def _run(self, claims: Sequence[Claim], taken: Sequence[Delivery]) -> None:
         """Run a batch of claims (``taken``: its deliveries, empty if claimed without any)."""
         batch = Batch(self._crew, self._handlers or {}, claims, taken)
-        slow = batch.run(self._continuation, self._overtake)
+        slow = batch.run(self._continuation, self._overtake, self._top_up)
         self._claimed_next.extend(batch.claimed)
         self._ready.extend(batch.ready)
         if batch.abandoned:
@@ -202,11 +202,23 @@ class Worker:
 
     def _overtake(self, floor: int, size: int) -> tuple[list[Claim], list[Delivery]]:
         """Claims of deliveries of a band above ``floor`` that came in while a batch of
-        ``size`` runs, and those deliveries (docs/flow-control.md "Priorities"); none while
-        stopping or due to recycle, nor beyond the room the hooks leave."""
+        ``size`` runs, and those deliveries (docs/flow-control.md "Priorities")."""
+        return self._take_more(floor, size, None)
+
+    def _top_up(self, free: int, size: int) -> tuple[list[Claim], list[Delivery]]:
+        """Claims of up to ``free`` deliveries of any band that came in while a batch of
+        ``size`` async calls runs, and those deliveries (roles/batch.py: a rolling batch)."""
+        return self._take_more(-1, size, free)
+
+    def _take_more(
+        self, floor: int, size: int, most: int | None
+    ) -> tuple[list[Claim], list[Delivery]]:
+        """Claims of deliveries already here of a band above ``floor``, at most ``most``, for
+        a batch of ``size`` still running, and those deliveries; none while stopping or due
+        to recycle, nor beyond the room the hooks leave."""
         if self._stop.is_set() or self.recycle:
             return [], []
-        limit = self._room(size)
+        limit = self._room(size) if most is None else min(most, self._room(size))
         if limit <= 0:
             return [], []
         wanted, taken = self._intake.take_above(floor, limit)

@@ -117,7 +117,9 @@ def test_cancelling_runs_raises_cancelled_error_in_their_running_async_calls(
         timeout=60,
         what="a batch of async calls running",
     )
-    for run_id in runs:
+    running = {r[0] for r in sql.execute("SELECT DISTINCT run_id FROM test_executions").fetchall()}
+    # the queued runs first: cancelled later, one could start in a slot a cancel freed
+    for run_id in sorted(runs, key=lambda r: r in running):
         repo.cancel_run(run_id)
 
     wait_for(
