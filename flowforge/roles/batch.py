@@ -16,7 +16,8 @@ call takes the slow path too (stop consuming, ack, hand back what has not starte
 does not *hold the batch up* (:attr:`Batch.held_up`, which sets the window back to 1): the calls
 beside it run meanwhile, so a batch of async calls lasts as long as its longest, and the
 window keeps its size. A batch of async calls only *rolls* (``top_up``): it is acked as soon as
-its calls start, and for :data:`ROLL_S` each slot a call frees is filled at once with a delivery
+its calls start (the worker asks for this at its full window only), and for :data:`ROLL_S` each
+slot a call frees is filled at once with a delivery
 that came in meanwhile, claimed and acked there, so the worker's slots stay busy instead of
 waiting for the batch's longest call and the next batch's round trips. It stops rolling at its
 first slow call (the slow path requeues what came in), at a sync claim, or when the worker
@@ -252,7 +253,10 @@ class Batch:
         while not job.done.is_set():
             started = job.started
             if started is None:  # not picked up yet: it cannot have been slow so far
-                job.done.wait(fast_s)
+                if self._top_up is not None:
+                    self._roll(fast_s)
+                else:
+                    job.done.wait(fast_s)
                 continue
             elapsed = time.monotonic() - started
             said = crew.hooks.while_running(task.claim, elapsed)

@@ -192,7 +192,10 @@ class Worker:
     def _run(self, claims: Sequence[Claim], taken: Sequence[Delivery]) -> None:
         """Run a batch of claims (``taken``: its deliveries, empty if claimed without any)."""
         batch = Batch(self._crew, self._handlers or {}, claims, taken)
-        slow = batch.run(self._continuation, self._overtake, self._top_up)
+        # a batch of async calls rolls only at the full window: it lasts a second (ROLL_S),
+        # which would hold up the window's ramp from 1 (a ramp of batches of 50 ms calls)
+        full = self._intake.limit() >= self._config.worker.async_concurrency
+        slow = batch.run(self._continuation, self._overtake, self._top_up if full else None)
         self._claimed_next.extend(batch.claimed)
         self._ready.extend(batch.ready)
         if batch.abandoned:

@@ -122,8 +122,9 @@ def test_the_window_grows_to_async_concurrency_above_the_prefetch(rigs: list[Rig
     rig = rig_with(rigs, {"nap": gauge.nap}, fast_ms=20.0, async_concurrency=2 * PREFETCH)
     rig.publish("nap", 1 + 2 + 4 + 8 + 16 + 16)
     rig.run()
-    assert rig.broker.takes() == [1, 2, 4, 8, 16, 16]
+    assert rig.broker.takes()[:5] == [1, 2, 4, 8, 16]  # then it rolls (its top-ups)
     assert gauge.most == 2 * PREFETCH
+    assert rig.finished.count == 1 + 2 + 4 + 8 + 16 + 16
 
 
 @pytest.mark.parametrize("concurrency", [PREFETCH // 2, 3 * PREFETCH // 2])
@@ -583,12 +584,14 @@ def test_a_rolling_batch_takes_no_more_than_recycling_leaves(rigs: list[Rig]) ->
 
 
 def test_a_sync_claim_ends_the_roll_and_runs_on_the_handler_thread(rigs: list[Rig]) -> None:
+    """A worker with both kinds rolls at its full window (async_concurrency 2 here)."""
     gauge = Gauge()
-    rig = rig_with(rigs, {"nap": gauge.nap}, async_concurrency=4)
-    naps = rig.publish("nap", 1)
-    syncs = rig.publish("fast", 2)
+    rig = rig_with(rigs, {"nap": gauge.nap}, async_concurrency=2)
+    naps = rig.publish("nap", 1 + 2)  # the second batch, of two, is at the full window
+    syncs = rig.publish("fast", 2)  # taken by its top-ups
     more = rig.publish("nap", 6)
     rig.run()
+    assert rig.trace("take_above")
     assert sorted(rig.ran) == sorted(syncs)
     assert {finish_of(rig, t).state for t in naps + syncs + more} == {TaskState.SUCCEEDED}
-    assert rig.finished.count == 9
+    assert rig.finished.count == 11 and gauge.most == 2
