@@ -253,10 +253,7 @@ class Batch:
         while not job.done.is_set():
             started = job.started
             if started is None:  # not picked up yet: it cannot have been slow so far
-                if self._top_up is not None:
-                    self._roll(fast_s)
-                else:
-                    job.done.wait(fast_s)
+                self._pause(job, fast_s)
                 continue
             elapsed = time.monotonic() - started
             said = crew.hooks.while_running(task.claim, elapsed)
@@ -274,10 +271,7 @@ class Batch:
             budget = fast_s - elapsed if fast else PUMP_INTERVAL_S
             if said is not None:
                 budget = min(budget, said)
-            if fast and self._top_up is not None:
-                self._roll(max(budget, 0.0))  # wakes when any call ends, not only this one
-                continue
-            if job.done.wait(max(budget, 0.0)):
+            if self._pause(job, max(budget, 0.0)):
                 break
             if not fast:
                 crew.intake.serve()  # the leases are the keeper thread's (roles/lease.py)
@@ -285,6 +279,14 @@ class Batch:
                 self._harvest(self._tasks[self._next :])
         self._record(task)
         return fast
+
+    def _pause(self, job: Job, seconds: float) -> bool:
+        """Wait up to ``seconds`` for ``job`` to end; True if it did. While the batch rolls,
+        any call's end wakes it, and the slots freed are filled (:meth:`_roll`)."""
+        if self._top_up is None:  # also after a hand-back: the slow path does not roll
+            return job.done.wait(seconds)
+        self._roll(seconds)
+        return job.done.is_set()
 
     def _roll(self, wait_s: float) -> None:
         """Wait up to ``wait_s`` for a call to end, then fill the free slots with what came in
