@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_async", description=__doc__)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--per-worker", type=int, default=40, help="sync runs per worker")
+    parser.add_argument("--per-worker", type=int, default=80, help="sync runs per worker")
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--broker-url", required=True)
     args = parser.parse_args(argv)
