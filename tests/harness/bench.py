@@ -478,6 +478,39 @@ def measure(
     }
 
 
+#: One workload run alone: ``(triggers, conn, record)``; it records its figures.
+Workload = Callable[[Triggers, psycopg.Connection[Any], Callable[..., None]], None]
+
+
+def alone(
+    server_url: str, broker_url: str, workers: int, repeat: int, workload: Workload
+) -> dict[str, Any]:
+    """Run ``workload`` ``repeat`` times on a tree of its own (a fresh database, truncated
+    between repetitions) and return the summary of every figure it recorded: a harness
+    module's own ``main`` (``python -m tests.harness.bench_priorities``, ``bench_async``)."""
+    results: dict[str, Result] = {}
+
+    def record(name: str, unit: str, value: float, **extra: Any) -> None:
+        results.setdefault(name, Result(name, unit)).samples.append(round(value, 3))
+        results[name].extra.update(extra)
+
+    with fresh_database(server_url) as url, tempfile.TemporaryDirectory() as tmp:
+        tree = Tree(Path(tmp), url, broker_url, workers)
+        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
+        db.open()
+        try:
+            tree.start()
+            with psycopg.connect(url, autocommit=True) as conn:
+                for rep in range(repeat):
+                    print(f"repetition {rep + 1}/{repeat}", file=sys.stderr)
+                    bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
+                    workload(Triggers(db), conn, record)
+        finally:
+            tree.stop()
+            db.close()
+    return {name: r.summary() for name, r in results.items()}
+
+
 def api_workloads(port: int, settings: Settings, record: Callable[..., None]) -> None:
     """The api's request path (tests/harness/bench_api.py), while the tree runs what it creates."""
     n, clients = settings.api_requests, settings.api_clients

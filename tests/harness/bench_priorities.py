@@ -24,17 +24,13 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
-from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
 
 POLL_S = 0.005
@@ -211,7 +207,7 @@ def _wait_drained(conn: psycopg.Connection[Any], timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.harness import bench, bench_maps
+    from tests.harness import bench
 
     parser = argparse.ArgumentParser(prog="bench_priorities", description=__doc__)
     parser.add_argument("--workers", type=int, default=4)
@@ -221,30 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--broker-url", required=True)
     args = parser.parse_args(argv)
-    results: dict[str, bench.Result] = {}
 
-    def record(name: str, unit: str, value: float, **extra: Any) -> None:
-        results.setdefault(name, bench.Result(name, unit)).samples.append(round(value, 3))
-        results[name].extra.update(extra)
+    def workload(triggers: Triggers, conn: psycopg.Connection[Any], record: Any) -> None:
+        measure(triggers, conn, args.backlog, args.samples, 600.0, record)
 
-    with (
-        bench.fresh_database(args.database_url) as url,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        tree = bench.Tree(Path(tmp), url, args.broker_url, args.workers)
-        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
-        db.open()
-        try:
-            tree.start()
-            with psycopg.connect(url, autocommit=True) as conn:
-                for rep in range(args.repeat):
-                    print(f"repetition {rep + 1}/{args.repeat}", file=sys.stderr)
-                    bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
-                    measure(Triggers(db), conn, args.backlog, args.samples, 600.0, record)
-        finally:
-            tree.stop()
-            db.close()
-    report = {name: r.summary() for name, r in results.items()}
+    report = bench.alone(args.database_url, args.broker_url, args.workers, args.repeat, workload)
     print(json.dumps(report, indent=2))
     return 0
 

@@ -17,7 +17,7 @@ import contextvars
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -78,6 +78,24 @@ class Gauge:
         finally:
             self.now -= 1
         return {"slept": str(ctx.task_run_id)}
+
+
+class Sleeper:
+    """An async handler that awaits BLOCK_S (after ``first(ctx)``, if given) and notes the
+    CancelledError that ends it early in ``seen``."""
+
+    def __init__(self, first: Callable[[TaskContext], None] = lambda ctx: None) -> None:
+        self.first = first
+        self.seen: list[str] = []
+
+    async def __call__(self, ctx: TaskContext) -> None:
+        self.first(ctx)
+        try:
+            await asyncio.sleep(BLOCK_S)
+        except asyncio.CancelledError:
+            self.seen.append("cancelled")
+            raise
+        self.seen.append("slept")  # pragma: no cover - only if nothing cancelled it
 
 
 def test_no_more_than_async_concurrency_calls_run_at_once(rigs: list[Rig]) -> None:
@@ -177,17 +195,11 @@ def test_a_sync_only_worker_keeps_broker_prefetch_as_its_largest_batch(rigs: lis
 
 
 def test_a_cancelled_run_raises_cancelled_error_inside_the_handler(rigs: list[Rig]) -> None:
-    seen: list[str] = []
-
-    async def polite(ctx: TaskContext) -> None:
+    def cancel(ctx: TaskContext) -> None:
         rig.store.tasks[ctx.task_run_id].cancel_requested = True  # an operator's cancel
-        try:
-            await asyncio.sleep(BLOCK_S)
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-        seen.append("slept")  # pragma: no cover - only if the cancel never came
 
+    polite = Sleeper(cancel)
+    seen = polite.seen
     rig = rig_with(rigs, {"polite": polite}, heartbeat_s=0.1)
     [task] = rig.publish("polite")
     began = time.monotonic()
@@ -218,17 +230,11 @@ def test_a_handler_that_catches_its_cancellation_and_returns_ends_cancelled(
 
 
 def test_a_lost_lease_cancels_the_call_and_its_finish_is_stale(rigs: list[Rig]) -> None:
-    seen: list[str] = []
-
-    async def reaped(ctx: TaskContext) -> str:
+    def reap(ctx: TaskContext) -> None:
         rig.store.tasks[ctx.task_run_id].token += 1  # the reaper took the task back
-        try:
-            await asyncio.sleep(BLOCK_S)
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-        return "late"  # pragma: no cover
 
+    reaped = Sleeper(reap)
+    seen = reaped.seen
     rig = rig_with(rigs, {"reaped": reaped}, heartbeat_s=0.1)
     [task] = rig.publish("reaped")
     rig.run()
@@ -240,15 +246,8 @@ def test_a_lost_lease_cancels_the_call_and_its_finish_is_stale(rigs: list[Rig]) 
 def test_an_async_handler_past_its_timeout_is_cancelled_and_fails_with_timeout(
     rigs: list[Rig],
 ) -> None:
-    seen: list[str] = []
-
-    async def stuck(ctx: TaskContext) -> None:
-        try:
-            await asyncio.sleep(BLOCK_S)
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-
+    stuck = Sleeper()
+    seen = stuck.seen
     rig = rig_with(rigs, {"stuck": stuck}, fast_ms=50.0)
     [task] = rig.publish("stuck")
     rig.store.tasks[task].timeout_s = 0.2
@@ -429,19 +428,11 @@ class GiveUp(Hook):
 def test_a_hook_that_gives_an_async_call_up_cancels_it_without_recycling(
     rigs: list[Rig],
 ) -> None:
-    seen: list[str] = []
-
-    async def long(ctx: TaskContext) -> None:
-        try:
-            await asyncio.sleep(BLOCK_S)
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-
+    long = Sleeper()
     rig = rig_with(rigs, {"long": long}, fast_ms=20.0, hooks=[GiveUp()])
     [task] = rig.publish("long")
     rig.run()
-    wait_until_seen(seen)
+    wait_until_seen(long.seen)
     assert finish_of(rig, task).error == "given up"
     assert not rig.worker.recycle
 

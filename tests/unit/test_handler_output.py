@@ -46,9 +46,8 @@ output.drain()
 """
 
 
-def _run_child() -> tuple[list[dict[str, Any]], str, str, str, bytes]:
-    task_a, task_b, run = (str(uuid.uuid4()) for _ in range(3))
-    code = f"TASK_A, TASK_B, RUN = {task_a!r}, {task_b!r}, {run!r}\n" + textwrap.dedent(CHILD)
+def _child_records(code: str) -> tuple[list[dict[str, Any]], bytes]:
+    """Run ``code`` in a child interpreter: its stderr as JSON records, and as bytes."""
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -58,8 +57,14 @@ def _run_child() -> tuple[list[dict[str, Any]], str, str, str, bytes]:
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert done.stdout == b"", "nothing may reach the real stdout"
-    records = [json.loads(line) for line in done.stderr.decode().splitlines()]
-    return records, task_a, task_b, run, done.stderr
+    return [json.loads(line) for line in done.stderr.decode().splitlines()], done.stderr
+
+
+def _run_child() -> tuple[list[dict[str, Any]], str, str, str, bytes]:
+    task_a, task_b, run = (str(uuid.uuid4()) for _ in range(3))
+    code = f"TASK_A, TASK_B, RUN = {task_a!r}, {task_b!r}, {run!r}\n" + textwrap.dedent(CHILD)
+    records, raw = _child_records(code)
+    return records, task_a, task_b, run, raw
 
 
 def test_every_write_of_a_handler_is_its_own_tagged_record() -> None:
@@ -147,16 +152,7 @@ def test_concurrent_async_calls_each_own_their_python_writes_and_records() -> No
     tasks = [str(uuid.uuid4()) for _ in range(3)]
     run = str(uuid.uuid4())
     code = f"TASKS, RUN = {tasks!r}, {run!r}\n" + textwrap.dedent(ASYNC_CHILD)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        timeout=30,
-        check=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
-    assert done.stdout == b""
-    records = [json.loads(line) for line in done.stderr.decode().splitlines()]
+    records, _ = _child_records(code)
 
     def of(task_run_id: str) -> list[str]:
         return sorted(r["msg"] for r in records if r.get("task_run_id") == task_run_id)
