@@ -482,6 +482,24 @@ def measure(
 Workload = Callable[[Triggers, psycopg.Connection[Any], Callable[..., None]], None]
 
 
+def alone_parser(prog: str, description: str | None, workers: int) -> argparse.ArgumentParser:
+    """The arguments every harness module run alone takes (``--workers``, ``--repeat``, the
+    servers); it adds its own."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--workers", type=int, default=workers)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--broker-url", required=True)
+    return parser
+
+
+def run_alone(args: argparse.Namespace, workload: Workload) -> int:
+    """:func:`alone` with ``args`` of :func:`alone_parser`; prints the summary as JSON."""
+    report = alone(args.database_url, args.broker_url, args.workers, args.repeat, workload)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
 def alone(
     server_url: str, broker_url: str, workers: int, repeat: int, workload: Workload
 ) -> dict[str, Any]:

@@ -15,8 +15,6 @@ Run alone (a tree of its own, nothing else measured)::
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -83,20 +81,14 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     from tests.harness import bench
 
-    parser = argparse.ArgumentParser(prog="bench_async", description=__doc__)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = bench.alone_parser("bench_async", __doc__, workers=1)
     parser.add_argument("--per-worker", type=int, default=80, help="sync runs per worker")
-    parser.add_argument("--database-url", required=True)
-    parser.add_argument("--broker-url", required=True)
     args = parser.parse_args(argv)
 
     def workload(triggers: Triggers, conn: psycopg.Connection[Any], record: Any) -> None:
         measure(triggers, conn, args.workers, args.per_worker, 600.0, record)
 
-    report = bench.alone(args.database_url, args.broker_url, args.workers, args.repeat, workload)
-    print(json.dumps(report, indent=2))
-    return 0
+    return bench.run_alone(args, workload)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ Run alone (a tree of its own, nothing else measured)::
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -209,21 +207,15 @@ def _wait_drained(conn: psycopg.Connection[Any], timeout_s: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     from tests.harness import bench
 
-    parser = argparse.ArgumentParser(prog="bench_priorities", description=__doc__)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = bench.alone_parser("bench_priorities", __doc__, workers=4)
     parser.add_argument("--backlog", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--database-url", required=True)
-    parser.add_argument("--broker-url", required=True)
     args = parser.parse_args(argv)
 
     def workload(triggers: Triggers, conn: psycopg.Connection[Any], record: Any) -> None:
         measure(triggers, conn, args.backlog, args.samples, 600.0, record)
 
-    report = bench.alone(args.database_url, args.broker_url, args.workers, args.repeat, workload)
-    print(json.dumps(report, indent=2))
-    return 0
+    return bench.run_alone(args, workload)
 
 
 if __name__ == "__main__":
