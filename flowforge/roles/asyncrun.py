@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import threading
 import time
@@ -106,7 +107,9 @@ class AsyncRunner:
                 job = self._waiting.popleft()
                 job.started = time.monotonic()  # under the lock: withdraw never takes it
             self._running += 1
-            task = loop.create_task(self._call(job))
+            # a fresh context: started from the finally of the call before (_call), the task
+            # would otherwise inherit the context variables that call set
+            task = loop.create_task(self._call(job), context=contextvars.Context())
             self._tasks[id(job)] = task
             cancelled = job.ctx.cancelled
             if isinstance(cancelled, CancelEvent):

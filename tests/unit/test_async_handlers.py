@@ -488,6 +488,25 @@ def test_context_variables_are_per_call(rigs: list[Rig]) -> None:
     assert [result_of(rig, t) for t in tasks] == [True] * len(tasks)
 
 
+def test_a_call_does_not_inherit_the_context_variables_of_the_call_before_it(
+    rigs: list[Rig],
+) -> None:
+    """One slot: the second call starts as the first ends (in its task's finally)."""
+    mine: contextvars.ContextVar[str] = contextvars.ContextVar("mine", default="unset")
+
+    async def look_then_set(ctx: TaskContext) -> str:
+        before = mine.get()
+        mine.set(str(ctx.task_run_id))
+        await asyncio.sleep(0)
+        return before
+
+    # with a sync handler too, the window grows past the one slot: calls wait for it
+    rig = rig_with(rigs, {"look": look_then_set}, async_concurrency=1)
+    tasks = rig.publish("look", 1 + 2 + 4)
+    rig.run()
+    assert [result_of(rig, t) for t in tasks] == ["unset"] * 7
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
