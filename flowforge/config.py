@@ -54,6 +54,8 @@ DEFAULT_TOKEN_ENV = "FLOWFORGE_API_TOKEN"
 DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/flowforge"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_QUEUE = "flowforge.tasks"
+#: The largest prefetch count AMQP can carry (basic.qos's prefetch-count is a short).
+MAX_PREFETCH = 65535
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -318,6 +320,9 @@ class WorkerConfig:
     # a cancel reaches the handler within a second. False (e.g. behind a pooler that drops
     # LISTEN): it arrives at the next lease renewal, within heartbeat_s.
     listen_for_cancel: bool = True
+    # ``async def`` handlers running at once on the worker's event loop (docs/handlers.md); a
+    # worker with async handlers also takes up to this many deliveries per batch.
+    async_concurrency: int = 16
 
     # A handler's result larger than this as JSON (bytes) ends its task DEAD result_too_large.
     max_result_bytes: int = 1024 * 1024
@@ -339,6 +344,9 @@ class WorkerConfig:
         _positive(self.fast_handler_ms, "fast_handler_ms")
         _positive(self.heartbeat_s, "heartbeat_s")
         _positive(self.max_result_bytes, "max_result_bytes")
+        # the upper bound is AMQP's: a batch's deliveries are one prefetch count (16 bits)
+        if not 1 <= self.async_concurrency <= MAX_PREFETCH:
+            raise ValueError(f"async_concurrency must be between 1 and {MAX_PREFETCH}")
         if self.heartbeat_s >= self.lease_s:
             raise ValueError("heartbeat_s must be shorter than lease_s")
 

@@ -1,10 +1,12 @@
 """Handlers for the example workflows in ``config/workflows``.
 
-Each takes the task context and returns a JSON-serialisable value.
+Each takes the task context and returns a JSON-serialisable value; ``catalogue.import_file`` is
+an ``async def`` handler.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from flowforge import task
@@ -41,7 +43,11 @@ def list_files(ctx: Any) -> list[str]:
 
 
 @task("catalogue.import_file")
-def import_file(ctx: Any) -> dict[str, Any]:
+async def import_file(ctx: Any) -> dict[str, Any]:
+    """An ``async def`` handler (docs/handlers.md): a worker runs up to
+    ``worker.async_concurrency`` of them at once on its event loop. The await stands for
+    fetching the file; a cancelled run raises ``asyncio.CancelledError`` right here."""
+    await asyncio.sleep(0.01)
     return {"file": ctx.item, "index": ctx.index, "rows": 100 + ctx.index}
 
 

@@ -9,6 +9,22 @@ kept has ended, it acks (if not done yet) and commits the rest in one statement,
 the dependents it releases for this worker (:attr:`Batch.claimed`; the others are in
 :attr:`Batch.ready`).
 
+Async handlers (``async def``) of a batch run at once on the worker's event loop, up to
+``worker.async_concurrency``; the batch still waits for its tasks in order, but an async one
+counts as slow only past :data:`ASYNC_SLOW_S` (or ``fast_handler_ms`` if longer). A slow async
+call takes the slow path too (stop consuming, ack, hand back what has not started), but it
+does not *hold the batch up* (:attr:`Batch.held_up`, which sets the window back to 1): the calls
+beside it run meanwhile, so a batch of async calls lasts as long as its longest, and the
+window keeps its size. A batch of async calls only *rolls* (``top_up``): it is acked as soon as
+its calls start (the worker asks for this at its full window only), and for :data:`ROLL_S` each
+slot a call frees is filled at once with a delivery
+that came in meanwhile, claimed and acked there, so the worker's slots stay busy instead of
+waiting for the batch's longest call and the next batch's round trips. It stops rolling at its
+first slow call (the slow path requeues what came in), at a sync claim, or when the worker
+stops or has no room left. Once the batch is slow, outcomes of calls that ended meanwhile are
+committed about every second, not held until the slow one ends. A hook that gives an async
+handler up cancels it (no worker is replaced unless it ignores the cancellation).
+
 Between two tasks (and after the last), while no handler was slow, the batch asks whether a
 delivery of a higher priority band than its own came in meanwhile; if so it is claimed and runs
 next, ahead of the batch's tasks not started yet, and is finished with the batch
@@ -31,7 +47,7 @@ from flowforge.domain.states import TaskState
 from flowforge.errors import FlowForgeError
 from flowforge.roles.attemptlog import AttemptOutput
 from flowforge.roles.context import TaskContext
-from flowforge.roles.execution import HandlerThread, Job, captured, classify
+from flowforge.roles.execution import Executor, Job, captured, classify
 from flowforge.roles.hooks import WORKER_LOGGER, Hooks
 from flowforge.roles.intake import PUMP_INTERVAL_S, Intake
 from flowforge.roles.lease import CancelWatch, Leases
@@ -43,6 +59,19 @@ Handlers = Mapping[str, Callable[[TaskContext], Any]]
 #: Given the band a delivery must be above and the batch's size: claims of such deliveries
 #: waiting here (claimed now), and the deliveries (to ack with the batch).
 Overtake = Callable[[int, int], tuple[list[Claim], list[Delivery]]]
+#: Given the free async slots and the batch's size: claims of deliveries waiting here, at most
+#: that many (claimed now), and the deliveries (acked at once).
+TopUp = Callable[[int, int], tuple[list[Claim], list[Delivery]]]
+#: An async handler is slow (the slow path: hand back, ack) only past
+#: this, or fast_handler_ms if longer (seconds): the main thread must serve the broker about
+#: this often anyway (intake.PUMP_INTERVAL_S), and calls behind it are not waiting for it.
+ASYNC_SLOW_S = PUMP_INTERVAL_S
+#: How long a batch of async calls keeps filling the slots its calls free (seconds): its
+#: outcomes are committed when it ends, so this bounds how long they wait (with its calls).
+ROLL_S = PUMP_INTERVAL_S
+#: An async handler given up by a hook (cancelled) that is still running after this long
+#: ignored its cancellation: the worker is replaced, as for a sync one (seconds).
+GIVE_UP_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -51,7 +80,7 @@ class Crew:
 
     intake: Intake
     ledger: Ledger
-    executor: HandlerThread
+    executor: Executor
     leases: Leases
     cancels: CancelWatch
     hooks: Hooks
@@ -88,33 +117,47 @@ class Batch:
         self.claimed: list[Claim] = []
         self.ready: list[tuple[UUID, int]] = []
         self.abandoned = False  # a hook gave up a running handler: the worker must go
+        self.held_up = False  # a sync handler was slow: what waited behind it was handed back
         self._failure: FlowForgeError | None = None  # an overtaking claim failed: raised last
         # the lowest band the batch's deliveries came on (claims without any: band 0), which
         # a delivery must be above to overtake the rest of the batch
         self._floor = min((d.band for d in ack), default=0)
         self._withdrawn: set[int] = set()  # id() of the jobs handed back before they started
+        self._recorded: set[int] = set()  # id() of the jobs whose outcome is recorded early
+        self._tasks: list[_Task] = []  # the batch's tasks, in the order they are waited for
+        self._next = 0  # the first of them not waited for yet
+        self._top_up: TopUp | None = None  # set while the batch rolls
+        self._roll_until = 0.0
 
-    def run(self, then: Then, overtake: Overtake | None = None) -> bool:
+    def run(
+        self, then: Then, overtake: Overtake | None = None, top_up: TopUp | None = None
+    ) -> bool:
         """Run, ack and finish the batch; True if a handler was slow (the rest handed back).
 
         ``overtake``: asked between two tasks (and after the last) for claims of deliveries of
         a band above the batch's that came in meanwhile; they run next (see :meth:`_overtake`).
+        ``top_up``: asked while a batch of async calls only rolls (module docstring).
         """
-        tasks = self._prepare(self._claims)
+        tasks = self._tasks = self._prepare(self._claims)
         self._crew.executor.submit([t.job for t in tasks])
+        if top_up is not None and tasks and all(t.job.asynchronous for t in tasks):
+            self._ack()  # claims committed: the next deliveries may come in while they run
+            self._top_up = top_up
+            self._roll_until = time.monotonic() + ROLL_S
         slow = False
         index = 0
         while index < len(tasks):
             task = tasks[index]
             index += 1
-            if id(task.job) in self._withdrawn:
-                continue  # handed back behind a slow handler
+            self._next = index
+            if id(task.job) in self._withdrawn or id(task.job) in self._recorded:
+                continue  # handed back behind a slow handler, or ended while it ran
             # A job behind a slow one that the handler thread started before the hand-back
             # withdrew the rest could not be handed back: it is waited for like any other.
-            if not self._wait(task, tasks[index:]):
+            # After a sync job was abandoned, the jobs left are async ones already running
+            # (every other was withdrawn): they are waited for too.
+            if not self._wait(task):
                 slow = True
-                if self.abandoned:
-                    break  # the handler thread is stuck in it: nothing behind it can start
             elif overtake is not None and not slow and self._failure is None:
                 self._overtake(overtake, tasks, index)
         self._ack()
@@ -150,7 +193,7 @@ class Batch:
                     index=claim.index,
                     output=AttemptOutput(crew.log_capture_bytes),
                 )
-                tasks.append(_Task(claim, Job(handler, ctx)))
+                tasks.append(_Task(claim, Job(handler, ctx, claim.timeout_s)))
         crew.leases.hold([(t.claim, t.job.ctx) for t in tasks])
         return tasks
 
@@ -204,47 +247,117 @@ class Batch:
         taken, self._pending_ack = self._pending_ack, ()
         self._crew.intake.ack(taken)
 
-    def _wait(self, task: _Task, behind: Sequence[_Task]) -> bool:
+    def _wait(self, task: _Task) -> bool:
         """Wait for one job and record its outcome; False if it outlasted fast_handler_ms
         (or a hook gave it up): then everything behind it was handed back."""
         crew, job = self._crew, task.job
-        fast_s = crew.fast_s
+        fast_s = max(crew.fast_s, ASYNC_SLOW_S) if job.asynchronous else crew.fast_s
         fast = True
         while not job.done.is_set():
             started = job.started
             if started is None:  # not picked up yet: it cannot have been slow so far
-                job.done.wait(fast_s)
+                self._pause(job, fast_s)
                 continue
             elapsed = time.monotonic() - started
             said = crew.hooks.while_running(task.claim, elapsed)
             given_up = isinstance(said, Finish)
             if fast and (elapsed > fast_s or given_up):
                 fast = False
+                self.held_up = self.held_up or not job.asynchronous
                 if crew.listen_for_cancel:
                     crew.cancels.start()  # a cancel now reaches it at once, not at renewal
-                self._hand_back(behind)
+                self._hand_back(self._tasks[self._next :])
             if isinstance(said, Finish):
                 self._outcomes.append((task.claim, captured(job, said)))
-                self.abandoned = True
+                self._give_up(job)
                 return False
             budget = fast_s - elapsed if fast else PUMP_INTERVAL_S
             if said is not None:
                 budget = min(budget, said)
-            if job.done.wait(max(budget, 0.0)):
+            if self._pause(job, max(budget, 0.0)):
                 break
             if not fast:
                 crew.intake.serve()  # the leases are the keeper thread's (roles/lease.py)
                 crew.beat()
+                self._harvest(self._tasks[self._next :])
+        self._record(task)
+        return fast
+
+    def _pause(self, job: Job, seconds: float) -> bool:
+        """Wait up to ``seconds`` for ``job`` to end; True if it did. While the batch rolls,
+        any call's end wakes it, and the slots freed are filled (:meth:`_roll`)."""
+        if self._top_up is None:  # also after a hand-back: the slow path does not roll
+            return job.done.wait(seconds)
+        self._roll(seconds)
+        return job.done.is_set()
+
+    def _roll(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` for a call to end, then fill the free slots with what came in
+        meanwhile: claimed, acked, and run as tasks of this batch."""
+        loop = self._crew.executor.loop
+        loop.freed.wait(wait_s)
+        loop.freed.clear()  # before looking: a call ending from now on wakes the next wait
+        free = loop.free()
+        if self._top_up is None or free <= 0:
+            return
+        if time.monotonic() > self._roll_until:
+            self._top_up = None
+            return
+        try:
+            claims, taken = self._top_up(free, len(self._tasks))
+        except FlowForgeError as exc:  # as for an overtake: finish what runs, then raise
+            self._failure, self._top_up = exc, None
+            return
+        if not taken:
+            return
+        self._pending_ack = [*self._pending_ack, *taken]
+        more = self._prepare(claims)
+        self._tasks.extend(more)
+        self._crew.executor.submit([t.job for t in more])
+        self._ack()
+        if not all(t.job.asynchronous for t in more):
+            self._top_up = None  # a sync call: the batch is an ordinary one from now on
+
+    def _record(self, task: _Task) -> None:
+        """Record the outcome of a job that ended."""
+        job = task.job
         assert job.started is not None
         duration_s = time.monotonic() - job.started
-        finish = classify(job, crew.max_result_bytes)
-        crew.hooks.after_execute(task.claim, finish, duration_s)
+        finish = classify(job, self._crew.max_result_bytes)
+        self._crew.hooks.after_execute(task.claim, finish, duration_s)
         self._outcomes.append((task.claim, finish))
-        return fast
+        self._recorded.add(id(job))
+
+    def _harvest(self, behind: Sequence[_Task]) -> None:
+        """While a slow handler runs: record and commit the calls behind it that ended
+        (async ones run meanwhile), so their tasks do not wait for it."""
+        ended = [
+            t
+            for t in behind
+            if t.job.done.is_set()
+            and id(t.job) not in self._recorded
+            and id(t.job) not in self._withdrawn
+        ]
+        for t in ended:
+            self._record(t)
+        if ended:
+            self._flush(None)
+
+    def _give_up(self, job: Job) -> None:
+        """A hook gave ``job`` up (its outcome is recorded): an async call is cancelled; a
+        sync one, or an async one still running after :data:`GIVE_UP_GRACE_S`, cannot be
+        stopped, so the worker must be replaced once the batch is done."""
+        self._recorded.add(id(job))
+        if job.asynchronous:
+            self._crew.executor.cancel(job)
+            if job.done.wait(GIVE_UP_GRACE_S):
+                return
+        self.abandoned = True
 
     def _hand_back(self, behind: Sequence[_Task]) -> None:
         """A slow handler holds this worker: stop consuming, ack, give back what waits."""
         crew = self._crew
+        self._top_up = None  # what came in meanwhile is requeued: nothing more to roll in
         withdrawn = {id(job) for job in crew.executor.withdraw()}
         self._withdrawn |= withdrawn
         unstarted = [t.claim for t in behind if id(t.job) in withdrawn]

@@ -10,9 +10,9 @@ from uuid import UUID
 
 from flowforge.config import ProcessesConfig
 from flowforge.domain.model import Claim, Finish
-from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
+from flowforge.roles.execution import timeout_finish
 from flowforge.roles.hooks import WORKER_LOGGER, Hook, Recycle
 from flowforge.telemetry import Telemetry
 
@@ -80,15 +80,11 @@ class TimeLimit(Hook):
         if elapsed_s < timeout_s:
             return timeout_s - elapsed_s
         logger.error(
-            "task run %s overran its timeout; this worker will be replaced",
+            "task run %s overran its timeout; a sync handler's worker will be replaced",
             claim.task_run_id,
             extra={"action": "task_timeout"},
         )
-        return Finish(
-            TaskState.FAILED,
-            reason=FailureReason.TIMEOUT,
-            error=f"the handler ran longer than its timeout of {timeout_s}s",
-        )
+        return timeout_finish(timeout_s)
 
 
 class Recycling(Hook):

@@ -3,9 +3,12 @@ connection's turns while handlers run.
 
 The consumer's prefetch *is* the window: until a batch is acked the broker pushes nothing more
 to this worker. The window starts at 1, doubles after every batch of fast handlers up to
-``broker.prefetch``, and falls back to 1 after a slow one. After a slow batch the worker
-consumes only while it takes: what else came with the take is handed back at once, so a
-delivery (an urgent one above all) never waits in a worker whose handlers are slow.
+``broker.prefetch``, and falls back to 1 after a slow sync one. A worker with ``async def``
+handlers lets it grow to ``worker.async_concurrency`` if that is larger, and one with async
+handlers only opens it that wide at once (:meth:`Intake.widen`). After a batch held up by a
+slow sync handler the worker consumes only while it takes: what else came with the take is
+handed back at once, so a delivery (an urgent one above all) never waits in a worker whose
+handlers are slow.
 
 A broker call that fails once the batch's claims committed does not stop the batch (the
 leases own its tasks): the failure is kept in :attr:`Intake.broken` and raised by
@@ -50,6 +53,16 @@ class Intake:
     def close(self) -> None:
         """Close the connection; the broker requeues every delivery not acked."""
         self._broker.close()
+
+    def widen(self, cap: int, at_once: bool) -> None:
+        """A worker with async handlers: a batch of them should fill ``cap``
+        (``worker.async_concurrency``), so the window may grow to it if that is above
+        ``broker.prefetch``. ``at_once`` (async handlers only, which none holds up): the window
+        is ``cap`` from now on, neither more (a claim beyond the free slots would only wait)
+        nor less."""
+        self._prefetch = cap if at_once else max(self._prefetch, cap)
+        if at_once:
+            self.window = cap
 
     def limit(self) -> int:
         return min(self.window, self._prefetch)
@@ -122,10 +135,11 @@ class Intake:
             logger.warning("broker connection lost while a handler runs: %s", exc)
             self.broken = exc
 
-    def settle(self, slow: bool) -> None:
-        """A batch is done: grow or reset the window; raise a failure the batch outlived."""
-        self.window = 1 if slow else min(self.window * 2, self._prefetch)
-        self._slow = slow
+    def settle(self, held_up: bool) -> None:
+        """A batch is done: grow the window, or reset it if a slow sync handler held the batch
+        up (:attr:`~flowforge.roles.batch.Batch.held_up`); raise a failure the batch outlived."""
+        self.window = 1 if held_up else min(self.window * 2, self._prefetch)
+        self._slow = held_up
         if self.broken is not None:
             raise self.broken
 

@@ -22,13 +22,26 @@ own even when the next handler starts at once. Output written after that (a subp
 handler left running) belongs to whichever handler runs when it is read, or to none.
 
 Records a handler logs itself (``logging.info(…)``) already go to the log handlers; a filter
-adds the same attribution to the ones logged inside the handler call.
+adds the same attribution to the ones logged inside the call: the attribution is a context
+variable, set by :func:`attributed` in the handler thread and by :func:`attributed_async` in an
+async handler's own :class:`asyncio.Task` (each task runs in a copy of the context, so
+concurrent async calls each see their own).
+
+Async handlers run concurrently on one event loop thread, so the pipes cannot tell their output
+apart, and :func:`attributed`'s settle (a wait) would stall the loop. Their *Python-level*
+writes are therefore routed before they reach a pipe: :func:`capture` replaces ``sys.stdout``
+and ``sys.stderr`` with :class:`_Routed` wrappers, which hand a line written inside
+:func:`attributed_async` straight to :func:`_emit` with that call's attribution (a last line
+without its newline when the call ends), and pass every other write through. What bypasses
+Python's ``sys.stdout``/``sys.stderr`` objects in an async handler — ``sys.stdout.buffer``,
+``os.write(1, …)``, a C extension, a subprocess — reaches the pipes and is attributed like
+any fd-level output: to the sync handler call running at that moment, or to none.
 
 Per attempt (SPEC 7.5): an attribution carries the attempt's sink (an
 :class:`~flowforge.roles.attemptlog.AttemptOutput`), and each line :func:`_emit` logs is also
 added to it. The attribution is held twice: as the process's current one (what the reader
 thread attributes descriptor output to: a descriptor has no context, so this is exact while one
-handler runs at a time, as on the handler thread) and in a context variable (:data:`_attempt`),
+handler runs at a time, as on the handler thread) and in a context variable (:data:`_owner`),
 which the log filter reads first. A context variable follows the call, not the thread: an
 asyncio Task started inside the call inherits it, so concurrent async handlers' records are
 each their own.
@@ -45,7 +58,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple, TextIO
 from uuid import UUID
 
 from flowforge.roles.attemptlog import HANDLER_LOGGER, AttemptOutput
@@ -67,7 +80,6 @@ class Attribution(NamedTuple):
     task: str
     task_run_id: UUID
     run_id: UUID
-    thread: int  # the thread that runs the handler (its own log records get the tags too)
     sink: AttemptOutput | None = None  # the attempt's captured output, if it keeps one
 
     def fields(self) -> dict[str, str]:
@@ -151,10 +163,47 @@ def _emit(stream: str, line: bytes, owner: Attribution | None) -> None:
 
 
 _capture: _Capture | None = None
-#: The handler call this code runs in (the filter's first source; module docstring).
-_attempt: contextvars.ContextVar[Attribution | None] = contextvars.ContextVar(
-    "flowforge_attempt", default=None
+#: The handler call whose code runs in this context (its log records get the tags).
+_owner: contextvars.ContextVar[Attribution | None] = contextvars.ContextVar(
+    "flowforge_handler_call", default=None
 )
+#: An async handler call's lines not ended yet, by stream (set only inside attributed_async).
+_async_lines: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "flowforge_async_output", default=None
+)
+
+
+class _Routed:
+    """``sys.stdout`` / ``sys.stderr`` of a capturing process (module docstring): a write
+    inside :func:`attributed_async` becomes that call's records at once; any other write, and
+    every other attribute, is the wrapped stream's."""
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self._stream = stream
+        self._name = name
+
+    def write(self, text: str) -> int:
+        pending = _async_lines.get()
+        if pending is None:
+            return self._stream.write(text)
+        *lines, pending[self._name] = (pending.get(self._name, "") + text).split("\n")
+        owner = _owner.get()
+        for line in lines:
+            _emit_text(self._name, line, owner)
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _emit_text(stream: str, text: str, owner: Attribution | None) -> None:
+    data = text.encode("utf-8", "replace")
+    for start in range(0, max(len(data), 1), MAX_LINE_BYTES):
+        _emit(stream, data[start : start + MAX_LINE_BYTES], owner)
 
 
 def capture() -> None:
@@ -197,6 +246,8 @@ def capture() -> None:
     for stream_object in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream_object.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    sys.stdout = _Routed(sys.stdout, "stdout")
+    sys.stderr = _Routed(sys.stderr, "stderr")
     _capture = _Capture(pipes)
 
 
@@ -212,8 +263,8 @@ def attributed(
 ) -> Iterator[None]:
     """Output written inside this block is the given handler call's, and is added to ``sink``
     when one is given (module docstring)."""
-    owner = Attribution(task, task_run_id, run_id, threading.get_ident(), sink)
-    token = _attempt.set(owner)
+    owner = Attribution(task, task_run_id, run_id, sink)
+    token = _owner.set(owner)
     found = _capture
     try:
         if found is None:
@@ -226,16 +277,39 @@ def attributed(
             found.settle()
             found.current = None
     finally:
-        _attempt.reset(token)
+        _owner.reset(token)
+
+
+@contextlib.contextmanager
+def attributed_async(
+    task: str, task_run_id: UUID, run_id: UUID, sink: AttemptOutput | None = None
+) -> Iterator[None]:
+    """As :func:`attributed`, for an async handler call inside its own :class:`asyncio.Task`:
+    its Python-level writes and log records are its own, and added to ``sink`` when one is
+    given (module docstring); never waits."""
+    owner = Attribution(task, task_run_id, run_id, sink)
+    if _capture is None:
+        token = _owner.set(owner)
+        try:
+            yield
+        finally:
+            _owner.reset(token)
+        return
+    pending: dict[str, str] = {}
+    tokens = (_owner.set(owner), _async_lines.set(pending))
+    try:
+        yield
+    finally:
+        _async_lines.reset(tokens[1])
+        _owner.reset(tokens[0])
+        for stream, text in pending.items():
+            if text:  # a last line without its newline is the finished call's too
+                _emit_text(stream, text, owner)
 
 
 def _attribute(record: logging.LogRecord) -> bool:
-    """Tag a record logged inside a handler call: in its context, else from the thread of the
-    call running now (a filter)."""
-    owner = _attempt.get()
-    if owner is None:
-        current = _capture.current if _capture is not None else None
-        owner = current if current is not None and record.thread == current.thread else None
+    """Tag a record logged inside a handler call (a filter): the call of its context."""
+    owner = _owner.get()
     if owner is not None and not hasattr(record, "task_run_id"):
         for key, value in owner.fields().items():
             setattr(record, key, value)

@@ -48,7 +48,7 @@ from flowforge.domain.names import band
 from flowforge.handlers import collect
 from flowforge.roles.batch import Batch, Crew, Handlers
 from flowforge.roles.concerns import Metrics, Recycling, TaskLog, TimeLimit
-from flowforge.roles.execution import HandlerThread
+from flowforge.roles.execution import Executor, is_async
 from flowforge.roles.hooks import Hook, Hooks, Recycle
 from flowforge.roles.intake import Intake
 from flowforge.roles.lease import CancelWatch, Leases
@@ -74,7 +74,8 @@ class Worker:
     Parts: :class:`~flowforge.roles.intake.Intake` (the consumer side),
     :class:`~flowforge.roles.batch.Batch` (one batch: run, ack, finish, hand back),
     :class:`~flowforge.roles.ledger.Ledger` (the statements and their retries),
-    :class:`~flowforge.roles.execution.HandlerThread`, :class:`~flowforge.roles.lease.Leases`,
+    :class:`~flowforge.roles.execution.Executor` (the handler thread, the async handlers'
+    event loop), :class:`~flowforge.roles.lease.Leases`,
     and the hooks (:mod:`flowforge.roles.hooks`; the built-in ones in
     :mod:`flowforge.roles.concerns`, then ``hooks``).
     """
@@ -118,7 +119,7 @@ class Worker:
         self._crew = Crew(
             self._intake,
             self._ledger,
-            HandlerThread(),
+            Executor(config.worker.async_concurrency),
             self._leases,
             self._cancels,
             self._hooks,
@@ -141,6 +142,11 @@ class Worker:
     def initialize(self) -> None:
         if self._handlers is None:  # import errors are boot failures, not outages
             self._handlers = collect(self._config.handlers, self._config.base_dir)
+        kinds = {is_async(fn) for fn in self._handlers.values()}
+        if True in kinds:
+            # a batch of async handlers runs at once: let one fill every async slot, from the
+            # first batch on when no sync handler could hold a batch up
+            self._intake.widen(self._config.worker.async_concurrency, at_once=kinds == {True})
         self._ledger.worker_id = f"{socket.gethostname()}/{os.getpid()}"
         self._db.open()
         self._leases.start()
@@ -192,21 +198,36 @@ class Worker:
     def _run(self, claims: Sequence[Claim], taken: Sequence[Delivery]) -> None:
         """Run a batch of claims (``taken``: its deliveries, empty if claimed without any)."""
         batch = Batch(self._crew, self._handlers or {}, claims, taken)
-        slow = batch.run(self._continuation, self._overtake)
+        # a batch of async calls rolls only at the full window: it lasts a second (ROLL_S),
+        # which would hold up the window's ramp from 1 (a ramp of batches of 50 ms calls)
+        full = self._intake.limit() >= self._config.worker.async_concurrency
+        slow = batch.run(self._continuation, self._overtake, self._top_up if full else None)
         self._claimed_next.extend(batch.claimed)
         self._ready.extend(batch.ready)
         if batch.abandoned:
             self._recycle.ask()  # its handler thread is stuck in the handler given up
         self._hooks.after_batch(slow)
-        self._intake.settle(slow)
+        self._intake.settle(batch.held_up)
 
     def _overtake(self, floor: int, size: int) -> tuple[list[Claim], list[Delivery]]:
         """Claims of deliveries of a band above ``floor`` that came in while a batch of
-        ``size`` runs, and those deliveries (docs/flow-control.md "Priorities"); none while
-        stopping or due to recycle, nor beyond the room the hooks leave."""
+        ``size`` runs, and those deliveries (docs/flow-control.md "Priorities")."""
+        return self._take_more(floor, size, None)
+
+    def _top_up(self, free: int, size: int) -> tuple[list[Claim], list[Delivery]]:
+        """Claims of up to ``free`` deliveries of any band that came in while a batch of
+        ``size`` async calls runs, and those deliveries (roles/batch.py: a rolling batch)."""
+        return self._take_more(-1, size, free)
+
+    def _take_more(
+        self, floor: int, size: int, most: int | None
+    ) -> tuple[list[Claim], list[Delivery]]:
+        """Claims of deliveries already here of a band above ``floor``, at most ``most``, for
+        a batch of ``size`` still running, and those deliveries; none while stopping or due
+        to recycle, nor beyond the room the hooks leave."""
         if self._stop.is_set() or self.recycle:
             return [], []
-        limit = self._room(size)
+        limit = self._room(size) if most is None else min(most, self._room(size))
         if limit <= 0:
             return [], []
         wanted, taken = self._intake.take_above(floor, limit)

@@ -34,6 +34,7 @@ from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.domain.values import to_json
 from flowforge.errors import InputError
 from flowforge.roles.context import TaskContext
+from flowforge.roles.asyncrun import AsyncRunner
 from flowforge.roles.execution import Job, classify
 from flowforge.testing.results import REUSED, LocalAttempt, LocalRun, LocalTask
 from flowforge.testing.sources import Handler, WorkflowSource, load_handlers, load_workflows
@@ -72,6 +73,7 @@ class LocalRunner:
         self._rand = rand
         self._max_result_bytes = max_result_bytes
         self._clock = clock
+        self._loop: AsyncRunner | None = None  # async def handlers' event loop, when one runs
         self._keys: dict[str, Any] = {}
 
     @classmethod
@@ -114,6 +116,13 @@ class LocalRunner:
         """
         definition = workflow if isinstance(workflow, WorkflowDef) else self._workflow(workflow)
         return _Execution(self, definition, events or {}).run(input, upstream or {})
+
+    def _event_loop(self) -> AsyncRunner:
+        """The event loop ``async def`` handlers run on (one call at a time: tasks run one
+        after another here), started with the first of them."""
+        if self._loop is None:
+            self._loop = AsyncRunner(1)
+        return self._loop
 
     def _workflow(self, name: str) -> WorkflowDef:
         found = self.workflows.get(name)
@@ -384,9 +393,13 @@ class _Execution:
             _copy(self.input), _copy(upstream), number, task_run_id, self.run_id, name,
             item=_copy(item), index=index,
         )  # fmt: skip
-        job = Job(fn, ctx)
+        job = Job(fn, ctx, task.timeout)
         started = self.runner._clock()
-        job.run()
+        if job.asynchronous:  # on an event loop, as a worker runs it (its timeout applied)
+            self.runner._event_loop().submit([job])
+            job.done.wait()
+        else:
+            job.run()
         duration = self.runner._clock() - started
         if isinstance(job.error, KeyboardInterrupt):  # the tester's Ctrl-C, not the handler's
             raise job.error

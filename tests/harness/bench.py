@@ -38,6 +38,7 @@ from flowforge.store.migrate import migrate
 from flowforge.store.triggers import Triggers
 from tests.harness import (
     bench_api,
+    bench_async,
     bench_events,
     bench_maps,
     bench_priorities,
@@ -89,6 +90,7 @@ class Settings:
     # and behind a backlog whose handlers take this long (ms): the workers, not the engine,
     # are what is saturated
     priority_backlog_ms: float = 10.0
+    nap_per_worker: int = 40  # sync 50 ms runs per worker (async: 16 times as many)
 
 
 @dataclass
@@ -470,6 +472,15 @@ def measure(
                             record,
                             backlog_ms,
                         )
+                    bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
+                    bench_async.measure(
+                        repo,
+                        conn,
+                        settings.workers,
+                        settings.nap_per_worker,
+                        settings.timeout_s,
+                        record,
+                    )
         finally:
             tree.stop()
             db.close()
@@ -480,6 +491,65 @@ def measure(
         "memory": memory,
         "floors": floor,
     }
+
+
+#: One workload run alone: ``(triggers, conn, record)``; it records its figures.
+Workload = Callable[[Triggers, psycopg.Connection[Any], Callable[..., None]], None]
+
+
+def alone_parser(prog: str, description: str | None, workers: int) -> argparse.ArgumentParser:
+    """The arguments every harness module run alone takes (``--workers``, ``--repeat``, the
+    servers); it adds its own."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--workers", type=int, default=workers)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--broker-url", required=True)
+    return parser
+
+
+def run_alone(args: argparse.Namespace, workload: Workload, reserved: int = 0) -> int:
+    """:func:`alone` with ``args`` of :func:`alone_parser`; prints the summary as JSON."""
+    report = alone(
+        args.database_url, args.broker_url, args.workers, args.repeat, workload, reserved
+    )
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def alone(
+    server_url: str,
+    broker_url: str,
+    workers: int,
+    repeat: int,
+    workload: Workload,
+    reserved: int = 0,
+) -> dict[str, Any]:
+    """Run ``workload`` ``repeat`` times on a tree of its own (a fresh database, truncated
+    between repetitions) and return the summary of every figure it recorded: a harness
+    module's own ``main`` (``python -m tests.harness.bench_priorities``, ``bench_async``);
+    ``reserved``: that many more workers, reserved for priorities 5 and above."""
+    results: dict[str, Result] = {}
+
+    def record(name: str, unit: str, value: float, **extra: Any) -> None:
+        results.setdefault(name, Result(name, unit)).samples.append(round(value, 3))
+        results[name].extra.update(extra)
+
+    with fresh_database(server_url) as url, tempfile.TemporaryDirectory() as tmp:
+        tree = Tree(Path(tmp), url, broker_url, workers, reserved)
+        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
+        db.open()
+        try:
+            tree.start()
+            with psycopg.connect(url, autocommit=True) as conn:
+                for rep in range(repeat):
+                    print(f"repetition {rep + 1}/{repeat}", file=sys.stderr)
+                    bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
+                    workload(Triggers(db), conn, record)
+        finally:
+            tree.stop()
+            db.close()
+    return {name: r.summary() for name, r in results.items()}
 
 
 def api_workloads(port: int, settings: Settings, record: Callable[..., None]) -> None:
@@ -621,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
             map_width=200,
             priority_backlog=1000,
             priority_samples=5,
+            nap_per_worker=10,
         )
     with service_urls(args) as (server_url, broker_url):
         report = {

@@ -20,21 +20,15 @@ Run alone (a tree of its own, nothing else measured)::
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
-from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
 
 POLL_S = 0.005
@@ -228,17 +222,15 @@ def _wait_drained(conn: psycopg.Connection[Any], timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.harness import bench, bench_maps
+    from tests.harness import bench
 
-    parser = argparse.ArgumentParser(prog="bench_priorities", description=__doc__)
-    parser.add_argument("--workers", type=int, default=4)
+    parser = bench.alone_parser("bench_priorities", __doc__, workers=4)
     parser.add_argument(
         "--reserved",
         type=int,
         default=0,
         help="more workers, reserved for priorities 5 and above (a pool of their own)",
     )
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--backlog", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument(
@@ -247,43 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="each backlog task sleeps this long (0: does nothing, the engine is all that runs)",
     )
-    parser.add_argument("--database-url", required=True)
-    parser.add_argument("--broker-url", required=True)
     args = parser.parse_args(argv)
-    results: dict[str, bench.Result] = {}
 
-    def record(name: str, unit: str, value: float, **extra: Any) -> None:
-        results.setdefault(name, bench.Result(name, unit)).samples.append(round(value, 3))
-        results[name].extra.update(extra)
+    def workload(triggers: Triggers, conn: psycopg.Connection[Any], record: Any) -> None:
+        measure(triggers, conn, args.backlog, args.samples, 600.0, record, args.backlog_ms)
 
-    with (
-        bench.fresh_database(args.database_url) as url,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        tree = bench.Tree(Path(tmp), url, args.broker_url, args.workers, args.reserved)
-        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
-        db.open()
-        try:
-            tree.start()
-            with psycopg.connect(url, autocommit=True) as conn:
-                for rep in range(args.repeat):
-                    print(f"repetition {rep + 1}/{args.repeat}", file=sys.stderr)
-                    bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
-                    measure(
-                        Triggers(db),
-                        conn,
-                        args.backlog,
-                        args.samples,
-                        600.0,
-                        record,
-                        args.backlog_ms,
-                    )
-        finally:
-            tree.stop()
-            db.close()
-    report = {name: r.summary() for name, r in results.items()}
-    print(json.dumps(report, indent=2))
-    return 0
+    return bench.run_alone(args, workload, reserved=args.reserved)
 
 
 if __name__ == "__main__":

@@ -51,12 +51,8 @@ with open(SINKS, "w") as sinks:
 """
 
 
-def _run_child(sinks: Path) -> tuple[list[dict[str, Any]], str, str, str, bytes]:
-    task_a, task_b, run = (str(uuid.uuid4()) for _ in range(3))
-    code = (
-        f"TASK_A, TASK_B, RUN, SINKS = {task_a!r}, {task_b!r}, {run!r}, {str(sinks)!r}\n"
-        + textwrap.dedent(CHILD)
-    )
+def _child_records(code: str) -> tuple[list[dict[str, Any]], bytes]:
+    """Run ``code`` in a child interpreter: its stderr as JSON records, and as bytes."""
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -66,8 +62,17 @@ def _run_child(sinks: Path) -> tuple[list[dict[str, Any]], str, str, str, bytes]
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert done.stdout == b"", "nothing may reach the real stdout"
-    records = [json.loads(line) for line in done.stderr.decode().splitlines()]
-    return records, task_a, task_b, run, done.stderr
+    return [json.loads(line) for line in done.stderr.decode().splitlines()], done.stderr
+
+
+def _run_child(sinks: Path) -> tuple[list[dict[str, Any]], str, str, str, bytes]:
+    task_a, task_b, run = (str(uuid.uuid4()) for _ in range(3))
+    code = (
+        f"TASK_A, TASK_B, RUN, SINKS = {task_a!r}, {task_b!r}, {run!r}, {str(sinks)!r}\n"
+        + textwrap.dedent(CHILD)
+    )
+    records, raw = _child_records(code)
+    return records, task_a, task_b, run, raw
 
 
 def test_every_write_of_a_handler_is_its_own_tagged_record(tmp_path: Path) -> None:
@@ -123,3 +128,66 @@ def test_every_line_of_a_handler_call_is_also_kept_in_its_attempt_s_sink(tmp_pat
     assert [len(line) for line in lines if set(line) == {"x"}] == [2048, 2048, 904]
     assert "the next call, at once" not in first and "outside any call" not in first
     assert second == "the next call, at once\n"
+
+
+#: Two async calls on one event loop, their writes interleaved at every await, beside a sync
+#: call on another thread: each line must be its own call's. ``TASKS``/``RUN`` are filled in.
+ASYNC_CHILD = """
+import asyncio, logging, sys, threading, uuid
+from supervisor import logs
+logs.configure("worker-1", "json")
+from flowforge.roles import output
+from flowforge.roles.output import attributed, attributed_async, capture
+capture()
+run = uuid.UUID(RUN)
+
+async def call(name, task):
+    with attributed_async(name, uuid.UUID(task), run):
+        for step in range(3):
+            print(f"{name} line {step}")
+            await asyncio.sleep(0.01)
+        sys.stderr.write(f"{name} err ")
+        await asyncio.sleep(0.01)
+        sys.stderr.write("continued\\n")
+        logging.getLogger("user").warning(f"{name} logged")
+        print(f"{name} unterminated", end="")
+
+def sync_call():
+    with attributed("sync", uuid.UUID(TASKS[2]), run):
+        for step in range(3):
+            print(f"sync line {step}")
+            threading.Event().wait(0.01)
+
+async def main():
+    thread = threading.Thread(target=sync_call)
+    thread.start()
+    await asyncio.gather(call("a", TASKS[0]), call("b", TASKS[1]))
+    thread.join()
+
+asyncio.run(main())
+print("outside any call")
+output.drain()
+"""
+
+
+def test_concurrent_async_calls_each_own_their_python_writes_and_records() -> None:
+    tasks = [str(uuid.uuid4()) for _ in range(3)]
+    run = str(uuid.uuid4())
+    code = f"TASKS, RUN = {tasks!r}, {run!r}\n" + textwrap.dedent(ASYNC_CHILD)
+    records, _ = _child_records(code)
+
+    def of(task_run_id: str) -> list[str]:
+        return sorted(r["msg"] for r in records if r.get("task_run_id") == task_run_id)
+
+    for name, task in zip("ab", tasks, strict=False):
+        assert of(task) == sorted(
+            [
+                *(f"{name} line {step}" for step in range(3)),
+                f"{name} err continued",
+                f"{name} logged",
+                f"{name} unterminated",
+            ]
+        )
+    assert of(tasks[2]) == [f"sync line {step}" for step in range(3)]
+    [outside] = [r for r in records if r["msg"] == "outside any call"]
+    assert "task_run_id" not in outside

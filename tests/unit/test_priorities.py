@@ -383,7 +383,7 @@ def slow_rig(slow: bool) -> tuple[Any, Any, list[UUID]]:
     broker = StubBroker()
     broker.connect()
     intake = Intake(broker, prefetch=16)
-    intake.settle(slow=slow)  # the last batch had (or had not) a slow handler
+    intake.settle(held_up=slow)  # the last batch had (or had not) a slow handler
     ids = [UUID(int=n) for n in range(1, 4)]
     broker.publish(ids[0], 1)  # two of priority 0 and one of 9 wait in the queue
     broker.publish(ids[1], 1)
@@ -403,7 +403,7 @@ def test_after_a_slow_batch_a_worker_holds_nothing_while_it_runs_the_next() -> N
     intake.serve()
     assert len(broker.bands[band(9)]) == 1  # still in the queue, for a worker that takes
     intake.ack(taken)
-    intake.settle(slow=False)
+    intake.settle(held_up=False)
     assert intake.take(2, 0.0)[0][0] == (late, 1)  # consuming again at the next take
 
 

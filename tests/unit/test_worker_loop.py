@@ -76,13 +76,18 @@ def make_rig(
     fast_ms: float = FAST_MS,
     processes: ProcessesConfig | None = None,
     heartbeat_s: float = 10.0,
+    async_concurrency: int = 16,
+    hooks: Sequence[Hook] = (),
 ) -> Rig:
     base = load_config(env={})
     config: Config = dataclasses.replace(
         base,
         broker=BrokerConfig(prefetch=PREFETCH),
         worker=WorkerConfig(
-            fast_handler_ms=fast_ms, heartbeat_s=heartbeat_s, listen_for_cancel=False
+            fast_handler_ms=fast_ms,
+            heartbeat_s=heartbeat_s,
+            listen_for_cancel=False,
+            async_concurrency=async_concurrency,
         ),
         processes=processes or base.processes,
     )
@@ -106,7 +111,7 @@ def make_rig(
         broker=broker,
         store=store,
         db=NullPool(),
-        hooks=[finished],
+        hooks=[finished, *hooks],
     )
     return Rig(worker, broker, store, journal, ran, stop, telemetry, finished)
 
