@@ -150,8 +150,9 @@ class Consumer:
                 logger.debug("error while closing the consumer connection", exc_info=True)
 
     def resume(self) -> None:
-        """Start (or restart) receiving deliveries, on every band."""
-        for index in self._bands:
+        """Start (or restart) receiving deliveries, on every band: the highest first, so that
+        what waits in it is here before a lower band's first delivery can fill the take."""
+        for index in reversed(self._bands):
             if self._consumer_tags[index] is None:
                 on_message = partial(self._on_message, index)
                 self._consumer_tags[index] = self._call(

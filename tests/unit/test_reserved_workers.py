@@ -156,9 +156,9 @@ def test_a_consumer_for_bands_1_and_up_takes_the_highest_first() -> None:
     reserved, calls = consumer(band(1))
     reserved.take(4, 0.0)
     consumed = [c for c in calls if c[0] == "consume"]
-    assert consumed == [
-        ("consume", 1, "shop.p1", {"x-priority": RESERVED_PRIORITY}),
+    assert consumed == [  # the highest band first
         ("consume", 2, "shop.p5", {"x-priority": RESERVED_PRIORITY}),
+        ("consume", 1, "shop.p1", {"x-priority": RESERVED_PRIORITY}),
     ]
     for index, tag in ((1, 1), (2, 1), (1, 2)):
         method = SimpleNamespace(delivery_tag=tag, redelivered=False)
@@ -171,7 +171,7 @@ def test_every_other_consumer_consumes_every_band_at_the_default_priority() -> N
     plain.take(4, 0.0)
     consumed = [c for c in calls if c[0] == "consume"]
     assert consumed == [
-        ("consume", 0, "shop", None),
-        ("consume", 1, "shop.p1", None),
         ("consume", 2, "shop.p5", None),
+        ("consume", 1, "shop.p1", None),
+        ("consume", 0, "shop", None),
     ]
