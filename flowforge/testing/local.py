@@ -33,8 +33,8 @@ from flowforge.domain.runstate import RunFacts, derive
 from flowforge.domain.states import CancelCause, RunState, TaskState
 from flowforge.domain.values import to_json
 from flowforge.errors import InputError
-from flowforge.roles.context import TaskContext
 from flowforge.roles.asyncrun import AsyncRunner
+from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import Job, classify
 from flowforge.testing.results import REUSED, LocalAttempt, LocalRun, LocalTask
 from flowforge.testing.sources import Handler, WorkflowSource, load_handlers, load_workflows
