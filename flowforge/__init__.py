@@ -18,6 +18,7 @@ from flowforge.domain.schedule import ScheduleDef
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import FlowForgeError, PermanentError, WaitTimeoutError
 from flowforge.handlers import task
+from flowforge.roles.context import TaskContext
 from flowforge.workflow import Workflow
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ __all__ = [
     "RunIf",
     "RunState",
     "ScheduleDef",
+    "TaskContext",
     "TaskDef",
     "TaskRun",
     "TaskState",

@@ -1,0 +1,1 @@
+"""The tutorial's application package (docs/tutorial.md)."""
