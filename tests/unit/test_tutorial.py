@@ -111,9 +111,10 @@ def test_a_failing_price_lookup_is_retried_by_the_tasks_policy(runner: LocalRunn
     run = stand_in.run("price-check", {"store": "demo", "skus": ["kettle", "lamp"]})
     run.assert_succeeded()
     lamp = run["check_price"].items[1]
-    assert lamp.attempt == 3 and [a.reason for a in lamp.attempts[:2]] == [
-        FailureReason.HANDLER_ERROR
-    ] * 2
+    assert (
+        lamp.attempt == 3
+        and [a.reason for a in lamp.attempts[:2]] == [FailureReason.HANDLER_ERROR] * 2
+    )
     assert sorted(calls) == [1, 1, 2, 3]
 
 
