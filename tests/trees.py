@@ -86,6 +86,7 @@ def alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie is not)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):  # gone, or reaped between the two
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    return stat.split()[2] != "Z"
