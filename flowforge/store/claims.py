@@ -144,12 +144,7 @@ class Claims(Part):
         if not outcomes:
             return Finished(frozenset(), ())
         transitions.check(TaskState.PENDING, TaskState.READY)  # dependents released
-        params = {
-            **_finish_columns(outcomes),
-            "offer": offer,
-            "queue": queue,
-            "min_priority": min_priority,
-        }
+        params = _finish_params(outcomes, offer=offer, queue=queue, min_priority=min_priority)
         # handler failures count against their handler's circuit breaker, in this transaction:
         # only a batch with one pays for it (domain/breakers.py)
         broke = [
@@ -184,8 +179,7 @@ def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
     if held is None or held["state"] != TaskState.SUCCEEDED:
         raise _KeyBusyError
     reused = Finish(TaskState.SUCCEEDED, result=held["result"])
-    columns = _finish_columns([(claim.task_run_id, claim.fencing_token, reused)], "reused")
-    tx.all("finish", {**columns, "offer": 0, "queue": None, "min_priority": 0})
+    tx.all("finish", _finish_params([(claim.task_run_id, claim.fencing_token, reused)], "reused"))
     return ClaimResult(ClaimOutcome.REUSED, claim)
 
 
@@ -205,10 +199,17 @@ def _finish_then_claim(
     return replace(finished, claimed=tuple(rows.claim(row) for row in found))
 
 
-def _finish_columns(
-    outcomes: Sequence[tuple[UUID, int, Finish]], label: str | None = None
-) -> dict[str, list[Any]]:
-    """The ``finish`` query's parameters, each transition checked first."""
+def _finish_params(
+    outcomes: Sequence[tuple[UUID, int, Finish]],
+    label: str | None = None,
+    *,
+    offer: int | None = 0,
+    queue: str | None = None,
+    min_priority: int = 0,
+) -> dict[str, Any]:
+    """Every parameter of the ``finish`` query, each transition checked first: the outcomes'
+    columns and what the finishing worker is offered (``offer`` dependents on ``queue`` at
+    ``min_priority`` or above; by default none). One place, so a caller cannot miss one."""
     for _, _, finish in outcomes:
         transitions.check(TaskState.RUNNING, finish.state)
         if finish.state not in rows.OUTCOMES:
@@ -217,4 +218,5 @@ def _finish_columns(
             )
         if finish.state is TaskState.FAILED and finish.reason is None:
             raise ValueError("a failure needs a reason")
-    return rows.finish_columns(outcomes, label)
+    columns = rows.finish_columns(outcomes, label)
+    return {**columns, "offer": offer, "queue": queue, "min_priority": min_priority}
