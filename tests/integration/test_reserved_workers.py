@@ -167,3 +167,40 @@ def _run(worker: Worker, stop: threading.Event) -> None:
         worker.loop(stop, lambda: None)
     finally:
         worker.shutdown()
+
+
+def test_a_dead_reserved_consumer_s_deliveries_go_to_the_plain_one(stack: Stack) -> None:
+    """Failure mode 96: a reserved worker that dies holding urgent deliveries (its connection
+    closed, nothing acked) does not strand them: the broker requeues them and the plain
+    consumer of the band gets them, marked redelivered."""
+    config = load_config(stack.config_path(), env={})
+    first, plain = Consumer(config.broker, band(5)), Consumer(config.broker)
+    first.connect()
+    plain.connect()
+    try:
+        assert first.take(2, 0.0) == [] and plain.take(1, 0.0) == []  # both subscribed
+        with broker_channel(stack) as channel:
+            for n in range(2):
+                channel.basic_publish("", band_queue(stack.queue, band(5)), b"%d" % n)
+        held: list[bytes] = []
+
+        def reserved_holds_both() -> bool:
+            held.extend(d.body for d in first.take(2, 0.05))
+            return len(held) == 2
+
+        wait_for(reserved_holds_both, timeout=10, what="the reserved consumer's window")
+        first.close()  # dies without acking
+        got: list[tuple[bytes, bool]] = []
+
+        def plain_gets_both() -> bool:
+            taken = plain.take(1, 0.05)
+            got.extend((d.body, d.redelivered) for d in taken)
+            plain.ack(taken)
+            return len(got) == 2
+
+        wait_for(plain_gets_both, timeout=10, what="the requeued deliveries")
+        assert sorted(got) == [(b"0", True), (b"1", True)]
+    finally:
+        first.close()
+        plain.close()
+        stack.delete_queue()
