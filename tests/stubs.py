@@ -156,6 +156,12 @@ class StubBroker:
             buffer.clear()
         return requeued
 
+    def resume(self) -> None:
+        """Consume again (after :meth:`hand_back`), with the last take's prefetch."""
+        self._require()
+        self._consuming = True
+        self.events.append(("resume", None))
+
     def close(self) -> None:
         """Everything unacked goes back to the front of its band's queue, redelivered."""
         self.events.append(("close", self.unacked))
@@ -315,6 +321,7 @@ class FakeStore:
     def register_process(
         self, process_id: UUID, host: str, pid: int, role: str, queue: str | None = None
     ) -> None:
+        self._called("register_process", 1)
         self.processes.add(process_id)
 
     def deregister_process(self, process_id: UUID) -> None:

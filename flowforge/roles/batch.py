@@ -12,18 +12,22 @@ the dependents it releases for this worker (:attr:`Batch.claimed`; the others ar
 Async handlers (``async def``) of a batch run at once on the worker's event loop, up to
 ``worker.async_concurrency``; the batch still waits for its tasks in order, but an async one
 counts as slow only past :data:`ASYNC_SLOW_S` (or ``fast_handler_ms`` if longer). A slow async
-call takes the slow path too (stop consuming, ack, hand back what has not started), but it
+call takes the slow path too (ack, commit what ended, hand back what has not started), but it
 does not *hold the batch up* (:attr:`Batch.held_up`, which sets the window back to 1): the calls
 beside it run meanwhile, so a batch of async calls lasts as long as its longest, and the
-window keeps its size. A batch of async calls only *rolls* (``top_up``): it is acked as soon as
-its calls start (the worker asks for this at its full window only), and for :data:`ROLL_S` each
-slot a call frees is filled at once with a delivery
-that came in meanwhile, claimed and acked there, so the worker's slots stay busy instead of
-waiting for the batch's longest call and the next batch's round trips. It stops rolling at its
-first slow call (the slow path requeues what came in), at a sync claim, or when the worker
-stops or has no room left. Once the batch is slow, outcomes of calls that ended meanwhile are
-committed about every second, not held until the slow one ends. A hook that gives an async
-handler up cancels it (no worker is replaced unless it ignores the cancellation).
+window keeps its size. A batch of async calls *rolls* (``top_up``): it is acked as soon as its
+calls start (the worker asks for this at its full window only), and each slot a call frees is
+filled at once with a delivery that came in meanwhile, claimed and acked there, so the worker's
+slots stay busy instead of waiting for the batch's longest call and the next batch's round
+trips. While none of its calls is slow it rolls for :data:`ROLL_S` (its outcomes are committed
+when it ends); once one is slow (its outcomes are then committed about every second) it rolls
+for as long as it runs, so long calls never leave slots idle while work waits, and it consumes
+only while a slot is free: with every slot busy it hands back what came in, so a delivery
+waits here at most about a second before it is taken or requeued for another worker. A
+rolling batch forgets the tasks it is done with, so one that rolls for hours holds only its
+running calls. It stops rolling at a sync claim, or when the worker stops or has no room left
+(``max_tasks_per_child``, ``max_memory_mb_per_child``). A hook that gives an async handler up
+cancels it (no worker is replaced unless it ignores the cancellation).
 
 Between two tasks (and after the last), while no handler was slow, the batch asks whether a
 delivery of a higher priority band than its own came in meanwhile; if so it is claimed and runs
@@ -66,9 +70,12 @@ TopUp = Callable[[int, int], tuple[list[Claim], list[Delivery]]]
 #: this, or fast_handler_ms if longer (seconds): the main thread must serve the broker about
 #: this often anyway (intake.PUMP_INTERVAL_S), and calls behind it are not waiting for it.
 ASYNC_SLOW_S = PUMP_INTERVAL_S
-#: How long a batch of async calls keeps filling the slots its calls free (seconds): its
-#: outcomes are committed when it ends, so this bounds how long they wait (with its calls).
+#: How long a batch of async calls none of which is slow keeps filling the slots its calls
+#: free (seconds): its outcomes are committed when it ends, so this bounds how long they wait
+#: (with its calls). A slow batch commits as it goes and rolls as long as it runs.
 ROLL_S = PUMP_INTERVAL_S
+#: A rolling batch forgets the tasks it is done with once it has waited for this many.
+FORGET_AFTER = 256
 #: An async handler given up by a hook (cancelled) that is still running after this long
 #: ignored its cancellation: the worker is replaced, as for a sync one (seconds).
 GIVE_UP_GRACE_S = 1.0
@@ -85,6 +92,7 @@ class Crew:
     cancels: CancelWatch
     hooks: Hooks
     beat: Callable[[], None]
+    refresh: Callable[[], None]  # the worker's presence, while a batch lasts (never raises)
     fast_s: float  # worker.fast_handler_ms, in seconds
     max_result_bytes: int
     listen_for_cancel: bool
@@ -127,7 +135,10 @@ class Batch:
         self._tasks: list[_Task] = []  # the batch's tasks, in the order they are waited for
         self._next = 0  # the first of them not waited for yet
         self._top_up: TopUp | None = None  # set while the batch rolls
-        self._roll_until = 0.0
+        self._roll_until = 0.0  # while no call is slow, it rolls until then
+        self._slow = False  # a call outlasted its limit: outcomes harvested as they end
+        self._consuming = True  # while a slow batch rolls: its consumer is on
+        self._open = len(claims)  # claims of the batch neither committed nor handed back
 
     def run(
         self, then: Then, overtake: Overtake | None = None, top_up: TopUp | None = None
@@ -145,11 +156,10 @@ class Batch:
             self._top_up = top_up
             self._roll_until = time.monotonic() + ROLL_S
         slow = False
-        index = 0
-        while index < len(tasks):
-            task = tasks[index]
-            index += 1
-            self._next = index
+        while self._next < len(self._tasks):
+            self._forget()
+            task = self._tasks[self._next]
+            self._next += 1
             if id(task.job) in self._withdrawn or id(task.job) in self._recorded:
                 continue  # handed back behind a slow handler, or ended while it ran
             # A job behind a slow one that the handler thread started before the hand-back
@@ -159,13 +169,26 @@ class Batch:
             if not self._wait(task):
                 slow = True
             elif overtake is not None and not slow and self._failure is None:
-                self._overtake(overtake, tasks, index)
+                self._overtake(overtake)
         self._ack()
         self._flush(then if not slow else None)
-        self._check_released(tasks)
+        self._check_released(self._tasks)
         if self._failure is not None:
             raise self._failure
         return slow
+
+    def _forget(self) -> None:
+        """Drop the tasks waited for already once there are :data:`FORGET_AFTER` of them (a
+        batch rolling for long would otherwise keep every input, result and captured output
+        it ever ran). Their outcomes are recorded, and their ids leave the sets that name jobs
+        by id, which a new job may reuse once the old one is gone."""
+        if self._next < FORGET_AFTER:
+            return
+        done, self._tasks = self._tasks[: self._next], self._tasks[self._next :]
+        self._next = 0
+        for task in done:
+            self._recorded.discard(id(task.job))
+            self._withdrawn.discard(id(task.job))
 
     def _prepare(self, claims: Sequence[Claim]) -> list[_Task]:
         """The handler calls of ``claims``, their leases held; a claim without a handler here
@@ -197,7 +220,7 @@ class Batch:
         crew.leases.hold([(t.claim, t.job.ctx) for t in tasks])
         return tasks
 
-    def _overtake(self, overtake: Overtake, tasks: list[_Task], index: int) -> None:
+    def _overtake(self, overtake: Overtake) -> None:
         """Claim what a band above the batch's delivered while it ran, and run it next: the
         jobs not started yet are taken back and submitted again behind it (their claims stay
         held, their leases renewing). Its deliveries join the batch's ack: still exact per
@@ -205,18 +228,20 @@ class Batch:
         (an outage), the batch still finishes what it ran, then raises it (the role
         reconnects; the broker requeues the deliveries taken, which are never acked)."""
         try:
-            claims, taken = overtake(self._floor, len(tasks))
+            claims, taken = overtake(self._floor, self._open)
         except FlowForgeError as exc:
             self._failure = exc
             return
         if not taken:
             return
         self._pending_ack = [*self._pending_ack, *taken]
+        self._open += len(claims)
         ahead = self._prepare(claims)
         if not ahead:
             return
         waiting = {id(job) for job in self._crew.executor.withdraw()}
         # the jobs the handler thread started already stay ahead: the list is the run order
+        tasks, index = self._tasks, self._next
         while index < len(tasks) and id(tasks[index].job) not in waiting:
             index += 1
         tasks[index:index] = ahead
@@ -279,6 +304,7 @@ class Batch:
             if not fast:
                 crew.intake.serve()  # the leases are the keeper thread's (roles/lease.py)
                 crew.beat()
+                crew.refresh()
                 self._harvest(self._tasks[self._next :])
         self._record(task)
         return fast
@@ -297,26 +323,41 @@ class Batch:
         loop = self._crew.executor.loop
         loop.freed.wait(wait_s)
         loop.freed.clear()  # before looking: a call ending from now on wakes the next wait
-        free = loop.free()
-        if self._top_up is None or free <= 0:
+        if self._top_up is None:
             return
-        if time.monotonic() > self._roll_until:
-            self._top_up = None
+        free = loop.free()
+        if self._slow:
+            if not self._consume_while(free > 0):
+                return
+        elif free <= 0 or time.monotonic() > self._roll_until:
             return
         try:
-            claims, taken = self._top_up(free, len(self._tasks))
+            claims, taken = self._top_up(free, self._open)
         except FlowForgeError as exc:  # as for an overtake: finish what runs, then raise
             self._failure, self._top_up = exc, None
             return
         if not taken:
             return
         self._pending_ack = [*self._pending_ack, *taken]
+        self._open += len(claims)
         more = self._prepare(claims)
         self._tasks.extend(more)
         self._crew.executor.submit([t.job for t in more])
         self._ack()
         if not all(t.job.asynchronous for t in more):
             self._top_up = None  # a sync call: the batch is an ordinary one from now on
+
+    def _consume_while(self, room: bool) -> bool:
+        """A slow batch rolling: consume while a slot is free (``room``), and with every slot
+        busy hand back what came in and stop, so that no delivery waits here for calls that
+        may last long. True if the consumer is on."""
+        intake = self._crew.intake
+        if room and not self._consuming:
+            intake.resume()  # what it brings is taken at the next turn
+        elif not room and self._consuming:
+            intake.hand_back()
+        self._consuming = room
+        return room
 
     def _record(self, task: _Task) -> None:
         """Record the outcome of a job that ended."""
@@ -330,7 +371,7 @@ class Batch:
 
     def _harvest(self, behind: Sequence[_Task]) -> None:
         """While a slow handler runs: record and commit the calls behind it that ended
-        (async ones run meanwhile), so their tasks do not wait for it."""
+        (async ones run meanwhile), so their tasks do not wait for it, and forget them."""
         ended = [
             t
             for t in behind
@@ -340,8 +381,13 @@ class Batch:
         ]
         for t in ended:
             self._record(t)
-        if ended:
-            self._flush(None)
+        if not ended:
+            return
+        self._flush(None)
+        # done with them: a batch rolling on behind one long call holds only what runs
+        gone = {id(t.job) for t in ended}
+        self._tasks[self._next :] = [t for t in self._tasks[self._next :] if id(t.job) not in gone]
+        self._recorded -= gone
 
     def _give_up(self, job: Job) -> None:
         """A hook gave ``job`` up (its outcome is recorded): an async call is cancelled; a
@@ -355,16 +401,20 @@ class Batch:
         self.abandoned = True
 
     def _hand_back(self, behind: Sequence[_Task]) -> None:
-        """A slow handler holds this worker: stop consuming, ack, give back what waits."""
+        """A slow handler holds this worker: ack, commit what ended, give back what waits
+        and, unless the batch rolls on (its consumer follows its free slots then:
+        :meth:`_consume_while`), stop consuming and requeue what came in."""
         crew = self._crew
-        self._top_up = None  # what came in meanwhile is requeued: nothing more to roll in
+        self._slow = True
         withdrawn = {id(job) for job in crew.executor.withdraw()}
         self._withdrawn |= withdrawn
         unstarted = [t.claim for t in behind if id(t.job) in withdrawn]
-        crew.intake.hand_back()
+        if self._top_up is None:
+            crew.intake.hand_back()
         self._ack()
         self._flush(None)
         if unstarted:
+            self._open -= len(unstarted)
             released = crew.ledger.release(unstarted)
             logger.info(
                 "a slow handler holds this worker: handed back %d claimed task(s)",
@@ -377,6 +427,7 @@ class Batch:
         outcomes, self._outcomes = self._outcomes, []
         if not outcomes:
             return
+        self._open -= len(outcomes)
         finished = self._crew.ledger.finish(outcomes, then)
         if finished is None:
             return

@@ -106,12 +106,20 @@ class Recycling(Hook):
         self, outcomes: Sequence[tuple[Claim, Finish]], committed: frozenset[UUID]
     ) -> None:
         self.done += len(outcomes)
+        # after each commit too, not only after a batch: one rolling on for long (async
+        # calls) asks for nothing more once the worker must go (Worker._take_more)
+        self._check_memory()
 
     def after_batch(self, slow: bool) -> None:
         if self._task_limit and self.done >= self._task_limit:
             logger.info("recycling after %d task(s)", self.done, extra={"action": "recycle"})
             self._recycle.ask()
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        if self._memory_mb and peak_mb > self._memory_mb:
+        self._check_memory()
+
+    def _check_memory(self) -> None:
+        if not self._memory_mb or self._recycle.asked:
+            return
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        if peak_mb > self._memory_mb:
             logger.info("recycling at %.0f MB", peak_mb, extra={"action": "recycle"})
             self._recycle.ask()

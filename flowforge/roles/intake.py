@@ -112,6 +112,16 @@ class Intake:
             logger.warning("ack after claim failed: %s", exc, extra={"action": "ack_failed"})
             self.broken = exc
 
+    def resume(self) -> None:
+        """Consume again after :meth:`hand_back` (a batch rolling on once a slot is free)."""
+        if self.broken is not None:
+            return
+        try:
+            self._broker.resume()
+        except BrokerUnavailableError as exc:
+            logger.warning("broker connection lost while resuming: %s", exc)
+            self.broken = exc
+
     def hand_back(self) -> None:
         """Stop consuming and requeue what was received but not taken (a slow handler)."""
         if self.broken is not None:

@@ -34,6 +34,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -45,11 +46,12 @@ from flowforge.broker.consume import Consumer, Deliveries, Delivery
 from flowforge.config import Config
 from flowforge.domain.model import Claim, Continuation
 from flowforge.domain.names import band
+from flowforge.errors import DatabaseUnavailableError
 from flowforge.handlers import collect
 from flowforge.roles.batch import Batch, Crew, Handlers
 from flowforge.roles.concerns import Metrics, Recycling, TaskLog, TimeLimit
 from flowforge.roles.execution import Executor, is_async
-from flowforge.roles.hooks import Hook, Hooks, Recycle
+from flowforge.roles.hooks import WORKER_LOGGER, Hook, Hooks, Recycle
 from flowforge.roles.intake import Intake
 from flowforge.roles.lease import CancelWatch, Leases
 from flowforge.roles.ledger import Ledger
@@ -59,6 +61,8 @@ from flowforge.store.claims import Claims
 from flowforge.store.db import Database
 from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
+
+logger = logging.getLogger(WORKER_LOGGER)
 
 #: How long one wait for a delivery lasts before housekeeping runs (seconds).
 IDLE_WAIT_S = 1.0
@@ -124,6 +128,7 @@ class Worker:
             self._cancels,
             self._hooks,
             self._beat,
+            self._refresh,
             config.worker.fast_handler_ms / 1000,
             config.worker.max_result_bytes,
             config.worker.listen_for_cancel,
@@ -194,6 +199,15 @@ class Worker:
 
     def _beat(self) -> None:
         self._beats()
+
+    def _refresh(self) -> None:
+        """Keep this worker's registration fresh while a batch lasts (long calls, or a batch
+        rolling on): as seen from status and readiness it is alive. An outage is no reason to
+        cut the batch short: the next turn tries again, and the loop's own tick raises it."""
+        try:
+            self._presence.tick()
+        except DatabaseUnavailableError as exc:
+            logger.debug("cannot refresh this worker's registration: %s", exc)
 
     def _run(self, claims: Sequence[Claim], taken: Sequence[Delivery]) -> None:
         """Run a batch of claims (``taken``: its deliveries, empty if claimed without any)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -155,3 +156,161 @@ def test_a_sync_claim_ends_the_roll_and_runs_on_the_handler_thread(rigs: list[Ri
     assert sorted(rig.ran) == sorted(syncs)
     assert {finish_of(rig, t).state for t in naps + syncs + more} == {TaskState.SUCCEEDED}
     assert rig.finished.count == 11 and gauge.most == 2
+
+
+# ------------------------------------------------------------- a slow batch of async calls rolls on
+
+
+@pytest.fixture
+def quick_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call is slow past 50 ms, a batch none of whose calls is slow rolls for 20 ms, and a
+    slow one takes its turns every 20 ms (a second each in a worker)."""
+    monkeypatch.setattr(batch, "ASYNC_SLOW_S", 0.05)
+    monkeypatch.setattr(batch, "ROLL_S", 0.02)
+    monkeypatch.setattr(batch, "PUMP_INTERVAL_S", 0.02)
+
+
+def long_call(rig: list[Rig], arrivals: list[UUID], count: int, ended: dict[str, float]) -> Any:
+    """An async handler that, once its batch is slow and past its first roll, publishes
+    ``count`` tasks of ``fast`` (into ``arrivals``), then runs on for 0.5 s."""
+
+    async def long(ctx: TaskContext) -> None:
+        await asyncio.sleep(0.1)
+        arrivals.extend(rig[0].publish("fast", count))
+        await asyncio.sleep(0.5)
+        ended["long"] = time.monotonic()
+
+    return long
+
+
+@pytest.mark.usefixtures("quick_turns")
+def test_a_slow_rolling_batch_fills_its_free_slots_with_work_that_comes_in_later(
+    rigs: list[Rig],
+) -> None:
+    """Work that arrives after the batch's first roll, while a long call runs, runs in the
+    slots beside it at once, not after it (the slots would otherwise idle for the long
+    call's whole length, however much work waits)."""
+    ended: dict[str, float] = {}
+    arrivals: list[UUID] = []
+    holder: list[Rig] = []
+
+    async def quick(ctx: TaskContext) -> None:
+        await asyncio.sleep(0.01)
+        ended[str(ctx.task_run_id)] = time.monotonic()
+
+    long = long_call(holder, arrivals, 6, ended)
+    rig = rig_with(rigs, {"fast": quick, "long": long}, fast_ms=20.0, async_concurrency=4)
+    holder.append(rig)
+    rig.publish("long")
+    rig.run()
+    assert len(arrivals) == 6
+    assert all(ended[str(t)] < ended["long"] for t in arrivals)
+    assert rig.finished.count == 7
+    assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
+    assert rig.broker.unacked == 0
+
+
+@pytest.mark.usefixtures("quick_turns")
+def test_a_slow_rolling_batch_with_every_slot_busy_holds_no_delivery(rigs: list[Rig]) -> None:
+    """With every slot running a long call the batch stops consuming (what came in is
+    requeued for any worker), and consumes again once a slot is free: what arrived in the
+    meantime waited in the queue, not here, and each task runs once."""
+    ended: dict[str, float] = {}
+    arrivals: list[UUID] = []
+    holder: list[Rig] = []
+    consuming: list[bool] = []
+    long = long_call(holder, arrivals, 3, ended)
+
+    async def quick(ctx: TaskContext) -> None:
+        ended[str(ctx.task_run_id)] = time.monotonic()
+
+    async def watched(ctx: TaskContext) -> None:
+        task = asyncio.ensure_future(long(ctx))
+        while not arrivals:
+            await asyncio.sleep(0.005)
+        consuming.append(holder[0].broker._consuming)
+        await task
+
+    handlers = {"fast": quick, "long": watched}
+    rig = rig_with(rigs, handlers, fast_ms=20.0, async_concurrency=1)
+    holder.append(rig)
+    rig.publish("long")
+    rig.run()
+    assert consuming == [False]  # the slot was busy: nothing was being pushed here
+    events = [name for name, _ in rig.journal if name in ("hand_back", "resume")]
+    assert events[:2] == ["hand_back", "resume"]  # off while busy, on once the slot was free
+    assert all(ended[str(t)] > ended["long"] for t in arrivals)
+    assert rig.finished.count == 4 and set(rig.store.states().values()) == {TaskState.SUCCEEDED}
+    assert {rig.store.tasks[t].attempt for t in arrivals} == {1}
+
+
+@pytest.mark.usefixtures("quick_turns")
+def test_a_batch_rolling_behind_a_long_call_forgets_the_tasks_it_is_done_with(
+    rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixty quick tasks roll through three slots behind one long call: each runs and is
+    finished once, and the batch never holds more than its running calls and a turn's
+    worth of ended ones (its inputs, results and output would otherwise pile up)."""
+    sizes: list[int] = []
+    harvest = batch.Batch._harvest
+
+    def measured(self: batch.Batch, behind: Any) -> None:
+        harvest(self, behind)
+        sizes.append(len(self._tasks))
+
+    monkeypatch.setattr(batch.Batch, "_harvest", measured)
+    ended: dict[str, float] = {}
+    arrivals: list[UUID] = []
+    holder: list[Rig] = []
+    gauge = Gauge()
+    rig = rig_with(
+        rigs,
+        {"fast": gauge.nap, "long": long_call(holder, arrivals, 60, ended)},
+        fast_ms=20.0,
+        async_concurrency=4,
+    )
+    holder.append(rig)
+    rig.publish("long")
+    rig.run()
+    assert rig.finished.count == 61
+    assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
+    assert sizes and max(sizes) <= 1 + 3  # the long call and the three slots beside it
+    assert gauge.most <= 4
+
+
+def test_a_worker_over_its_memory_limit_asks_to_recycle_at_its_next_commit() -> None:
+    """Not only after a batch: one rolling on (async calls behind a long one) commits as it
+    goes, and takes nothing more once the worker asked to go (Worker._take_more)."""
+    from flowforge.roles.concerns import Recycling
+    from flowforge.roles.hooks import Recycle
+
+    within, over = Recycle(), Recycle()
+    Recycling(ProcessesConfig(max_memory_mb_per_child=1 << 20), within, lambda: 0.0).after_finish(
+        [], frozenset()
+    )
+    Recycling(ProcessesConfig(max_memory_mb_per_child=1), over, lambda: 0.0).after_finish(
+        [], frozenset()
+    )
+    assert over.asked and not within.asked
+
+
+@pytest.mark.usefixtures("quick_turns")
+def test_a_long_batch_keeps_the_worker_s_registration_fresh(
+    rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flowforge.roles import presence
+
+    monkeypatch.setattr(presence, "TOUCH_INTERVAL_S", 0.05)
+    seen: list[int] = []
+    holder: list[Rig] = []
+
+    async def long(ctx: TaskContext) -> None:
+        seen.append(holder[0].store.count("register_process"))
+        await asyncio.sleep(0.4)
+        seen.append(holder[0].store.count("register_process"))
+
+    rig = rig_with(rigs, {"fast": long}, fast_ms=20.0, async_concurrency=2)
+    holder.append(rig)
+    rig.publish("fast")
+    rig.run()
+    assert seen[1] > seen[0]  # refreshed while the call ran, not only between batches
