@@ -146,3 +146,23 @@ def test_cancelling_runs_raises_cancelled_error_in_their_running_async_calls(
     )
     ran = "SELECT count(*) FROM test_executions WHERE run_id = %s AND pid = %s"
     assert count(sql, ran, after, worker.pid) == 1 and worker.alive()
+
+
+def test_work_that_trickles_in_fills_the_slots_beside_a_long_call(
+    stack: Stack, repo: Store, sql: Sql
+) -> None:
+    """One long call starts alone; runs triggered one at a time while it runs (each after the
+    one before started) run beside it on the same worker, all at once, not after it."""
+    settings = {**ASYNC_ONLY, "worker": {"async_concurrency": CONCURRENCY}}
+    [_, _, worker] = stack.start_all(workers=1, **settings)
+    started = "SELECT count(*) FROM test_executions WHERE handler = 'e2e.async_sleep'"
+    # long enough to outlast the test on a loaded machine: the tree's teardown ends them
+    [first] = [r.run_id for r in repo.trigger_many(SLEEP, [{"seconds": 120}])]
+    wait_for(lambda: count(sql, started) == 1, timeout=60, what="the long call running")
+    for n in range(2, CONCURRENCY + 1):  # each after the first's batch went slow and rolled
+        repo.trigger_many(SLEEP, [{"seconds": 120}])
+        wait_for(lambda n=n: count(sql, started) == n, timeout=30, what=f"call {n} running")
+    assert repo.get_run(first).state is RunState.RUNNING  # they all ran beside it
+    pids = "SELECT count(DISTINCT pid) FROM test_executions WHERE pid = %s"
+    assert count(sql, pids, worker.pid) == 1
+    assert count(sql, "SELECT count(*) FROM test_executions WHERE pid <> %s", worker.pid) == 0
