@@ -16,6 +16,7 @@ from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.schedule import ScheduleDef
 from flowforge.domain.states import RunState, TaskState
+from flowforge.domain.timeline import MapRest, TimelineFacts, TimelineLimits, TimelineTask
 from flowforge.errors import FlowForgeError, PermanentError, WaitTimeoutError
 from flowforge.handlers import task
 from flowforge.roles.context import TaskContext
@@ -34,6 +35,7 @@ __all__ = [
     "FailureReason",
     "FlowForgeError",
     "Jitter",
+    "MapRest",
     "OnDead",
     "PermanentError",
     "Progress",
@@ -48,6 +50,9 @@ __all__ = [
     "TaskDef",
     "TaskRun",
     "TaskState",
+    "TimelineFacts",
+    "TimelineLimits",
+    "TimelineTask",
     "WaitTimeoutError",
     "Workflow",
     "WorkflowDef",

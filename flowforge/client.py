@@ -27,6 +27,7 @@ from flowforge.domain.model import (
 )
 from flowforge.domain.output import AttemptLog
 from flowforge.domain.states import TaskState
+from flowforge.domain.timeline import TimelineFacts, TimelineLimits
 from flowforge.errors import DefinitionError, UnknownWorkflowError
 from flowforge.store.control import Control
 from flowforge.store.db import Database
@@ -34,14 +35,15 @@ from flowforge.store.events import Events
 from flowforge.store.maps import Maps
 from flowforge.store.operator import Operator
 from flowforge.store.schedules import Schedules
+from flowforge.store.timelines import Timelines
 from flowforge.store.triggers import Triggers
 from flowforge.waiting import wait_for_run, wait_timeout
 
 
-class ClientStatements(Triggers, Operator, Schedules, Events, Maps, Control):
+class ClientStatements(Triggers, Operator, Schedules, Events, Maps, Control, Timelines):
     """The client's part of the store: new runs, the operator's cancel and requeue (which
     answer with the read models of ``Reads``, :class:`Operator`'s base), schedules, events,
-    a map's items, and the control of single tasks."""
+    a map's items, the control of single tasks, and a run's timeline."""
 
 
 class Client:
@@ -217,6 +219,17 @@ class Client:
         ``GET /api/v1/task-runs/{id}/logs``). NotFoundError for an unknown task run or attempt;
         InputError for an attempt that is not 1 to 2**31 - 1."""
         return self._store.attempt_log(task_run_id, attempt)
+
+    def timeline(self, run_id: UUID | str, limits: TimelineLimits | None = None) -> TimelineFacts:
+        """Where the run spent its time: its tasks in creation order (each map followed by its
+        first items) with their latest attempts, read in one transaction at the database's now
+        — what ``GET /api/v1/runs/{id}/timeline`` lays out for the run page, here as the
+        objects it is drawn from (instants, not drawing coordinates). Bounded by ``limits``
+        (None: the api's, :class:`~flowforge.domain.timeline.TimelineLimits`); what they leave
+        out is counted (``tasks_total``, ``rests``, attempt numbers starting above 1). A
+        malformed id raises :class:`~flowforge.errors.InvalidIdError`, an unknown run
+        :class:`~flowforge.errors.NotFoundError`."""
+        return self._store.timeline(run_id, limits or TimelineLimits())
 
     def map_items(
         self,

@@ -6,6 +6,7 @@ Not ``FLOWFORGE_DATABASE_URL``: a tree keeps its secret variables from its child
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -68,7 +69,7 @@ def gate(ctx: TaskContext) -> dict[str, Any]:
 
 @task("e2e.talk")
 def talk(ctx: TaskContext) -> dict[str, Any]:
-    """Writes ``input.text`` through ctx.log, print and stderr, reports ``input.progress``
+    """Writes ``input.text`` through ctx.log, logging, print and stderr, reports ``input.progress``
     (default 0.4) with ``input.text`` as its message, then waits like e2e.gate (if
     ``input.gate``); with ``input.print_mb``, first prints that many MB to stdout."""
     record(ctx, "e2e.talk")
@@ -76,6 +77,7 @@ def talk(ctx: TaskContext) -> dict[str, Any]:
         sys.stdout.write(("o" * 1023) + "\n")  # 1 KiB a line
     text = ctx.input.get("text", "")
     ctx.log.info("log %s", text)
+    logging.getLogger("e2e.talk").info("logging %s", text)  # kept with the attempt too
     print(f"out {text}", flush=True)
     print(f"err {text}", file=sys.stderr, flush=True)
     ctx.progress(float(ctx.input.get("progress", 0.4)), text)

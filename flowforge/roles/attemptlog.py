@@ -1,10 +1,11 @@
 """One attempt's captured output and progress, as the worker holds them while it runs (SPEC 7.5).
 
 An :class:`AttemptOutput` is the per-attempt sink: ``ctx.log`` (a :class:`HandlerLog`) adds
-its records, the output reader (:mod:`flowforge.roles.output`) adds the handler's stdout and
-stderr lines, and ``ctx.progress`` sets the progress. Three threads touch it (the handler's,
-the output reader, the lease keeper that writes it while the attempt runs), so it has a lock;
-memory is bounded by ``worker.log_capture_bytes`` (:class:`~flowforge.domain.output.Tail`).
+its records, :mod:`flowforge.roles.output` adds the handler's stdout and stderr lines and the
+records it logs through :mod:`logging`, and ``ctx.progress`` sets the progress. Three threads
+touch it (the handler's, the output reader, the lease keeper that writes it while the attempt
+runs), so it has a lock; memory is bounded by ``worker.log_capture_bytes``
+(:class:`~flowforge.domain.output.Tail`).
 
 Nothing here does I/O: the lease keeper takes :meth:`AttemptOutput.take_live` (None for an
 attempt that wrote nothing since the last take, so a silent handler costs no statement) and
@@ -42,6 +43,25 @@ class AttemptOutput:
         """Add one line (without its newline)."""
         with self._lock:
             self._tail.add(text)
+            self._dirty = True
+
+    def record(self, record: logging.LogRecord) -> None:
+        """Add a log record as ``LEVEL message``, then the rest of its lines: the message's,
+        its traceback's (``exc_info``, else ``exc_text``), its stack's (``stack_info``) — all
+        together, so no other line falls between them. A message that cannot be formatted is
+        kept as written (:func:`message`). Never logs: the output module's log handler calls
+        it (a record logged here would come back)."""
+        lines = message(record).split("\n")
+        if record.exc_info:
+            lines.extend(_formatter.formatException(record.exc_info).split("\n"))
+        elif record.exc_text:
+            lines.extend(record.exc_text.split("\n"))
+        if record.stack_info:
+            lines.extend(_formatter.formatStack(record.stack_info).split("\n"))
+        lines[0] = f"{record.levelname} {lines[0]}"
+        with self._lock:
+            for text in lines:
+                self._tail.add(text)
             self._dirty = True
 
     def report(self, fraction: object, message: object = "") -> None:
@@ -119,16 +139,17 @@ class HandlerLog:
         record = self._logger.makeRecord(
             self._logger.name, level, "(ctx.log)", 0, msg, args, exc_info, extra=extra
         )
-        try:
-            text = record.getMessage()
-        except Exception:  # a handler's bad format string is its bug, not the worker's
-            text = f"{msg!r} % {args!r}"
-            record.msg, record.args = text, ()
-        lines = text.split("\n")
-        if record.exc_info:
-            lines.extend(_formatter.formatException(record.exc_info).split("\n"))
-        self._output.line(f"{record.levelname} {lines[0]}")
-        for more in lines[1:]:
-            self._output.line(more)
+        # formatted once, so the tree's log shows what the attempt keeps (a bad format too)
+        record.msg, record.args = message(record), ()
+        self._output.record(record)
         if logged:
             self._logger.handle(record)
+
+
+def message(record: logging.LogRecord) -> str:
+    """The record's message; a format that fails (a handler's bad format string is its bug,
+    not the worker's) is kept as written: ``'msg' % args``."""
+    try:
+        return record.getMessage()
+    except Exception:
+        return f"{record.msg!r} % {record.args!r}"

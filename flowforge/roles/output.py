@@ -39,12 +39,13 @@ any fd-level output: to the sync handler call running at that moment, or to none
 
 Per attempt (SPEC 7.5): an attribution carries the attempt's sink (an
 :class:`~flowforge.roles.attemptlog.AttemptOutput`), and each line :func:`_emit` logs is also
-added to it. The attribution is held twice: as the process's current one (what the reader
-thread attributes descriptor output to: a descriptor has no context, so this is exact while one
-handler runs at a time, as on the handler thread) and in a context variable (:data:`_owner`),
-which the log filter reads first. A context variable follows the call, not the thread: an
-asyncio Task started inside the call inherits it, so concurrent async handlers' records are
-each their own.
+added to it, as is each record the call logs through :mod:`logging` (:class:`AttemptRecords`,
+a handler on the root logger). The attribution is held twice: as the process's current one
+(what the reader thread attributes descriptor output to: a descriptor has no context, so this
+is exact while one handler runs at a time, as on the handler thread) and in a context variable
+(:data:`_owner`), which the log filter and :class:`AttemptRecords` read. A context variable
+follows the call, not the thread: an asyncio Task started inside the call inherits it, so
+concurrent async handlers' records are each their own.
 """
 
 from __future__ import annotations
@@ -231,6 +232,7 @@ def capture() -> None:
         ):
             handler.setStream(log_stream)
         handler.addFilter(_attribute)
+    logging.getLogger().addHandler(AttemptRecords())
     with contextlib.suppress(Exception):  # a crash dump goes to the log, not into the pipe
         import faulthandler
 
@@ -305,6 +307,48 @@ def attributed_async(
         for stream, text in pending.items():
             if text:  # a last line without its newline is the finished call's too
                 _emit_text(stream, text, owner)
+
+
+#: The logger whose records, and its children's, are FlowForge's own: never a handler's
+#: attempt output (AttemptRecords).
+OWN_LOGGER = "flowforge"
+
+
+class AttemptRecords(logging.Handler):
+    """Adds each record logged inside a handler call to that call's attempt sink, in the
+    format of ``ctx.log``'s lines (:meth:`~flowforge.roles.attemptlog.AttemptOutput.record`);
+    :func:`capture` puts one on the root logger.
+
+    Which records: those logged in the call's context (:data:`_owner`: the sync call on the
+    handler thread, each concurrent async call in its own Task, and a thread or Task started
+    in a copy of that context) that reach the root logger's handlers — the ones the tree's log
+    gets — and that their logger's level lets through (checked again here: a record handed to
+    ``Logger.handle`` directly skipped that check). Never those of the ``flowforge`` logger
+    and its children, decided by name: the context says *when* a record was logged, not
+    *whose code* logged it, and FlowForge's code running inside a call is not the handler's —
+    ``ctx.log`` (``flowforge.handler``: ``HandlerLog`` added it already), the stdout and
+    stderr records of the same logger (:func:`_emit` added their lines), a
+    :class:`~flowforge.client.Client` the handler uses. It never logs and never raises: a
+    record it cannot add is left out (the other log handlers still get it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        owner = _owner.get()
+        if owner is None or owner.sink is None:
+            return
+        # e.g. a traceback that cannot be formatted, a hand-made record without a level
+        with contextlib.suppress(Exception):
+            if _kept(record):
+                owner.sink.record(record)
+
+
+def _kept(record: logging.LogRecord) -> bool:
+    """Whether a record of a handler call goes to its attempt (:class:`AttemptRecords`)."""
+    name = record.name
+    if name == OWN_LOGGER or name.startswith(OWN_LOGGER + "."):
+        return False
+    found = logging.root if name == "root" else logging.Logger.manager.loggerDict.get(name)
+    # a record named after no logger was handled by some logger all the same
+    return not isinstance(found, logging.Logger) or found.isEnabledFor(record.levelno)
 
 
 def _attribute(record: logging.LogRecord) -> bool:

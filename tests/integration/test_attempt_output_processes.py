@@ -2,7 +2,8 @@
 workers), counted in PostgreSQL (issue 21, SPEC 7.5): its attempt keeps only the tail, within
 ``worker.log_capture_bytes``, with the rest counted as dropped; the tree is unharmed — the
 tasks triggered beside it all succeed, each executed once, and no worker's memory grows with
-what was printed.
+what was printed. ``flowforge logs`` shows what a quiet attempt of the same handler kept:
+``ctx.log``'s line, the handler's own ``logging`` record, its stdout and its stderr, once each.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from flowforge.client import Client
 from flowforge.config import load_config
 from flowforge.definitions import workflow_from_mapping
+from tests import cli_runner
 from tests.e2e import Stack
 from tests.harness.resources import child_pids
 from tests.helpers import wait_for
@@ -72,7 +74,8 @@ def test_a_handler_printing_10_mb_keeps_a_bounded_tail_and_harms_nothing(
     with Client(load_config(config, env={}), [loud, quiet]) as client:
         loud_run = client.trigger("loud", {"print_mb": PRINTED_MB, "text": "done"}).run_id
         beside = [r.run_id for r in client.trigger_many("quiet", [{}] * BESIDE)]
-    runs = [loud_run, *beside]
+        talked = client.trigger("loud", {"text": "quietly"}).run_id
+    runs = [loud_run, *beside, talked]
 
     def all_succeeded() -> bool:
         for pid in workers:
@@ -107,6 +110,14 @@ def test_a_handler_printing_10_mb_keeps_a_bounded_tail_and_harms_nothing(
     lines = output.splitlines()
     assert set(lines[0]) == {"o"}  # whole lines kept: the cut fell between two
     assert "out done" in lines and "err done" in lines
+    # records go to the tail at once, printed lines when the reader takes them (up to a pipe's
+    # 64 KiB later): the 10 MB run's records were pushed out, so a quiet run shows them
+    [talked_task] = sql.execute("SELECT id FROM task_runs WHERE run_id = %s", (talked,)).fetchone()
+    shown = cli_runner.assert_ok(
+        cli_runner.run(["-c", str(config), "logs", str(talked_task)], stack.env())
+    )
+    expected = ["INFO log quietly", "INFO logging quietly", "out quietly", "err quietly"]
+    assert sorted(shown.splitlines()) == sorted(expected)  # ctx.log, logging, stdout, stderr
     assert (progress, message) == (0.4, "done")
     assert workers == worker_pids(trees[0]), "a worker was replaced"
     for pid in workers:

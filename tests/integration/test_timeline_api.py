@@ -7,21 +7,25 @@ the rest; one segment per attempt with its outcome, reason and the first line of
 the database holds it; the backoff between the two attempts and the wait before the first; a
 running attempt open at the database's now; the store's bounds (tasks, items, items in all,
 attempts) each counted, never dropped silently; a malformed id 400, an unknown run 404.
+``Client.timeline``, its Python twin, reads the same facts the api lays out.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import psycopg
 import pytest
 
+from flowforge import Client, TimelineFacts, TimelineLimits
+from flowforge.config import load_config
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.reasons import FailureReason
-from flowforge.domain.states import TaskState
-from flowforge.domain.timeline import TimelineLimits
+from flowforge.domain.states import RunState, TaskState
+from flowforge.errors import InvalidIdError, NotFoundError
 from tests.api_client import UNKNOWN_ID, Api, StartApi, assert_json_error, assert_json_ok
 from tests.helpers import FAST_RETRY, claim_task, dispatch, drain, task_ids
 from tests.store import Store
@@ -29,6 +33,7 @@ from tests.store import Store
 pytestmark = pytest.mark.integration
 
 Sql = psycopg.Connection[tuple[Any, ...]]
+EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "flowforge.example.yaml"
 ITEMS = 25
 #: Untrusted text in an error: the api returns it as is (the page shows it as text).
 ERROR = '<img src=x onerror=alert(1)> went wrong\n  File "x.py", line 1'
@@ -227,3 +232,39 @@ def test_an_unknown_run_is_a_404(api: Api, repo: Store) -> None:
 def test_reads_need_the_token(api: Api, repo: Store) -> None:
     reply = api.request("GET", f"/api/v1/runs/{UNKNOWN_ID}/timeline", auth=False)
     assert_json_error(reply, 401)
+
+
+def test_the_client_reads_the_facts_the_api_lays_out(
+    api: Api, repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    run_id, ids = retried_then_mapped(repo, sql)
+    config = load_config(EXAMPLE, env={"FLOWFORGE_DATABASE_URL": clean_database_url})
+    with Client(config) as client:
+        facts = client.timeline(run_id)
+        few = client.timeline(str(run_id), TimelineLimits(tasks=2, attempts=1))
+        with pytest.raises(NotFoundError, match=UNKNOWN_ID):
+            client.timeline(UNKNOWN_ID)
+        with pytest.raises(InvalidIdError, match="run id"):
+            client.timeline("nope")
+    data = timeline(api, run_id)
+    assert isinstance(facts, TimelineFacts) and facts.limits == TimelineLimits()
+    assert (facts.run.id, facts.run.state) == (run_id, RunState.RUNNING)
+    assert facts.tasks_total == data["tasks_total"] == 4
+    # each task and item the api draws a row for, in the same order
+    drawn = [(r["task_id"], r["name"]) for r in data["rows"] if r["kind"] in ("task", "item")]
+    assert [(str(t.id), t.name) for t in facts.tasks] == drawn
+    flaky = facts.tasks[0]
+    assert [(a.attempt, a.outcome, a.worker) for a in flaky.attempts] == [
+        (1, "failed", "w-1"),
+        (2, "succeeded", "w-2"),
+    ]
+    assert flaky.attempts[0].error == ERROR  # whole, as stored: the api sends its first line
+    assert flaky.attempts[0].started_at == attempt_rows(sql, ids["flaky"])[0][1]
+    (rest,) = facts.rests
+    assert (rest.map_id, rest.n, rest.counts) == (ids["process"], ITEMS - 20, {"READY": 5})
+    running = facts.tasks[4]  # process[1], claimed and left running
+    assert running.state == "RUNNING" and running.attempts[0].finished_at is None
+    assert facts.now >= running.attempts[0].started_at  # the database's clock
+    # the limits given bound the read, and what they leave out is counted
+    assert [t.name for t in few.tasks] == ["flaky", "list"] and few.tasks_total == 4
+    assert [a.attempt for a in few.tasks[0].attempts] == [2]

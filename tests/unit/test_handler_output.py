@@ -40,6 +40,7 @@ with attributed("first", uuid.UUID(TASK_A), uuid.UUID(RUN), sink_a):
     os.write(1, "\\u009b\\x07bytes ".encode() + b"\\xff not utf-8\\n")
     subprocess.run(["sh", "-c", "echo from a subprocess; echo its stderr >&2"], check=True)
     logging.getLogger().warning("logged by the handler")
+    logging.getLogger("flowforge.worker").info("the worker's record inside a call")
     print("x" * 5000)
     print("no newline at the end", end="")
 with attributed("second", uuid.UUID(TASK_B), uuid.UUID(RUN), sink_b):
@@ -110,8 +111,9 @@ def test_every_write_of_a_handler_is_its_own_tagged_record(tmp_path: Path) -> No
 
     [logged] = [r for r in records if r["msg"] == "logged by the handler"]
     assert (logged["logger"], logged["task_run_id"], logged["task"]) == ("root", task_a, "first")
-    [own] = [r for r in records if r["logger"] == "flowforge.worker"]
+    own, inside = [r for r in records if r["logger"] == "flowforge.worker"]
     assert "task_run_id" not in own
+    assert inside["task_run_id"] == task_a  # tagged in the tree's log, not kept in the sink
     [outside] = [r for r in records if r["msg"] == "outside any call"]
     assert outside["stream"] == "stdout" and "task_run_id" not in outside
 
@@ -128,6 +130,9 @@ def test_every_line_of_a_handler_call_is_also_kept_in_its_attempt_s_sink(tmp_pat
     assert [len(line) for line in lines if set(line) == {"x"}] == [2048, 2048, 904]
     assert "the next call, at once" not in first and "outside any call" not in first
     assert second == "the next call, at once\n"
+    # its logging records too, as ctx.log's lines are kept; FlowForge's own are not
+    assert "WARNING logged by the handler" in lines
+    assert not any("the worker's record" in line for line in lines)
 
 
 #: Two async calls on one event loop, their writes interleaved at every await, beside a sync
