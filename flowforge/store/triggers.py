@@ -186,11 +186,12 @@ def _replayed(
     return results
 
 
-def register_definitions(tx: Tx, workflows: Sequence[WorkflowDef]) -> None:
+def register_definitions(tx: Tx, workflows: Sequence[WorkflowDef], latest: bool = False) -> None:
     """Register the definitions of ``workflows`` (each version once) in the caller's
-    transaction."""
+    transaction. ``latest``: each becomes the latest of its workflow (the one child runs are
+    made from), even a version registered before — a scheduler's loaded set, not a trigger's."""
     tx.send(
-        "register_definitions",
+        "register_latest_definitions" if latest else "register_definitions",
         {
             "names": [w.name for w in workflows],
             "digests": [w.digest for w in workflows],
