@@ -230,3 +230,57 @@ def test_sighup_reloads_definitions_and_handler_code_under_load_losing_and_repea
     assert {v for r in after if r for v in tasks[r].values()} == {NEW_CODE}
     cli_after = [s.run_id for s in load.answered("cli", changed_at)]
     assert {runs[r][1] for r in cli_after if r} <= {new}  # the command reads the files each time
+
+
+def test_a_reload_whose_new_code_does_not_load_stops_there_and_the_tree_serves_on(
+    stack: Stack, sql: Sql, tmp_path: Path, trees: list[Tree]
+) -> None:
+    """Failure mode 99 with real processes: the new worker cannot import its handlers and
+    exits before it is ready; the reload stops, the tree keeps running on the old code, and
+    the next SIGHUP, once the file is fixed, reloads."""
+    code, flows = tmp_path / "code", tmp_path / "workflows"
+    code.mkdir()
+    flows.mkdir()
+    write_code(code, flows, OLD, OLD_CODE)
+    port = free_ports(1)[0]
+    config = stack.config_path(
+        handlers=["reload_handlers"],
+        workflows=[str(flows)],
+        processes={"workers": 1},
+        api={"listen": f"127.0.0.1:{port}", "token_env": TOKEN_ENV},
+    )
+    paths = [str(code), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**stack.env(), TOKEN_ENV: TOKEN, "PYTHONPATH": os.pathsep.join(paths)}
+    trees.append(Tree(config, tmp_path / "tree.log", env={**env, "PYTHONDONTWRITEBYTECODE": "1"}))
+    tree = trees[0]
+    tree.ready()
+    api = Api(port, TOKEN, config)
+
+    def versions_of_a_new_run() -> set[str]:
+        reply = api.post("/api/v1/runs", {"workflow": WORKFLOW, "input": {}})
+        assert reply.status == 201, (reply.status, reply.body[:300])
+        run_id = reply.json()["id"]
+
+        def results() -> set[str] | None:
+            found = rows(
+                sql,
+                "SELECT t.result ->> 'version' FROM task_runs t JOIN workflow_runs r"
+                " ON r.id = t.run_id WHERE r.id = %s AND r.state = 'SUCCEEDED'",
+                run_id,
+            )
+            return {v for (v,) in found} or None
+
+        return wait_for(results, SETTLE_S, 0.1, "the run to succeed")
+
+    (code / "reload_handlers.py").write_text("def broken(:\n")
+    os.kill(tree.supervisor(), signal.SIGHUP)
+    wait_for(lambda: "reload stopped" in tree.log(), ROLL_S, 0.1, "the reload to stop")
+    assert tree.proc.poll() is None, tree.log()[-3000:]
+    assert "2 more child(ren) not replaced" in tree.log()  # the scheduler and the api
+    assert versions_of_a_new_run() == {OLD_CODE}  # the old worker and api serve on
+
+    write_code(code, flows, OLD, NEW_CODE)
+    os.kill(tree.supervisor(), signal.SIGHUP)
+    wait_for(lambda: "rolling restart done: 3" in tree.log(), ROLL_S, 0.1, "the next reload")
+    assert versions_of_a_new_run() == {NEW_CODE}
+    assert "draining" not in tree.log() and "stopping the tree" not in tree.log()
