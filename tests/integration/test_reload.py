@@ -139,9 +139,11 @@ def rows(sql: Sql, query: str, *args: Any) -> list[tuple[Any, ...]]:
     return sql.execute(query, args).fetchall()
 
 
-def test_sighup_reloads_definitions_and_handler_code_under_load_losing_and_repeating_nothing(
-    stack: Stack, sql: Sql, tmp_path: Path, trees: list[Tree]
-) -> None:
+def start_tree(
+    stack: Stack, tmp_path: Path, trees: list[Tree], workers: int
+) -> tuple[Tree, Api, Path, Path]:
+    """A ready tree with an api on a free port, running the old workflow and handler code from
+    two folders of ``tmp_path``: (tree, api, the code folder, the workflow folder)."""
     code, flows = tmp_path / "code", tmp_path / "workflows"
     code.mkdir()
     flows.mkdir()
@@ -150,15 +152,21 @@ def test_sighup_reloads_definitions_and_handler_code_under_load_losing_and_repea
     config = stack.config_path(
         handlers=["reload_handlers"],
         workflows=[str(flows)],
-        processes={"workers": 2},
+        processes={"workers": workers},
         api={"listen": f"127.0.0.1:{port}", "token_env": TOKEN_ENV},
     )
     paths = [str(code), *filter(None, [os.environ.get("PYTHONPATH")])]  # keep this checkout's
     env = {**stack.env(), TOKEN_ENV: TOKEN, "PYTHONPATH": os.pathsep.join(paths)}
     trees.append(Tree(config, tmp_path / "tree.log", env={**env, "PYTHONDONTWRITEBYTECODE": "1"}))
-    tree = trees[0]
-    tree.ready()
-    api = Api(port, TOKEN, config)
+    trees[-1].ready()
+    return trees[-1], Api(port, TOKEN, config), code, flows
+
+
+def test_sighup_reloads_definitions_and_handler_code_under_load_losing_and_repeating_nothing(
+    stack: Stack, sql: Sql, tmp_path: Path, trees: list[Tree]
+) -> None:
+    tree, api, code, flows = start_tree(stack, tmp_path, trees, workers=2)
+    config = api.config
     load = Load(api, config, stack.env())
     try:
         wait_for(
@@ -238,23 +246,7 @@ def test_a_reload_whose_new_code_does_not_load_stops_there_and_the_tree_serves_o
     """Failure mode 99 with real processes: the new worker cannot import its handlers and
     exits before it is ready; the reload stops, the tree keeps running on the old code, and
     the next SIGHUP, once the file is fixed, reloads."""
-    code, flows = tmp_path / "code", tmp_path / "workflows"
-    code.mkdir()
-    flows.mkdir()
-    write_code(code, flows, OLD, OLD_CODE)
-    port = free_ports(1)[0]
-    config = stack.config_path(
-        handlers=["reload_handlers"],
-        workflows=[str(flows)],
-        processes={"workers": 1},
-        api={"listen": f"127.0.0.1:{port}", "token_env": TOKEN_ENV},
-    )
-    paths = [str(code), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**stack.env(), TOKEN_ENV: TOKEN, "PYTHONPATH": os.pathsep.join(paths)}
-    trees.append(Tree(config, tmp_path / "tree.log", env={**env, "PYTHONDONTWRITEBYTECODE": "1"}))
-    tree = trees[0]
-    tree.ready()
-    api = Api(port, TOKEN, config)
+    tree, api, code, flows = start_tree(stack, tmp_path, trees, workers=1)
 
     def versions_of_a_new_run() -> set[str]:
         reply = api.post("/api/v1/runs", {"workflow": WORKFLOW, "input": {}})

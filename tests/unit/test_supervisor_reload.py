@@ -4,27 +4,15 @@ SIGHUP during one, and a replacement whose new code does not run (failure mode 9
 
 from __future__ import annotations
 
-import logging
 import signal
 from collections.abc import Callable
 
-import pytest
-
 from supervisor import exitcodes
 from tests.fakeos import FakeChild
-from tests.unit.test_supervisor_loop import Loop, spec
+from tests.unit.test_supervisor_loop import Loop, logged, spec
 
 SIGTERM = signal.SIGTERM
-
-
-@pytest.fixture
-def logged(caplog: pytest.LogCaptureFixture) -> Callable[[str], list[str]]:
-    caplog.set_level(logging.DEBUG, logger="supervisor.tree")
-
-    def messages(action: str) -> list[str]:
-        return [r.getMessage() for r in caplog.records if getattr(r, "action", None) == action]
-
-    return messages
+__all__ = ["logged"]  # the fixture: the supervisor's log records by action
 
 
 def ready_tree() -> Loop:
