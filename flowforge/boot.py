@@ -9,7 +9,9 @@ only its own role's modules, so the api's web stack stays out of the workers.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from flowforge.config import Config
 from flowforge.roles import main
@@ -18,23 +20,35 @@ from flowforge.telemetry import Telemetry
 
 #: The readiness of the whole tree, by child name (from the supervisor; the api shows it).
 Tree = Callable[[], dict[str, tuple[int, int]]]
-#: Builds a child's role from the config, its telemetry and the tree's readiness.
-Entry = Callable[[Config, Telemetry, Tree | None], Role]
 
 
-def _scheduler(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
+@dataclass(frozen=True)
+class Given:
+    """What a tree hands a child beside the config: ``tree``, its readiness (the api shows it),
+    and ``listener``, the api's listening socket, bound once by ``flowforge up`` and shared by
+    its api children (flowforge/api/listener.py). Both None under ``flowforge role NAME``."""
+
+    tree: Tree | None = None
+    listener: socket.socket | None = None
+
+
+#: Builds a child's role from the config, its telemetry and what the tree gave it.
+Entry = Callable[[Config, Telemetry, Given], Role]
+
+
+def _scheduler(config: Config, telemetry: Telemetry, _given: Given) -> Role:
     from flowforge.roles.scheduler import Scheduler
 
     return Scheduler(config, telemetry)
 
 
-def _publisher(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
+def _publisher(config: Config, telemetry: Telemetry, _given: Given) -> Role:
     from flowforge.roles.publisher import Publisher
 
     return Publisher(config, telemetry)
 
 
-def _worker(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
+def _worker(config: Config, telemetry: Telemetry, _given: Given) -> Role:
     from flowforge.roles.output import capture
     from flowforge.roles.worker import Worker
 
@@ -43,10 +57,10 @@ def _worker(config: Config, telemetry: Telemetry, _tree: Tree | None) -> Role:
     return Worker(config, telemetry)
 
 
-def _api(config: Config, telemetry: Telemetry, tree: Tree | None) -> Role:
+def _api(config: Config, telemetry: Telemetry, given: Given) -> Role:
     from flowforge.api.server import ApiServer
 
-    return ApiServer(config, telemetry, tree)
+    return ApiServer(config, telemetry, given.tree, given.listener)
 
 
 #: The children a tree can have, by the name ``flowforge role NAME`` and the specs use.
@@ -63,10 +77,9 @@ def run(
     config: Config,
     beat: Callable[[], None] = lambda: None,
     ready: Callable[[], None] = lambda: None,
-    tree: Tree | None = None,
+    given: Given = Given(),
 ) -> int:
     """Run the child called ``name`` until SIGTERM/SIGINT; return its exit code
-    (``flowforge.roles.main.run``). ``tree`` reports the readiness of the whole tree (the api
-    shows it)."""
+    (``flowforge.roles.main.run``). ``given``: what the tree hands it (:class:`Given`)."""
     entry = ROLES[name]
-    return main.run(name, lambda c, t: entry(c, t, tree), config, beat=beat, ready=ready)
+    return main.run(name, lambda c, t: entry(c, t, given), config, beat=beat, ready=ready)

@@ -1,16 +1,18 @@
-"""The loop of ``flowforge dev``: run the tree, reload its workers when the code changes.
+"""The loop of ``flowforge dev``: run the tree, reload it when the code changes.
 
 The tree is ``flowforge up`` in a child process of its own process group (so a Ctrl-C reaches
 ``flowforge dev`` alone, which forwards it once: a Ctrl-C in the terminal would otherwise reach
 the tree too, and two stops are the supervisor's fast stop). A reload is what SIGHUP does to
-``flowforge up``: a rolling restart of the workers, each new worker importing the handler
-modules afresh and ready before the old one stops, so no task is lost to a reload.
+``flowforge up``: a rolling restart of the workers, the scheduler and the api, each new child
+loading the handler modules and workflow files afresh and ready before the old one stops, so no
+task is lost to a reload.
 
 Before every reload (and before starting the tree) the handlers and workflows are checked in a
 fresh interpreter (``flowforge workflows validate``, which imports the handler modules as a
 worker does): a file that does not load — a syntax error, an import that fails — is reported in
-one line and the tree keeps the workers it has; a worker that failed to import its handlers
-would fail to boot, and a boot failure stops the whole tree (docs/failure-model.md, mode 98).
+one line and the tree keeps the children it has; a worker that failed to import its handlers
+would fail to boot, which stops that reload (and, outside a reload, the whole tree:
+docs/failure-model.md, modes 98 and 99).
 Should the tree stop anyway, ``flowforge dev`` says so and starts it again on the next change.
 """
 
@@ -201,11 +203,11 @@ class DevLoop:
             return
         problem = self.check()
         if problem is not None:
-            self.say(f"not reloaded ({what}): {problem}; the workers keep the code they loaded")
+            self.say(f"not reloaded ({what}): {problem}; the tree keeps the code it loaded")
             return
         self.tree.send(signal.SIGHUP)
         self.reloads += 1
-        self.say(f"reload {self.reloads}: {what} changed; rolling restart of the workers")
+        self.say(f"reload {self.reloads}: {what} changed; rolling restart")
 
     def _start_if_loadable(self, failed: str) -> None:
         problem = self.check()

@@ -1,26 +1,32 @@
 """``flowforge up``: the one bridge between FlowForge and the generic supervisor.
 
-It turns the config into child specs — scheduler, workers, publisher (and the api, once it
-exists) — and runs the supervisor in the current process. Nothing here opens a connection or
-imports handler code: each child does that itself after the fork.
+It turns the config into child specs — scheduler, workers, publisher and the api — and runs the
+supervisor in the current process. Nothing here opens a connection or imports handler code or a
+workflow file: each child does that itself after the fork, so a child forked by SIGHUP's rolling
+restart loads them afresh. The one thing made here is the api's listening socket, bound before
+the first fork and inherited by every api child (flowforge/api/listener.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import logging
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
 from flowforge import distversions
+from flowforge.api.listener import bind_listener
 from flowforge.broker import quiet_pika_logs
 from flowforge.config import Config, log_warnings, redact_url
+from flowforge.errors import BootError
 from flowforge.telemetry import METRICS_DIR_ENV
-from supervisor import logs
+from supervisor import exitcodes, logs
 from supervisor.child import ChildContext
 from supervisor.restart import IntensityLimit
 from supervisor.spec import ChildSpec, Restart
@@ -29,15 +35,27 @@ from supervisor.tree import Supervisor
 logger = logging.getLogger(__name__)
 
 TITLE_PREFIX = "flowforge"
-#: Graceful stop of the scheduler and the publisher (seconds): each finishes its pass.
+#: Graceful stop of the scheduler, the publisher and the api (seconds): each finishes its
+#: pass, the api its requests.
 ROLE_SHUTDOWN_S = 10.0
+#: SIGHUP replaces the children that hold handler code or workflow definitions in this order:
+#: the code first, then what plans runs from the definitions, then what triggers them — so
+#: a task of a new definition finds a worker with its handler. The publisher holds neither
+#: and is not replaced.
+ROLL_WORKERS, ROLL_SCHEDULER, ROLL_API = 0, 1, 2
 
 
-def _role(name: str, config: Config) -> Callable[[ChildContext], int]:
+def _role(
+    name: str, config: Config, listener: socket.socket | None = None
+) -> Callable[[ChildContext], int]:
     def target(ctx: ChildContext) -> int:
-        from flowforge.boot import run
+        from flowforge.boot import Given, run
 
-        return run(name, config, beat=ctx.beat, ready=ctx.ready, tree=ctx.tree_readiness)
+        serve = listener if name == "api" else None
+        if listener is not None and serve is None:
+            listener.close()  # only an api child accepts on the port: no other holds it open
+        given = Given(ctx.tree_readiness, serve)
+        return run(name, config, beat=ctx.beat, ready=ctx.ready, given=given)
 
     return target
 
@@ -53,16 +71,19 @@ def pool_name(index: int, config: Config) -> str:
     return f"worker:{config.broker.queue}" + (f":p{low}" if low else "")
 
 
-def build_specs(config: Config) -> list[ChildSpec]:
+def build_specs(config: Config, listener: socket.socket | None = None) -> list[ChildSpec]:
     """The tree: stop order scheduler (0) → workers (1) → publisher (2) → api (3). Each
     worker pool is a spec of its own, whose children get the config as a worker of that pool
-    sees it (:meth:`~flowforge.config.Config.for_pool`: its queue, its handler modules)."""
+    sees it (:meth:`~flowforge.config.Config.for_pool`: its queue, its handler modules).
+    SIGHUP replaces the workers, then the scheduler, then the api (``ROLL_*``).
+    ``listener``: the api's listening socket (:func:`bind_listener`), served by every api
+    child and closed by every other child."""
     p = config.processes
 
     def role(name: str, stop_group: int, **more: Any) -> ChildSpec:
         return ChildSpec(
             more.pop("child_name", name),
-            _role(name, more.pop("config", config)),
+            _role(name, more.pop("config", config), listener),
             restart=Restart.PERMANENT,
             shutdown_timeout_s=more.pop("shutdown_timeout_s", ROLE_SHUTDOWN_S),
             stop_group=stop_group,
@@ -80,12 +101,14 @@ def build_specs(config: Config) -> list[ChildSpec]:
             shutdown_timeout_s=p.drain_timeout_s,
             scalable=True,
             rolling=True,
+            roll_order=ROLL_WORKERS,
         )
         for i, (pool, seen) in enumerate((pool, config.for_pool(pool)) for pool in config.pools())
     ]
-    specs = [role("scheduler", 0), *pools, role("publisher", 2)]
+    scheduler = role("scheduler", 0, rolling=True, roll_order=ROLL_SCHEDULER)
+    specs = [scheduler, *pools, role("publisher", 2)]
     if config.api is not None:
-        specs.append(role("api", 3))
+        specs.append(role("api", 3, rolling=True, roll_order=ROLL_API))
     return specs
 
 
@@ -99,10 +122,20 @@ def _child_setup(config: Config) -> Callable[[str], None]:
 
 
 def run(config: Config, config_label: str) -> int:
-    """Run the whole tree in this process until it is stopped; return the exit code."""
+    """Run the whole tree in this process until it is stopped; return the exit code. An api
+    address that cannot be bound is one line on stderr and exit 3 (a role cannot boot),
+    before anything is started."""
     from supervisor.titles import set_title
 
-    with tempfile.TemporaryDirectory(prefix="flowforge-metrics-") as metrics_dir:
+    try:
+        listener = None if config.api is None else bind_listener(config.api.listen)
+    except BootError as exc:
+        sys.stderr.write(f"flowforge: {exc}\n")
+        return exitcodes.BOOT_FAILED
+    with (
+        contextlib.closing(listener) if listener is not None else contextlib.nullcontext(),
+        tempfile.TemporaryDirectory(prefix="flowforge-metrics-") as metrics_dir,
+    ):
         # Before the first fork: every process of the tree writes its samples here.
         os.environ[METRICS_DIR_ENV] = metrics_dir
         logs.configure("supervisor", config.logging.format, config.logging.level)
@@ -110,7 +143,7 @@ def run(config: Config, config_label: str) -> int:
         set_title(f"{TITLE_PREFIX}: supervisor [{config_label}]")
         log_warnings(config)
         preload_driver()
-        return _supervise(config)
+        return _supervise(config, listener)
 
 
 def preload_driver() -> None:
@@ -151,8 +184,8 @@ def banner(config: Config) -> str:
     )
 
 
-def _supervise(config: Config) -> int:
-    specs = build_specs(config)
+def _supervise(config: Config, listener: socket.socket | None) -> int:
+    specs = build_specs(config, listener)
     sys.stdout.write(banner(config))
     sys.stdout.flush()
     supervisor = Supervisor(

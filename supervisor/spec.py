@@ -26,7 +26,8 @@ class ChildSpec:
     ``target(ctx)`` runs in the forked child and returns its exit code. ``stop_group``: on a
     graceful drain, lower groups are stopped (and awaited) first. ``liveness_timeout_s``: a
     child that has not called ``ctx.beat()`` for this long is considered hung (None: never).
-    ``scalable`` children follow SIGTTIN/SIGTTOU; ``rolling`` ones are replaced on SIGHUP.
+    ``scalable`` children follow SIGTTIN/SIGTTOU; ``rolling`` ones are replaced on SIGHUP, one
+    at a time, those of a lower ``roll_order`` first (then in the order they were started).
     """
 
     name: str
@@ -38,6 +39,7 @@ class ChildSpec:
     liveness_timeout_s: float | None = None
     scalable: bool = False
     rolling: bool = False
+    roll_order: int = 0
 
     def __post_init__(self) -> None:
         if self.count < 0:

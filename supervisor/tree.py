@@ -108,8 +108,10 @@ class Supervisor:
         self._mode = Mode.RUNNING
         self._exit_code = exitcodes.CLEAN
         self._deadline = 0.0
-        self._rolling: deque[int] = deque()
-        self._surge: int | None = None
+        self._rolling: deque[int] = deque()  # pids still to replace, in order
+        self._surge: int | None = None  # the replacement booting now ...
+        self._surge_for: int | None = None  # ... and the pid it replaces
+        self._rolled: int | None = None  # replaced so far by the rolling restart under way
         self._ready = False
         self._service = ServiceNotifications(self.system)
 
@@ -176,15 +178,25 @@ class Supervisor:
                 )
 
     def _start_rolling_restart(self) -> None:
+        """Queue every rolling child for replacement, lower ``roll_order`` first, then oldest
+        first. A SIGHUP during a rolling restart starts it over (what is on disk now is what
+        the tree is to run); a replacement already booting goes on replacing its child."""
         self._rolling = deque(
             pid
-            for pid, c in sorted(self._children.items())
-            if self.specs[c.spec_index].rolling and not c.retiring
+            for pid, c in sorted(
+                self._children.items(),
+                key=lambda item: (self.specs[item[1].spec_index].roll_order, item[0]),
+            )
+            if self.specs[c.spec_index].rolling and not c.retiring and pid != self._surge_for
         )
+        self._rolled = 0
         logger.info(
-            "rolling restart of %d child(ren)", len(self._rolling), extra={"action": "rolling"}
+            "rolling restart of %d child(ren)", self._roll_left(), extra={"action": "rolling"}
         )
-        self._service.reloading(len(self._rolling))
+        self._service.reloading(self._roll_left())
+
+    def _roll_left(self) -> int:
+        return len(self._rolling) + (self._surge is not None)
 
     # ------------------------------------------------------------------ starting
 
@@ -257,7 +269,10 @@ class Supervisor:
         spec = self.specs[child.spec_index]
         label = f"{spec.name}-{child.instance} (pid {child.pid})"
         if self._surge == child.pid:
-            self._surge = None
+            self._surge = self._surge_for = None
+            if self._mode is Mode.RUNNING and not child.retiring:
+                self._abandon_roll(label, code)
+                return
         if self._mode is not Mode.RUNNING or child.retiring:
             logger.info(
                 "%s stopped: %s", label, describe_exit(code), extra={"action": "child_stopped"}
@@ -314,6 +329,7 @@ class Supervisor:
         self._exit_code = code
         self._deadline = now + self.drain_timeout_s
         self._rolling.clear()
+        self._rolled = None
         logger.info(
             "draining (%s): stopping children in order within %.0fs",
             why,
@@ -391,16 +407,43 @@ class Supervisor:
         if self._surge is not None:
             surge = self._children.get(self._surge)
             if surge is not None and self._table.is_ready(surge.slot):
-                old = self._children.get(self._rolling.popleft()) if self._rolling else None
+                old = self._children.get(self._surge_for) if self._surge_for else None
                 if old is not None:
                     self._retire(old, self.system.monotonic())
-                self._surge = None
+                self._surge = self._surge_for = None
+                self._rolled = (self._rolled or 0) + 1
             return
         while self._rolling and self._rolling[0] not in self._children:
-            self._rolling.popleft()
+            self._rolling.popleft()  # it died meanwhile: its restart loaded the new code
         if self._rolling:
-            old = self._children[self._rolling[0]]
+            self._surge_for = self._rolling.popleft()
+            old = self._children[self._surge_for]
             self._surge = self._start(old.spec_index, old.instance, self.system.monotonic())
+        elif self._rolled is not None:
+            logger.info(
+                "rolling restart done: %d child(ren) replaced",
+                self._rolled,
+                extra={"action": "rolled"},
+            )
+            self._rolled = None
+
+    def _abandon_roll(self, label: str, code: int) -> None:
+        """A replacement exited before it replaced its child: the new code does not run (an
+        import that fails, a broken file). Neither a crash to restart nor a boot failure of
+        the tree — the old child never stopped and keeps serving; the rest of the rolling
+        restart is called off, so the tree runs what it ran (the children replaced so far
+        excepted) until the next SIGHUP."""
+        left = len(self._rolling)
+        self._rolling.clear()
+        self._rolled = None
+        logger.error(
+            "reload stopped: the new %s %s before it was ready; the old one keeps running,"
+            " %d more child(ren) not replaced",
+            label,
+            describe_exit(code),
+            left,
+            extra={"action": "reload_failed"},
+        )
 
     def readiness(self) -> dict[str, tuple[int, int]]:
         """For every spec: (children ready, children desired)."""
@@ -415,7 +458,7 @@ class Supervisor:
             logger.info("tree ready: %s", summary, extra={"action": "tree_ready"})
             self.on_ready(readiness)
         self._ready = ready
-        self._service.running(summary, ready, len(self._rolling))
+        self._service.running(summary, ready, self._roll_left())
 
     def _log_status(self, now: float) -> None:
         lines = [

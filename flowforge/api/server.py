@@ -2,20 +2,26 @@
 
 Like the other roles it has ``initialize / loop / reset / shutdown``; it owns its socket map
 and drives waitress's event loop in short slices, so a stop request is seen within half a
-second and in-flight requests get to finish.
+second. Then it stops accepting and serves the requests under way to their end (at most
+DRAIN_S), closing each connection once it waits for no answer: under ``flowforge up`` the
+next api child accepts on the same inherited socket meanwhile (flowforge/api/listener.py), so
+SIGHUP's rolling restart refuses no connection and cuts no answer.
 """
 
 from __future__ import annotations
 
 import logging
 import resource
+import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from waitress import wasyncore
 
 from flowforge.api.app import create_app
+from flowforge.api.listener import parse_listen
 from flowforge.api.wsgi_server import ClientRules, make_server
 from flowforge.client import Client
 from flowforge.config import Config, ReadAccess
@@ -27,17 +33,15 @@ from flowforge.telemetry import Telemetry
 logger = logging.getLogger(__name__)
 
 SLICE_S = 0.5
+#: A stopping api serves the requests under way for at most this long (seconds), well inside
+#: the supervisor's shutdown timeout for it (flowforge/up.py ROLE_SHUTDOWN_S).
+DRAIN_S = 4.0
+#: The event loop's slice while draining: short, as answers may be waiting to be flushed.
+DRAIN_SLICE_S = 0.05
 CHANNEL_TIMEOUT_S = 30  # a kept-alive connection idle this long is closed
 #: File descriptors the process needs besides the api's connections (pools, logs, pipes).
 SPARE_FDS = 64
 WILDCARDS = frozenset({"0.0.0.0", "::"})
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise BootError(f"api.listen must be HOST:PORT, got {listen!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def check_fd_limit(connection_limit: int) -> None:
@@ -50,8 +54,36 @@ def check_fd_limit(connection_limit: int) -> None:
         )
 
 
+def serve_out(
+    server: Any, socket_map: dict[int, Any], beat: Callable[[], None], limit_s: float = DRAIN_S
+) -> None:
+    """Stop ``server`` accepting and drive ``socket_map`` until every connection has had its
+    answer, for at most ``limit_s``. A connection idle between requests is closed (its client
+    opens a new one, which another api child accepts from the shared queue); one whose request
+    is arriving, being served or answered is served first. What is left at the limit is cut
+    when the server closes (:meth:`ApiServer.shutdown`)."""
+    server.accepting = False  # new connections wait in the accept queue for another child
+    deadline = time.monotonic() + limit_s
+    while server.active_channels and time.monotonic() < deadline:
+        for channel in list(server.active_channels.values()):
+            waits = channel.waiting()
+            if waits is not None and waits[0] == 0:  # idle between two requests
+                channel.will_close = True
+        wasyncore.loop(timeout=DRAIN_SLICE_S, map=socket_map, use_poll=True, count=1)
+        beat()
+    if server.active_channels:
+        logger.warning(
+            "api stopping with %d connection(s) still busy after %.0fs",
+            len(server.active_channels),
+            limit_s,
+            extra={"action": "api_drain_timeout"},
+        )
+
+
 class ApiServer:
-    """The api role. ``tree`` reports this tree's child readiness (from the supervisor)."""
+    """The api role. ``tree`` reports this tree's child readiness (from the supervisor).
+    ``listener``: the socket to serve, bound by ``flowforge up`` and shared with the other api
+    children of the tree (flowforge/api/listener.py); None: bind ``api.listen`` here."""
 
     title = "Api"
 
@@ -60,12 +92,14 @@ class ApiServer:
         config: Config,
         telemetry: Telemetry | None = None,
         tree: Callable[[], dict[str, tuple[int, int]]] | None = None,
+        listener: socket.socket | None = None,
     ) -> None:
         if config.api is None:
             raise BootError("the config has no api section")
         self._config = config
         self._api = config.api
         self._tree = tree
+        self._listener = listener
         self._client = Client(config)
         self._presence = Presence(Processes(self._client.database), "api")
         self._map: dict[int, Any] = {}
@@ -105,6 +139,9 @@ class ApiServer:
             )
         check_fd_limit(api.connection_limit)
         app = create_app(self._client, token, api, self._tree)
+        where: dict[str, Any] = (
+            {"host": host, "port": port} if self._listener is None else {"sock": self._listener}
+        )
         try:
             server = make_server(
                 app,
@@ -115,16 +152,21 @@ class ApiServer:
                     api.request_body_timeout_s,
                     api.max_connections_per_client,
                 ),
-                host=host,
-                port=port,
                 threads=api.threads,
                 connection_limit=api.connection_limit,
                 ident="flowforge",
                 channel_timeout=CHANNEL_TIMEOUT_S,
+                **where,
             )
         except OSError as exc:
             raise BootError(f"api cannot listen on {api.listen}: {exc.strerror}") from exc
-        logger.info("api listening on http://%s:%d", host, port, extra={"action": "api_listening"})
+        logger.info(
+            "api listening on http://%s:%s%s",
+            host,
+            server.effective_port,
+            "" if self._listener is None else " (the tree's socket)",
+            extra={"action": "api_listening"},
+        )
         return server
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
@@ -133,6 +175,8 @@ class ApiServer:
             wasyncore.loop(timeout=SLICE_S, map=self._map, use_poll=True, count=1)
             beat()
             self._register(tick=True)
+        if self._server is not None:
+            serve_out(self._server, self._map, beat)
 
     def _register(self, tick: bool = False) -> None:
         """Keep serving while PostgreSQL is down: readiness must be able to say so."""

@@ -303,21 +303,36 @@ SHED_WORDS = {
 
 
 def make_server(
-    app: Any, socket_map: dict[int, Any], body_limit: int, rules: ClientRules, **settings: Any
+    app: Any,
+    socket_map: dict[int, Any],
+    body_limit: int,
+    rules: ClientRules,
+    sock: socket.socket | None = None,
+    **settings: Any,
 ) -> JsonErrorServer:
     """A TCP waitress server on ``socket_map`` whose own errors are JSON.
 
     Bodies of more than ``body_limit`` bytes are refused (413) before they are buffered; slow
     and flooding clients are handled by ``rules``. ``settings`` are waitress's adjustments.
+    ``sock``: a bound TCP socket to serve (waitress's ``sockets``; ``settings`` then name no
+    host or port), e.g. one inherited from ``flowforge up`` (flowforge/api/listener.py);
+    without it the server binds ``settings``' host and port itself.
     """
     # waitress counts chunked framing as body and refuses at its limit; the application
     # enforces the exact limit, waitress a slightly larger one so nothing big is buffered
     adj = Adjustments(
         max_request_body_size=body_limit + FRAMING_MARGIN,
         cleanup_interval=MAINTENANCE_INTERVAL_S,
+        **({"sockets": [sock]} if sock is not None else {}),
         **settings,
     )
-    server = JsonErrorServer(app, map=socket_map, adj=adj)
+    if sock is None:
+        server = JsonErrorServer(app, map=socket_map, adj=adj)
+    else:  # as waitress's create_server serves each of its `sockets`
+        info = (sock.family, sock.type, sock.proto, sock.getsockname())
+        server = JsonErrorServer(
+            app, map=socket_map, _sock=sock, adj=adj, bind_socket=False, sockinfo=info
+        )
     server.body_limit = body_limit
     server.rules = rules
     return server

@@ -60,10 +60,11 @@ class Children(Part):
     made from."""
 
     def register_workflows(self, workflows: Sequence[WorkflowDef]) -> None:
-        """Register the definitions of ``workflows`` (a scheduler's loaded set), so that a
-        child task finds its workflow's latest version whoever triggered its run."""
+        """Register the definitions of ``workflows`` (a scheduler's loaded set) as their
+        workflows' latest versions, so that a child task finds the version the tree runs now
+        whoever triggered its run — after a reload back to an earlier version too."""
         if workflows:
-            self._transaction(register_definitions, list(workflows))
+            self._transaction(register_definitions, list(workflows), True)
 
     def start_children(self, limit: int) -> int:
         """Child tasks whose dependencies are met (PENDING) or whose retry is due

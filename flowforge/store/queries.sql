@@ -2065,6 +2065,15 @@ INSERT INTO workflow_definitions (name, digest, definition)
 SELECT * FROM unnest(%(names)s::text[], %(digests)s::text[], %(definitions)s::jsonb[])
 ON CONFLICT (name, digest) DO NOTHING;
 
+-- name: register_latest_definitions
+-- A scheduler's loaded set, at its start (so at every SIGHUP's reload): each becomes the latest
+-- of its workflow, a version registered before too (a reload back to it), so child runs are
+-- made from what the tree runs now. A trigger's registration (register_definitions) never
+-- moves it: a run's own version, or an api child still on an older one, is no reload.
+INSERT INTO workflow_definitions (name, digest, definition)
+SELECT * FROM unnest(%(names)s::text[], %(digests)s::text[], %(definitions)s::jsonb[])
+ON CONFLICT (name, digest) DO UPDATE SET registered_at = now();
+
 -- name: lock_child_starts
 -- Child-workflow tasks whose dependencies are met (PENDING) or whose retry is due (RETRYING),
 -- with what starting a child needs: the run input, the parent run's nesting depth, the task's

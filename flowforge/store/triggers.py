@@ -186,17 +186,19 @@ def _replayed(
     return results
 
 
-def register_definitions(tx: Tx, workflows: Sequence[WorkflowDef]) -> None:
+def register_definitions(tx: Tx, workflows: Sequence[WorkflowDef], latest: bool = False) -> None:
     """Register the definitions of ``workflows`` (each version once) in the caller's
-    transaction."""
-    tx.send(
-        "register_definitions",
-        {
-            "names": [w.name for w in workflows],
-            "digests": [w.digest for w in workflows],
-            "definitions": [Jsonb(w.to_dict()) for w in workflows],
-        },
-    )
+    transaction. ``latest``: each becomes the latest of its workflow (the one child runs are
+    made from), even a version registered before — a scheduler's loaded set, not a trigger's."""
+    params = {
+        "names": [w.name for w in workflows],
+        "digests": [w.digest for w in workflows],
+        "definitions": [Jsonb(w.to_dict()) for w in workflows],
+    }
+    if latest:
+        tx.send("register_latest_definitions", params)
+    else:
+        tx.send("register_definitions", params)
 
 
 #: The plan insert, for parts that create runs inside a transaction of their own (a schedule's

@@ -487,3 +487,26 @@ def test_a_child_runs_tasks_that_name_no_queue_go_where_the_parents_go(
         (child,),
     ).fetchall()
     assert outbox == [("a", "tenant-a"), ("b", "partner")]  # each dispatched to its queue
+
+
+def test_a_reload_back_to_an_earlier_version_makes_children_of_it_again(
+    repo: Store, sql: Sql
+) -> None:
+    """A scheduler's start (every SIGHUP) makes what it loaded the latest definitions, an
+    earlier version too; a trigger of an older version (an api child not yet replaced) does
+    not."""
+    more = TaskDef("more", "tests.noop", depends_on=("only",))
+    longer = WorkflowDef("flaky", (*FLAKY_CHILD.tasks, more))
+
+    def child_digest() -> str:
+        run_id = repo.trigger(RETRIED, {}).run_id
+        drain(repo)
+        [(child, _)] = children_of(sql, task_ids(repo, run_id)["call"])
+        return str(scalar(sql, "SELECT workflow_digest FROM workflow_runs WHERE id = %s", child))
+
+    register(repo, FLAKY_CHILD)
+    register(repo, longer)  # a reload to the longer version
+    repo.trigger(FLAKY_CHILD, {})  # the old version triggered: registered, but not the latest
+    assert child_digest() == longer.digest
+    register(repo, FLAKY_CHILD)  # a reload back to the first version
+    assert child_digest() == FLAKY_CHILD.digest

@@ -211,7 +211,8 @@ def test_up_tells_a_notify_socket_ready_watchdog_reload_and_stopping(
         assert (
             hup_usec <= int(reloading.value("MONOTONIC_USEC") or 0) <= time.monotonic_ns() // 1000
         )
-        assert "rolling restart of 1 child(ren)" in log_path.read_text(errors="replace")
+        # the worker, then the scheduler (the publisher holds no code or definitions)
+        assert "rolling restart of 2 child(ren)" in log_path.read_text(errors="replace")
         assert len(notify.with_field("READY=1")) == 2
 
         # SIGTERM: STOPPING=1, and the tree drains and exits 0

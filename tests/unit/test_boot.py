@@ -92,14 +92,14 @@ def test_the_tree_readiness_reaches_the_api_entry_only(monkeypatch: pytest.Monke
         seen.update(name=name, build=build, hooks=sorted(hooks))
         return 0
 
-    def api_entry(config: object, telemetry: object, tree: object) -> object:
-        seen["tree"] = tree
+    def api_entry(config: object, telemetry: object, given: boot.Given) -> object:
+        seen["given"] = given
         return "role"
 
     monkeypatch.setattr("flowforge.roles.main.run", fake_run)
     monkeypatch.setitem(boot.ROLES, "api", api_entry)
-    tree = dict
-    assert boot.run("api", None, tree=tree) == 0  # type: ignore[arg-type]
+    given = boot.Given(tree=dict)
+    assert boot.run("api", None, given=given) == 0  # type: ignore[arg-type]
     assert seen["name"] == "api" and seen["hooks"] == ["beat", "ready"]
     assert seen["build"](None, None) == "role"  # type: ignore[operator]
-    assert seen["tree"] is tree
+    assert seen["given"] is given

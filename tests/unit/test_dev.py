@@ -95,8 +95,8 @@ def test_a_change_reloads_the_workers_with_one_line_and_a_stop_drains_the_tree()
     (tree,) = world.trees
     assert tree.signals == [signal.SIGHUP, signal.SIGHUP, signal.SIGTERM]
     assert world.lines == [
-        "reload 1: handlers.py changed; rolling restart of the workers",
-        "reload 2: handlers.py, workflows/a.yaml changed; rolling restart of the workers",
+        "reload 1: handlers.py changed; rolling restart",
+        "reload 2: handlers.py, workflows/a.yaml changed; rolling restart",
     ]
 
 
@@ -110,7 +110,7 @@ def test_code_that_does_not_load_is_not_reloaded_and_the_next_good_save_is() -> 
     assert tree.signals == [signal.SIGHUP, signal.SIGTERM]  # only the second save reloads
     assert world.lines[0] == (
         "not reloaded (handlers.py): handlers: cannot import 'handlers': SyntaxError(...); "
-        "the workers keep the code they loaded"
+        "the tree keeps the code it loaded"
     )
     assert world.lines[1].startswith("reload 1: handlers.py changed")
 
