@@ -45,7 +45,10 @@ def test_killing_the_condition_scheduler_never_runs_a_compensation_twice_nor_los
     failing = [r.run_id for r in repo.trigger_many(saga("saga-dies", "e2e.permanent"), [{}] * 30)]
     passing = [r.run_id for r in repo.trigger_many(saga("saga-ships", "e2e.record"), [{}] * 30)]
     stack.start("publisher")
-    stack.start("worker")
+    # a long lease and no slow-handler hand-back: a worker starved of CPU then neither loses a
+    # lease nor hands a claim back, each of which dispatches its task again (a new outbox
+    # row), so the outbox counts the scheduler's decisions alone
+    stack.start("worker", worker={"lease_s": 30.0, "heartbeat_s": 1.0, "fast_handler_ms": 30000})
     refunds = "SELECT count(*) FROM test_executions WHERE task = 'refund'"
     decided = (
         "SELECT count(*) FROM task_runs WHERE name = 'refund'"

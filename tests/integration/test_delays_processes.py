@@ -110,9 +110,13 @@ def test_a_deadline_stops_a_handler_that_watches_cancelled_and_fails_the_run(
             TaskDef("watch", "e2e.honour_cancel"),
             TaskDef("later", "e2e.record", depends_on=("watch",)),
         ),
-        deadline=2.0,
+        deadline=4.0,
     )
     stack.start_all(workers=1)
+    # the tree takes its first run before the deadline's clock starts: on a loaded machine its
+    # start-up alone could outlast the deadline, and the handler would never start
+    warm = repo.trigger(WorkflowDef("warm-up", (TaskDef("only", "e2e.record"),))).run_id
+    wait_for(lambda: repo.get_run(warm).state is RunState.SUCCEEDED, timeout=60, what="warm-up")
     run_id = repo.trigger(workflow).run_id
     wait_for(lambda: executions(sql, run_id), timeout=20, what="the handler to start")
     wait_for(lambda: repo.get_run(run_id).finished_at is not None, timeout=30, what="the end")
