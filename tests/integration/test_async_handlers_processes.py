@@ -158,11 +158,20 @@ def test_work_that_trickles_in_fills_the_slots_beside_a_long_call(
     started = "SELECT count(*) FROM test_executions WHERE handler = 'e2e.async_sleep'"
     # long enough to outlast the test on a loaded machine: the tree's teardown ends them
     [first] = [r.run_id for r in repo.trigger_many(SLEEP, [{"seconds": 120}])]
+    runs = [first]
     wait_for(lambda: count(sql, started) == 1, timeout=60, what="the long call running")
     for n in range(2, CONCURRENCY + 1):  # each after the first's batch went slow and rolled
-        repo.trigger_many(SLEEP, [{"seconds": 120}])
+        runs += [r.run_id for r in repo.trigger_many(SLEEP, [{"seconds": 120}])]
         wait_for(lambda n=n: count(sql, started) == n, timeout=30, what=f"call {n} running")
     assert repo.get_run(first).state is RunState.RUNNING  # they all ran beside it
     pids = "SELECT count(DISTINCT pid) FROM test_executions WHERE pid = %s"
     assert count(sql, pids, worker.pid) == 1
     assert count(sql, "SELECT count(*) FROM test_executions WHERE pid <> %s", worker.pid) == 0
+    for run_id in runs:  # the calls end now, not at the drain's deadline
+        repo.cancel_run(run_id)
+    wait_for(
+        lambda: run_states(repo, runs) == [RunState.CANCELLED] * len(runs),
+        timeout=30,
+        interval=0.2,
+        what="every run cancelled",
+    )
