@@ -26,7 +26,6 @@ import os
 import sys
 import time
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import psycopg

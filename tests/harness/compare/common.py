@@ -9,6 +9,7 @@ FlowForge is not installed: it imports only the standard library and pika (which
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -56,8 +57,9 @@ def service(name: str) -> str:
 
 class Workers:
     """Worker processes started as real subprocesses from the checkout (they inherit the
-    environment, :data:`ENV` with it), each in a session of its own; on exit each is sent SIGTERM (the tools' warm shutdown), and a group still alive
-    after :data:`STOP_TIMEOUT_S` is killed (only the groups this object started)."""
+    environment, :data:`ENV` with it), each in a session of its own; on exit each is sent
+    SIGTERM (the tools' warm shutdown), and a group still alive after :data:`STOP_TIMEOUT_S` is
+    killed (only the groups this object started)."""
 
     def __init__(self, commands: Sequence[Sequence[str]], log: Path) -> None:
         self.commands = [list(c) for c in commands]
@@ -150,18 +152,18 @@ class Broker:
 
     def delete(self, queues: Sequence[str] = (), exchanges: Sequence[str] = ()) -> None:
         """Delete what a run declared; a name that is not there is skipped."""
-        for name in queues:
+        for delete, name in [(self._queue, q) for q in queues] + [
+            (self._exchange, e) for e in exchanges
+        ]:
             self.channel = self.conn.channel()
-            try:
-                self.channel.queue_delete(name)
-            except pika.exceptions.ChannelClosedByBroker:
-                pass
-        for name in exchanges:
-            self.channel = self.conn.channel()
-            try:
-                self.channel.exchange_delete(name)
-            except pika.exceptions.ChannelClosedByBroker:
-                pass
+            with contextlib.suppress(pika.exceptions.ChannelClosedByBroker):
+                delete(name)
+
+    def _queue(self, name: str) -> None:
+        self.channel.queue_delete(name)
+
+    def _exchange(self, name: str) -> None:
+        self.channel.exchange_delete(name)
 
     def close(self) -> None:
         self.conn.close()

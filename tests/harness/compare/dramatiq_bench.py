@@ -14,7 +14,7 @@ prefetch (twice the threads: 2). No results middleware: a chain is a ``pipeline`
 which needs the ``GroupCallbacks`` middleware and a Redis or Memcached barrier: not on the
 PostgreSQL and RabbitMQ this comparison runs on, so it reports "n/a".
 
-Ends are observed on the broker: the queue's ready messages (up to 2 × WORKERS deliveries may
+Ends are observed on the broker: the queue's ready messages (up to two per worker process may
 still be running, each a no-op), a chain's last message on a marker queue no worker consumes.
 """
 
@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: looker.counts(QUEUE)[0] == 0, args.timeout, "an empty queue"
             )
             report["single"] = common.rate(args.tasks, started, ended)
-            steps = [noop.message_with_options(args=(i,), pipe_ignore=True) for i in range(args.chain)]
+            steps = [
+                noop.message_with_options(args=(i,), pipe_ignore=True) for i in range(args.chain)
+            ]
             started = time.perf_counter()
             dramatiq.pipeline([*steps, done.message()]).run()
             report["chain"] = common.per_hop(

@@ -8,7 +8,7 @@ from ``tests/harness/bench.py``'s own workloads on a ``flowforge up`` tree; each
 ``python -m tests.harness.compare.<peer>`` in ``.venv-compare`` (created on demand from
 PyPI with ``constraints.txt``'s pins; never FlowForge's ``.venv``) and prints its figures as
 one JSON line. Nothing here asserts a figure: it prints one table, FlowForge's speed over each
-peer's ("FlowForge ×": above 1, FlowForge was faster), and merges the report into the JSON file
+peer's ("FlowForge/tool": above 1, FlowForge was faster), and merges the report into the JSON file
 under ``"compare"``.
 """
 
@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -132,7 +133,11 @@ def peer_env(database_url: str, broker_url: str, queue: str) -> dict[str, str]:
     """The environment a peer and its workers run with (``common.ENV``): FlowForge's own
     variables left out, the peer's services in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWFORGE_", "CMP_"))}
-    return env | {"CMP_DATABASE_URL": database_url, "CMP_BROKER_URL": broker_url, "CMP_QUEUE": queue}
+    return env | {
+        "CMP_DATABASE_URL": database_url,
+        "CMP_BROKER_URL": broker_url,
+        "CMP_QUEUE": queue,
+    }
 
 
 def run_peer(
@@ -168,8 +173,8 @@ def run_peer(
 def cause(stderr: str) -> str:
     """The line of a peer's stderr that says why it failed: the last exception's, or the last."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    named = [line for line in lines if "Error" in line.split(":")[0] or "Exception" in line]
-    return (named or lines or ["no output"])[-1]
+    raised = [line for line in lines if re.match(r"[A-Za-z_][\w.]*: \S", line)]
+    return (raised or lines or ["no output"])[-1]
 
 
 def flowforge(settings: bench.Settings, server_url: str, broker_url: str) -> dict[str, Any]:
@@ -190,7 +195,10 @@ def flowforge(settings: bench.Settings, server_url: str, broker_url: str) -> dic
         "processes": f"flowforge up, {settings.workers} workers",
         "single": {"tasks_per_s": figures["single"]["median"]},
         "chain": {"ms_per_hop": figures["chain"]["median"], "p50_ms": figures["chain"]["p50_ms"]},
-        "fanout": {"tasks_per_s": figures["fanout"]["median"], "wall_s": figures["fanout"]["wall_s"]},
+        "fanout": {
+            "tasks_per_s": figures["fanout"]["median"],
+            "wall_s": figures["fanout"]["wall_s"],
+        },
     }
 
 
@@ -199,7 +207,9 @@ def flowforge(settings: bench.Settings, server_url: str, broker_url: str) -> dic
 
 def figure(result: dict[str, Any], workload: Workload) -> float | None:
     """A tool's figure for ``workload`` in its unit; None when it has none (n/a, failed)."""
-    value = result.get(workload.key, {}).get("tasks_per_s" if workload.faster_is_higher else "ms_per_hop")
+    value = result.get(workload.key, {}).get(
+        "tasks_per_s" if workload.faster_is_higher else "ms_per_hop"
+    )
     return float(value) if value is not None else None
 
 
@@ -224,7 +234,9 @@ def rows(report: dict[str, Any], settings: bench.Settings) -> list[dict[str, Any
                     "tool": name,
                     "value": value,
                     "unit": w.unit,
-                    "ratio": None if name == "FlowForge" else ratio(figure(ours, w), value, w.faster_is_higher),
+                    "ratio": None
+                    if name == "FlowForge"
+                    else ratio(figure(ours, w), value, w.faster_is_higher),
                     "note": None if value is not None else f"n/a: {why}",
                 }
             )
@@ -233,7 +245,7 @@ def rows(report: dict[str, Any], settings: bench.Settings) -> list[dict[str, Any
 
 def table(table_rows: list[dict[str, Any]]) -> str:
     """The rows as text, a workload's title on its first row only."""
-    lines = [f"{'workload':<26} {'tool':<28} {'figure':>10}  {'unit':<8} {'FlowForge ×':>11}"]
+    lines = [f"{'workload':<26} {'tool':<28} {'figure':>10}  {'unit':<8} {'FlowForge/tool':>11}"]
     previous = None
     for r in table_rows:
         title = r["workload"] if r["workload"] != previous else ""
@@ -243,7 +255,7 @@ def table(table_rows: list[dict[str, Any]]) -> str:
             continue
         times = f"{r['ratio']:.2f}" if r["ratio"] is not None else ""
         lines.append(f"{title:<26} {r['tool']:<28} {r['value']:>10.1f}  {r['unit']:<8} {times:>11}")
-    lines.append("FlowForge ×: FlowForge's speed over the tool's (above 1: FlowForge was faster)")
+    lines.append("FlowForge/tool: FlowForge's speed over the tool's (above 1: FlowForge faster)")
     return "\n".join(lines)
 
 
@@ -279,7 +291,9 @@ def run(args: argparse.Namespace, settings: bench.Settings) -> int:
         }
         for peer in PEERS:
             print(f"compare: {peer.name}", file=sys.stderr)
-            report["tools"][peer.name] = run_peer(python, peer, settings, server_url, broker_url, logs)
+            report["tools"][peer.name] = run_peer(
+                python, peer, settings, server_url, broker_url, logs
+            )
     report["table"] = rows(report, settings)
     save(args.json, report)
     print(table(report["table"]))
@@ -288,5 +302,5 @@ def run(args: argparse.Namespace, settings: bench.Settings) -> int:
         f"machine floors: PostgreSQL {f['postgresql_commits_per_s']} commits/s (one client),"
         f" Python loop {f['python_loop_ms']:.0f} ms; workers' logs in {logs}"
     )
-    print(f"JSON written to {args.json} (under \"compare\")")
+    print(f'JSON written to {args.json} (under "compare")')
     return 0

@@ -62,7 +62,9 @@ def _succeeded(conninfo: str, task: str) -> int:
 
 async def _defer_all(tasks: int) -> None:
     for offset in range(0, tasks, common.BATCH):
-        await noop.batch_defer_async(*({"i": i} for i in range(offset, min(tasks, offset + common.BATCH))))
+        await noop.batch_defer_async(
+            *({"i": i} for i in range(offset, min(tasks, offset + common.BATCH)))
+        )
 
 
 async def _measure(args: Any, database: str, workers: common.Workers) -> dict[str, Any]:
@@ -101,8 +103,11 @@ async def _run(args: Any) -> dict[str, Any]:
         await app.schema_manager.apply_schema_async()
         with common.Workers([worker] * args.workers, args.log) as workers:
             common.wait_until(
-                lambda: workers.check()
-                and _count(database, "SELECT count(*) FROM procrastinate_workers") >= args.workers,
+                lambda: (
+                    workers.check()
+                    and _count(database, "SELECT count(*) FROM procrastinate_workers")
+                    >= args.workers
+                ),
                 common.START_TIMEOUT_S,
                 "the Procrastinate workers",
             )
