@@ -86,10 +86,10 @@ def backend_url(conninfo: str) -> str:
         username=p.get("user"),
         password=p.get("password"),
         host=p.get("host"),
-        port=int(p["port"]) if p.get("port") else None,
+        port=int(str(p["port"])) if p.get("port") else None,
         database=p.get("dbname"),
     )
-    return "db+" + url.render_as_string(hide_password=False)
+    return "db+" + str(url.render_as_string(hide_password=False))
 
 
 def _succeeded(conninfo: str) -> int:
