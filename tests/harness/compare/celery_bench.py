@@ -37,6 +37,11 @@ from sqlalchemy.engine import URL
 from tests.harness.compare import common
 
 app = Celery("flowforge-compare")
+#: What Celery's workers declare on a vhost once they see a quorum queue (native delayed
+#: delivery, celery/worker/consumer/delayed_delivery.py): removed after the run when the run
+#: made them, kept when they were there before it (another Celery app on the vhost uses them).
+DELAYED_QUEUES = tuple(f"celery_delayed_{level}" for level in range(28))
+DELAYED_EXCHANGES = (*DELAYED_QUEUES, "celery_delayed_delivery")
 #: The chord join's poll (Celery's default: 1 s); stated in docs/performance.md.
 CHORD_RETRY_S = 0.1
 
@@ -122,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "backend": args.backend,
         "processes": f"1 prefork worker, --concurrency {args.workers}",
     }
+    delayed = () if broker.exists(DELAYED_QUEUES[-1]) else DELAYED_QUEUES
     try:
         broker.declare_marker(MARKER)
         done = app.signature("bench.done", queue=MARKER, immutable=True)
@@ -163,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                     args.fanout + 2, started, broker.wait_marker(MARKER, args.timeout)
                 )
     finally:
-        broker.delete((QUEUE, MARKER), (QUEUE, MARKER))
+        broker.delete(
+            (QUEUE, MARKER, *delayed), (QUEUE, MARKER, *(DELAYED_EXCHANGES if delayed else ()))
+        )
         broker.close()
     common.emit(report)
     return 0

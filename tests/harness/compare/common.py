@@ -135,6 +135,14 @@ class Broker:
             return 0, 0
         return int(ok.message_count), int(ok.consumer_count)
 
+    def exists(self, queue: str) -> bool:
+        try:
+            self.channel.queue_declare(queue, passive=True)
+        except pika.exceptions.ChannelClosedByBroker:  # 404
+            self.channel = self.conn.channel()
+            return False
+        return True
+
     def declare_marker(self, queue: str) -> None:
         """A durable queue no worker consumes: the last step of a chain or the join of a
         fan-out is routed there, and its arrival is the workload's end."""
