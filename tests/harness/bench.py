@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=5000)
-    parser.add_argument("--fanout", type=int, default=5000)
+    parser.add_argument("--fanout", type=int, help="fan-out width (5,000; --compare: 1,000)")
     parser.add_argument("--chain", type=int, default=200)
     parser.add_argument("--latency-runs", type=int, default=500)
     parser.add_argument("--schedules", type=int, default=10_000, help="schedules due at once")
@@ -661,7 +661,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=Path("bench.json"), help="where to write JSON")
     parser.add_argument("--database-url", help="a PostgreSQL server URL (a database is created)")
     parser.add_argument("--broker-url", help="a RabbitMQ URL")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="single runs, chain and fan-out/join against Celery, Dramatiq and Procrastinate",
+    )
     args = parser.parse_args(argv)
+    if args.fanout is None:
+        args.fanout = 1000 if args.compare else 5000
     settings = Settings(
         workers=args.workers,
         repeat=args.repeat,
@@ -693,6 +700,12 @@ def main(argv: list[str] | None = None) -> int:
             priority_samples=5,
             nap_per_worker=10,
         )
+    if args.compare:
+        # imported here: the comparison builds on this module (docs/performance.md,
+        # "Compared in one run")
+        from tests.harness.compare import driver
+
+        return driver.run(args, settings)
     with service_urls(args) as (server_url, broker_url):
         report = {
             "machine": machine(server_url, broker_url),
