@@ -48,7 +48,7 @@ class AsyncRunner:
         self._limit = limit
         self._waiting: collections.deque[Job] = collections.deque()
         self._lock = threading.Lock()  # the waiting jobs, and the moment one starts
-        self._running = 0  # read and written on the loop thread only
+        self._running = 0  # written on the loop thread, under the lock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}  # id(job) -> its task (loop thread)
         #: Set whenever a call ends (a slot is free); whoever waits on it clears it.
@@ -72,10 +72,14 @@ class AsyncRunner:
         loop.call_soon_threadsafe(self._start_waiting)
 
     def withdraw(self) -> list[Job]:
-        """Take back every job that has not started; they will never run here."""
+        """Take back every job that has not started and waits for a slot; they will never
+        run here. Those a free slot awaits are left: the loop starts them in a moment (a
+        batch that just filled its free slots hands back nothing it took for them)."""
         with self._lock:
-            jobs = list(self._waiting)
-            self._waiting.clear()
+            promised = max(0, self._limit - self._running)
+            jobs = list(self._waiting)[promised:]
+            for _ in jobs:
+                self._waiting.pop()
         return jobs
 
     def cancel(self, job: Job) -> None:
@@ -106,7 +110,7 @@ class AsyncRunner:
                     return
                 job = self._waiting.popleft()
                 job.started = time.monotonic()  # under the lock: withdraw never takes it
-            self._running += 1
+                self._running += 1  # under the lock too: withdraw counts the free slots
             # a fresh context: started from the finally of the call before (_call), the task
             # would otherwise inherit the context variables that call set
             task = loop.create_task(self._call(job), context=contextvars.Context())
@@ -133,7 +137,8 @@ class AsyncRunner:
         finally:
             job.timed_out = scope is not None and scope.expired()
             del self._tasks[id(job)]
-            self._running -= 1
+            with self._lock:
+                self._running -= 1
             job.done.set()
             self._start_waiting()
             self.freed.set()

@@ -92,7 +92,6 @@ class Crew:
     cancels: CancelWatch
     hooks: Hooks
     beat: Callable[[], None]
-    refresh: Callable[[], None]  # the worker's presence, while a batch lasts (never raises)
     fast_s: float  # worker.fast_handler_ms, in seconds
     max_result_bytes: int
     listen_for_cancel: bool
@@ -304,7 +303,6 @@ class Batch:
             if not fast:
                 crew.intake.serve()  # the leases are the keeper thread's (roles/lease.py)
                 crew.beat()
-                crew.refresh()
                 self._harvest(self._tasks[self._next :])
         self._record(task)
         return fast

@@ -84,9 +84,17 @@ class Leases:
     """
 
     def __init__(
-        self, repo: WorkerStore, lease_s: float, heartbeat_s: float, output_flush_s: float = 1.0
+        self,
+        repo: WorkerStore,
+        lease_s: float,
+        heartbeat_s: float,
+        output_flush_s: float = 1.0,
+        on_renewed: Callable[[], None] = lambda: None,
     ) -> None:
         self._repo = repo
+        # after each renewal (the database answered): the worker's presence, which its loop
+        # refreshes only between batches, and a batch may last long
+        self._on_renewed = on_renewed
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
         self._flush_s = output_flush_s
@@ -230,6 +238,7 @@ class Leases:
                     task_run_id,
                     extra={"action": "cancel_requested", "via": "renewal"},
                 )
+        self._on_renewed()
 
     def flush_output(self) -> int:
         """Write the output and progress held attempts captured since the last flush, in one

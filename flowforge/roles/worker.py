@@ -114,7 +114,11 @@ class Worker:
         self._presence = Presence(repo, "worker", config.broker.queue)
         worker = config.worker
         self._leases = Leases(
-            repo, worker.lease_s, worker.heartbeat_s, worker.output_flush_ms / 1000
+            repo,
+            worker.lease_s,
+            worker.heartbeat_s,
+            worker.output_flush_ms / 1000,
+            on_renewed=self._refresh,
         )
         self._cancels = CancelWatch(config.database, self._leases)
         self._ledger = Ledger(
@@ -128,7 +132,6 @@ class Worker:
             self._cancels,
             self._hooks,
             self._beat,
-            self._refresh,
             config.worker.fast_handler_ms / 1000,
             config.worker.max_result_bytes,
             config.worker.listen_for_cancel,
@@ -202,8 +205,9 @@ class Worker:
 
     def _refresh(self) -> None:
         """Keep this worker's registration fresh while a batch lasts (long calls, or a batch
-        rolling on): as seen from status and readiness it is alive. An outage is no reason to
-        cut the batch short: the next turn tries again, and the loop's own tick raises it."""
+        rolling on), from the lease keeper's thread after each renewal — never the main
+        thread's wait, which an outage would block: as seen from status and readiness it is
+        alive. A failure is the next renewal's to retry; the loop's own tick raises it."""
         try:
             self._presence.tick()
         except DatabaseUnavailableError as exc:

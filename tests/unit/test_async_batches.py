@@ -7,9 +7,10 @@ tests/unit/test_async_handlers.py (whose rig and helpers these use).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 
@@ -17,6 +18,7 @@ from flowforge.config import ProcessesConfig
 from flowforge.domain.states import TaskState
 from flowforge.roles import batch
 from flowforge.roles.context import TaskContext
+from tests.helpers import wait_for
 from tests.unit.test_async_handlers import Gauge, finish_of, rig_with, rigs
 from tests.unit.test_worker_loop import PREFETCH, Rig
 
@@ -249,8 +251,8 @@ def test_a_batch_rolling_behind_a_long_call_forgets_the_tasks_it_is_done_with(
     rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Sixty quick tasks roll through three slots behind one long call: each runs and is
-    finished once, and the batch never holds more than its running calls and a turn's
-    worth of ended ones (its inputs, results and output would otherwise pile up)."""
+    finished once, and the batch holds only its running calls and the few it waited for
+    last (their inputs, results and output would otherwise pile up)."""
     sizes: list[int] = []
     harvest = batch.Batch._harvest
 
@@ -259,6 +261,7 @@ def test_a_batch_rolling_behind_a_long_call_forgets_the_tasks_it_is_done_with(
         sizes.append(len(self._tasks))
 
     monkeypatch.setattr(batch.Batch, "_harvest", measured)
+    monkeypatch.setattr(batch, "FORGET_AFTER", 4)  # the tasks waited for: forgotten by fours
     ended: dict[str, float] = {}
     arrivals: list[UUID] = []
     holder: list[Rig] = []
@@ -274,7 +277,9 @@ def test_a_batch_rolling_behind_a_long_call_forgets_the_tasks_it_is_done_with(
     rig.run()
     assert rig.finished.count == 61
     assert set(rig.store.states().values()) == {TaskState.SUCCEEDED}
-    assert sizes and max(sizes) <= 1 + 3  # the long call and the three slots beside it
+    # at most the four waited for last (not forgotten yet) and the four slots' calls: never
+    # the sixty it ran (with one slot for the long call, the others roll through three)
+    assert sizes and max(sizes) <= 4 + 4
     assert gauge.most <= 4
 
 
@@ -309,8 +314,35 @@ def test_a_long_batch_keeps_the_worker_s_registration_fresh(
         await asyncio.sleep(0.4)
         seen.append(holder[0].store.count("register_process"))
 
-    rig = rig_with(rigs, {"fast": long}, fast_ms=20.0, async_concurrency=2)
+    rig = rig_with(rigs, {"fast": long}, fast_ms=20.0, async_concurrency=2, heartbeat_s=0.05)
     holder.append(rig)
     rig.publish("fast")
     rig.run()
-    assert seen[1] > seen[0]  # refreshed while the call ran, not only between batches
+    assert seen[1] > seen[0]  # refreshed while the call ran (after its lease renewals)
+
+
+def test_a_hand_back_takes_only_the_jobs_no_free_slot_awaits() -> None:
+    """A job submitted into a free slot starts in a moment: a hand-back leaves it (it would
+    only go elsewhere to start later); one waiting for a slot is taken back."""
+    from flowforge.roles.asyncrun import AsyncRunner
+    from flowforge.roles.execution import Job
+
+    runner = AsyncRunner(2)
+    gate = threading.Event()
+
+    async def held(ctx: Any) -> None:
+        await asyncio.to_thread(gate.wait, 5.0)
+
+    def job() -> Job:
+        return Job(held, TaskContext({}, {}, 1, uuid4(), uuid4(), "t"), None)
+
+    first = job()
+    runner.submit([first])
+    wait_for(lambda: first.started is not None, what="the first call running")
+    promised, beyond = job(), job()
+    with runner._lock:  # as if the loop had not yet come to them: both wait
+        runner._waiting.extend([promised, beyond])
+    assert runner.withdraw() == [beyond]
+    gate.set()
+    wait_for(lambda: first.done.is_set() and promised.done.is_set(), what="both calls done")
+    assert beyond.started is None
