@@ -57,9 +57,11 @@ from flowforge.roles.lease import CancelWatch, Leases
 from flowforge.roles.ledger import Ledger
 from flowforge.roles.presence import Presence
 from flowforge.roles.seams import Pool, WorkerStore
+from flowforge.roles.upstream import bounded
 from flowforge.store.claims import Claims
 from flowforge.store.db import Database
 from flowforge.store.processes import Processes
+from flowforge.store.upstreams import Upstreams
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(WORKER_LOGGER)
@@ -103,7 +105,12 @@ class Worker:
         self._config = config
         database = Database(config.database, application_name="flowforge-worker")
         self._db: Pool = db or database
-        repo: WorkerStore = store or WorkerStatements(database)
+        worker = config.worker
+        repo: WorkerStore = store or WorkerStatements(
+            database, upstream_inline=worker.upstream_inline_items
+        )
+        # the pages a claim left out, read from the handler's thread through the same pool
+        pages = Upstreams(database, inline=worker.upstream_inline_items)
         self._handlers = handlers
         self._recycle = Recycle()
         recycling = Recycling(config.processes, self._recycle, rand)
@@ -112,7 +119,6 @@ class Worker:
         broker = broker or Consumer(config.broker, band(config.worker.min_priority))
         self._intake = Intake(broker, config.broker.prefetch)
         self._presence = Presence(repo, "worker", config.broker.queue)
-        worker = config.worker
         self._leases = Leases(
             repo, worker.lease_s, worker.heartbeat_s, worker.output_flush_ms / 1000
         )
@@ -133,6 +139,7 @@ class Worker:
             config.worker.max_result_bytes,
             config.worker.listen_for_cancel,
             config.worker.log_capture_bytes,
+            lambda claim: bounded(claim, pages, worker.upstream_page_items),
         )
         self._ready: list[tuple[UUID, int]] = []  # released by our finishes, not claimed
         self._claimed_next: list[Claim] = []  # claimed for us by our finishes
