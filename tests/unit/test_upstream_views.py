@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from dataclasses import replace
 from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
 
-from flowforge.config import WorkerConfig
+from flowforge.config import WorkerConfig, load_config
 from flowforge.domain.model import Claim, LargeUpstream
+from flowforge.domain.states import TaskState
 from flowforge.errors import FlowForgeError, UpstreamChangedError
 from flowforge.roles.context import TaskContext
 from flowforge.roles.upstream import InMemoryUpstream, UpstreamList, UpstreamMap, bounded
+from flowforge.roles.worker import Worker
+from tests.stubs import FakeStore, FakeTask, NullPool, StubBroker
 
 
 def views(upstream: dict[str, Any], inline: int = 3, page: int = 2) -> tuple[Any, InMemoryUpstream]:
@@ -162,3 +167,48 @@ def test_the_page_bound_is_at_least_one() -> None:
 def test_the_worker_bounds_are_whole_numbers_within_reason(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=f"{field} must be a whole number"):
         WorkerConfig(**{field: value})
+
+
+class LongListStore(FakeStore):
+    """Claims whose upstream ``m`` is a long list held by ``pages`` (as the claim query
+    leaves one out)."""
+
+    def __init__(self, pages: InMemoryUpstream) -> None:
+        super().__init__()
+        self._made = pages.claim({"m": list(range(9)), "s": 1})
+
+    def _claim(self, task: FakeTask) -> Claim:
+        made = super()._claim(task)
+        return replace(made, upstream=self._made.upstream, upstream_large=self._made.upstream_large)
+
+
+def test_the_worker_hands_its_handler_the_views_over_its_page_source() -> None:
+    pages = InMemoryUpstream(3)
+    store = LongListStore(pages)
+    seen: list[Any] = []
+    stop = threading.Event()
+
+    def join(ctx: TaskContext) -> Any:
+        seen.extend([type(ctx.upstream["m"]).__name__, ctx.upstream["s"], list(ctx.upstream["m"])])
+        return len(ctx.upstream["m"])
+
+    config = replace(load_config(env={}), worker=WorkerConfig(listen_for_cancel=False))
+    broker = StubBroker(on_idle=stop.set)
+    worker = Worker(
+        replace(config, worker=replace(config.worker, upstream_page_items=4)),
+        handlers={"join": join},
+        broker=broker,
+        store=store,
+        db=NullPool(),
+        pages=pages,
+    )
+    [task] = store.add("join")
+    broker.publish(task, 1)
+    try:
+        worker.initialize()
+        worker.loop(stop, lambda: None)
+    finally:
+        worker.shutdown()
+    assert seen == ["UpstreamList", 1, list(range(9))]
+    assert pages.fetches == 3  # 4 + 4 + 1
+    assert store.tasks[task].state is TaskState.SUCCEEDED
