@@ -800,10 +800,13 @@ SELECT u.name, u.id, u.for_each IS NOT NULL AS items,
 
 -- name: upstream_map_items_page
 -- A page of a SUCCEEDED map's result read from its items' rows (task_runs_map_item_idx, keyset
--- on the item index): the elements after index %(after)s, up to %(limit)s.
+-- on the item index): the elements after index %(after)s, up to %(limit)s. A map's indexes run
+-- 0..n-1 without a gap, so the page is also a closed range: however stale the statistics (a
+-- map just expanded has not been analyzed), no plan reads more than the page's rows.
 SELECT i.item_index AS i, i.result AS value
   FROM task_runs i
- WHERE i.map_id = %(id)s AND i.item_index > %(after)s
+ WHERE i.map_id = %(id)s AND i.item_index > %(after)s::int
+   AND i.item_index <= %(after)s::int + %(limit)s::int
  ORDER BY i.item_index
  LIMIT %(limit)s;
 
