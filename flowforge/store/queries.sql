@@ -744,11 +744,15 @@ SELECT c.*, r.input, r.workflow, k.n AS upstream_n,
   FROM claimed c
   JOIN workflow_runs r ON r.id = c.run_id
   CROSS JOIN LATERAL (
-      SELECT count(*) AS n
-        FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-        LEFT JOIN task_runs m ON m.id = c.map_id
-       WHERE e.downstream_id = coalesce(c.map_id, c.id)
-         AND u.name IS DISTINCT FROM m.for_each) k
+      -- (a plain task's edges are counted on their index alone; a map item's are its map's
+      -- but the one to the list it maps over, found by name)
+      SELECT CASE WHEN c.map_id IS NULL
+                  THEN (SELECT count(*) FROM task_edges e WHERE e.downstream_id = c.id)
+                  ELSE (SELECT count(*)
+                          FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                          JOIN task_runs m ON m.id = c.map_id
+                         WHERE e.downstream_id = c.map_id
+                           AND u.name IS DISTINCT FROM m.for_each) END AS n) k
   CROSS JOIN LATERAL (
       -- (the WHERE on k.n is a one-time filter: a wide fan-in reads no result here at all)
       SELECT coalesce(jsonb_object_agg(w.name, w.result) FILTER (WHERE w.n IS NULL),
@@ -760,9 +764,10 @@ SELECT c.*, r.input, r.workflow, k.n AS upstream_n,
                      CASE WHEN l.n > %(inline)s THEN l.n END AS n
                 FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                 LEFT JOIN task_runs m ON m.id = c.map_id
+                -- (OFFSET 0: evaluated once per upstream, not once per use of l.n)
                 CROSS JOIN LATERAL (SELECT
 -- use: upstream_length(u)
-                    AS n) l
+                    AS n OFFSET 0) l
                WHERE e.downstream_id = coalesce(c.map_id, c.id)
                  AND u.name IS DISTINCT FROM m.for_each
                  AND k.n <= %(inline)s) w) v;
@@ -781,22 +786,26 @@ CASE WHEN {task}.for_each IS NOT NULL
 -- A claimed task's upstream tasks (as claim finds them) in name order after %(after)s (NULL:
 -- from the first), up to %(limit)s: each one's result inline, or (a list longer than
 -- %(inline)s) its id and length instead, as claim's upstream_large.
--- (%(results)s false: names only, as iterating the names needs no result)
-SELECT u.name, u.id, u.for_each IS NOT NULL AS items,
+-- (%(results)s false: names only, as iterating the names needs no result.) Names are not
+-- indexed per downstream task: each page reads every upstream task's row to sort them, and
+-- only the page's rows then have their length and result read.
+SELECT p.name, p.id, p.for_each IS NOT NULL AS items,
        CASE WHEN l.n > %(inline)s THEN l.n END AS n,
-       CASE WHEN l.n > %(inline)s OR NOT %(results)s::bool THEN NULL ELSE u.result END AS result
-  FROM task_runs t
-  JOIN task_edges e ON e.downstream_id = coalesce(t.map_id, t.id)
-  JOIN task_runs u ON u.id = e.upstream_id
-  LEFT JOIN task_runs m ON m.id = t.map_id
+       CASE WHEN l.n > %(inline)s OR NOT %(results)s::bool THEN NULL ELSE p.result END AS result
+  FROM (SELECT u.name, u.id, u.for_each, u.state, u.result
+          FROM task_runs t
+          JOIN task_edges e ON e.downstream_id = coalesce(t.map_id, t.id)
+          JOIN task_runs u ON u.id = e.upstream_id
+          LEFT JOIN task_runs m ON m.id = t.map_id
+         WHERE t.id = %(id)s AND u.name IS DISTINCT FROM m.for_each
+           AND (%(after)s::text IS NULL OR u.name > %(after)s::text)
+           AND (%(name)s::text IS NULL OR u.name = %(name)s::text)
+         ORDER BY u.name
+         LIMIT %(limit)s) p
   CROSS JOIN LATERAL (SELECT
--- use: upstream_length(u)
-      AS n) l
- WHERE t.id = %(id)s AND u.name IS DISTINCT FROM m.for_each
-   AND (%(after)s::text IS NULL OR u.name > %(after)s::text)
-   AND (%(name)s::text IS NULL OR u.name = %(name)s::text)
- ORDER BY u.name
- LIMIT %(limit)s;
+-- use: upstream_length(p)
+      AS n OFFSET 0) l
+ ORDER BY p.name;
 
 -- name: upstream_map_items_page
 -- A page of a SUCCEEDED map's result read from its items' rows (task_runs_map_item_idx, keyset
