@@ -168,11 +168,15 @@ class UpstreamMap(Mapping[str, Any]):
 
     def _pairs(self, *, results: bool = True) -> Iterator[tuple[str, Any]]:
         after: str | None = None
+        seen = 0
         while True:
             page = self._source.names_page(self._task_run_id, after, self._page, results=results)
             for name, value in page:
                 yield name, self._value(name, value) if results else None
-            if len(page) < self._page:
+            seen += len(page)
+            # a short page is the last; so is the one that reaches the claim's count (no
+            # round trip for an empty page after it)
+            if len(page) < self._page or seen >= self._count:
                 return
             after = page[-1][0]
 

@@ -39,6 +39,7 @@ from flowforge.store import queries, rows
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
 from flowforge.store.upstreams import Upstreams
+from tests.harness.bench_maps import map_workflow
 from tests.harness.resources import create_database, drop_database
 from tests.store import Store
 
@@ -47,18 +48,6 @@ def fan_in_workflow(width: int) -> WorkflowDef:
     tops = tuple(TaskDef(f"t{i:05}", "bench.noop") for i in range(width))
     join = TaskDef("join", "bench.noop", depends_on=tuple(t.name for t in tops))
     return WorkflowDef(f"fanin-{width}", (*tops, join))
-
-
-def map_workflow(items: int) -> WorkflowDef:
-    return WorkflowDef(
-        f"mapjoin-{items}",
-        (
-            TaskDef("list", "bench.noop"),
-            TaskDef("process", "bench.noop", for_each="list"),
-            TaskDef("join", "bench.noop", depends_on=("process",)),
-        ),
-        max_items=items,
-    )
 
 
 def build(url: str, width: int, items: int) -> dict[str, tuple[str, int]]:
@@ -78,7 +67,7 @@ def build(url: str, width: int, items: int) -> dict[str, tuple[str, int]]:
         )
         joins["fan-in"] = _ready(conn, run_id)
         # a map: list finished with its items, expanded, every item SUCCEEDED, settled
-        run_id = repo.trigger(map_workflow(items), {}).run_id
+        run_id = repo.trigger(map_workflow(items), {}).run_id  # list → process → end
         [(list_id, token)] = conn.execute(
             "SELECT t.id, o.fencing_token FROM task_runs t JOIN outbox o ON o.task_run_id = t.id"
             " WHERE t.run_id = %s AND t.name = 'list'",
@@ -105,7 +94,7 @@ def build(url: str, width: int, items: int) -> dict[str, tuple[str, int]]:
 def _ready(conn: psycopg.Connection[Any], run_id: UUID) -> tuple[str, int]:
     row = conn.execute(
         "UPDATE task_runs SET state = 'READY', pending_deps = 0, ready_at = now()"
-        " WHERE run_id = %s AND name = 'join' RETURNING id, fencing_token",
+        " WHERE run_id = %s AND name IN ('join', 'end') RETURNING id, fencing_token",
         (run_id,),
     ).fetchone()
     assert row is not None

@@ -104,6 +104,11 @@ def test_a_page_that_does_not_match_the_claimed_length_is_an_error_not_a_short_l
     assert isinstance(raised.value, FlowForgeError)
 
 
+def test_iterating_a_wide_fan_in_stops_at_the_claimed_count_without_an_empty_page() -> None:
+    given, source = views({f"t{i}": i for i in range(6)}, inline=3, page=3)
+    assert sorted(given.values()) == list(range(6)) and source.fetches == 2
+
+
 def test_a_wide_fan_in_is_a_mapping_read_by_page_in_name_order() -> None:
     upstream = {f"t{i:02}": i for i in range(7)}
     given, source = views(upstream, inline=3, page=3)
