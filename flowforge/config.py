@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from flowforge import tlsfiles, yamlfile
+from flowforge.domain.model import DEFAULT_UPSTREAM_INLINE, DEFAULT_UPSTREAM_PAGE
 from flowforge.domain.names import min_priority_problem, queue_problem
 from flowforge.durations import parse_duration
 from flowforge.errors import ConfigError
@@ -335,9 +336,19 @@ class WorkerConfig:
     # A running attempt's new output and progress are written at most this often
     # (milliseconds; one statement per worker, none while nothing changed).
     output_flush_ms: float = 1000.0
+    # Upstream results a claim carries inline (issue 22, docs/handlers.md "Large upstream
+    # results"): a task with more upstream tasks than this, or an upstream list longer than
+    # this, gets them as read-only views that fetch pages of upstream_page_items on demand.
+    upstream_inline_items: int = DEFAULT_UPSTREAM_INLINE
+    upstream_page_items: int = DEFAULT_UPSTREAM_PAGE
 
     def __post_init__(self) -> None:
         _check_min_priority(self.min_priority)
+        # whole numbers: a page is one statement, and its bound is what a claim carries
+        for name in ("upstream_inline_items", "upstream_page_items"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+                raise ValueError(f"{name} must be a whole number between 1 and 100000")
         _positive(self.lease_s, "lease_s")
         _positive(self.log_capture_bytes, "log_capture_bytes")
         _positive(self.output_flush_ms, "output_flush_ms")

@@ -51,6 +51,7 @@ from flowforge.errors import (
     TriggerConflictError,
     UnknownWorkflowError,
     UnstorableValueError,
+    UpstreamChangedError,
     ValueTooLargeError,
     WaitTimeoutError,
     WrongStateError,
@@ -101,6 +102,7 @@ ERRORS: dict[type[FlowForgeError], Meaning] = {
     DatabaseNotMigratedError: _OPERATORS,
     DatabaseValueError: _BAD_INPUT,
     DatabaseConstraintError: _REFUSED,
+    UpstreamChangedError: _INTERNAL,  # raised in a handler (its attempt fails), never in a reply
     # broker
     BrokerError: _INTERNAL,
     BrokerUnavailableError: _OUTAGE,

@@ -154,6 +154,12 @@ class DatabaseConstraintError(StoreError):
     """A statement broke an integrity constraint (SQLSTATE class 23): HTTP 409 / exit 6."""
 
 
+class UpstreamChangedError(StoreError):
+    """A page of an upstream result (``ctx.upstream``'s lazy form, issue 22) did not match what
+    the claim counted: the upstream was rerun or its run purged while the handler read it. The
+    handler's attempt fails (handler_error) and is retried as any other."""
+
+
 # --- broker ------------------------------------------------------------------------------------
 
 

@@ -179,9 +179,32 @@ class TriggerResult:
     created: bool
 
 
+#: ``worker.upstream_inline_items``'s default: upstream tasks, and elements of one upstream
+#: list, a claim carries inline at most (issue 22).
+DEFAULT_UPSTREAM_INLINE = 1000
+#: ``worker.upstream_page_items``'s default: elements (or upstream tasks) per page fetched.
+DEFAULT_UPSTREAM_PAGE = 500
+
+
+@dataclass(frozen=True)
+class LargeUpstream:
+    """An upstream task's list result too long to travel inline with a claim (issue 22):
+    ``task_run_id`` names the upstream task, ``length`` its elements; ``items`` when it is a
+    map, whose elements are read from its items' rows rather than from its stored list."""
+
+    task_run_id: UUID
+    length: int
+    items: bool = False
+
+
 @dataclass(frozen=True)
 class Claim:
-    """What a worker holds after a successful claim: enough to run the handler and finish."""
+    """What a worker holds after a successful claim: enough to run the handler and finish.
+
+    ``upstream`` holds the upstream results that travel inline; ``upstream_large`` the lists
+    left out of it for their length; ``upstream_deferred`` the number of upstream tasks when
+    there were too many to carry any (``upstream`` is then empty): :mod:`flowforge.roles.upstream`
+    pages what is left out (``worker.upstream_inline_items``)."""
 
     task_run_id: UUID
     run_id: UUID
@@ -197,6 +220,8 @@ class Claim:
     workflow: str = ""  # the run's workflow name (for log lines)
     item: Any = None  # a map item's element of the upstream list (for_each), else None
     index: int | None = None  # a map item's position from 0, else None
+    upstream_large: Mapping[str, LargeUpstream] = field(default_factory=dict)
+    upstream_deferred: int | None = None
 
 
 class ClaimOutcome(StrEnum):

@@ -96,6 +96,8 @@ class Crew:
     max_result_bytes: int
     listen_for_cancel: bool
     log_capture_bytes: int  # worker.log_capture_bytes: the tail of each attempt's output kept
+    # ctx.upstream of a claim: what it carries, with views paging what it left out (issue 22)
+    upstream: Callable[[Claim], Mapping[str, Any]] = lambda claim: claim.upstream
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ class Batch:
             else:
                 ctx = TaskContext(
                     claim.input,
-                    claim.upstream,
+                    crew.upstream(claim),
                     claim.attempt,
                     claim.task_run_id,
                     claim.run_id,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 from flowforge.roles.attemptlog import AttemptOutput, HandlerLog
+from flowforge.roles.upstream import UpstreamList, UpstreamMap
 
 
 class CancelEvent(threading.Event):
@@ -49,6 +51,12 @@ class TaskContext:
     ``item`` and ``index``: for an item of a map task (``for_each``), its element of the
     upstream list and its position from 0; None for every other task.
 
+    ``upstream``: each upstream task's result by name. Within ``worker.upstream_inline_items``
+    a plain dict of JSON values; beyond it (a wide fan-in, a long upstream list) read-only
+    views that fetch pages on demand (:mod:`flowforge.roles.upstream`; docs/handlers.md
+    "Large upstream results"). :meth:`upstream_items` reads a list without blocking an event
+    loop.
+
     ``log``: a logger (``debug``/``info``/``warning``/``error``/``exception``) whose records
     are kept with this attempt, with its stdout and stderr (``flowforge logs``);
     :meth:`progress` reports how far it is. ``output`` holds both (the worker's).
@@ -74,6 +82,27 @@ class TaskContext:
             "label": f"{self.name} {self.task_run_id} log",
         }
         return HandlerLog(self.output, fields)
+
+    async def upstream_items(self, name: str) -> AsyncIterator[Any]:
+        """The elements of upstream ``name``'s list result, in order, for an ``async def``
+        handler: each page of a paged one (:class:`~flowforge.roles.upstream.UpstreamList`)
+        is fetched in a thread, as is the lookup in a paged ``ctx.upstream``, so the event
+        loop never waits on the database. ``KeyError`` for a name that is not upstream,
+        ``TypeError`` for a result that is not a list."""
+        upstream = self.upstream
+        if isinstance(upstream, UpstreamMap):
+            value = await asyncio.to_thread(upstream.__getitem__, name)
+        else:
+            value = upstream[name]
+        if isinstance(value, UpstreamList):
+            async for page in value.apages():
+                for element in page:
+                    yield element
+            return
+        if not isinstance(value, list):
+            raise TypeError(f"upstream {name!r} is not a list but {type(value).__name__}")
+        for element in value:
+            yield element
 
     def progress(self, fraction: float, message: str = "") -> None:
         """Report ``fraction`` (0 to 1) done, with a short ``message`` (cut to 200 characters),

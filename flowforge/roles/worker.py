@@ -57,9 +57,11 @@ from flowforge.roles.lease import CancelWatch, Leases
 from flowforge.roles.ledger import Ledger
 from flowforge.roles.presence import Presence
 from flowforge.roles.seams import Pool, WorkerStore
+from flowforge.roles.upstream import UpstreamSource, bounded
 from flowforge.store.claims import Claims
 from flowforge.store.db import Database
 from flowforge.store.processes import Processes
+from flowforge.store.upstreams import Upstreams
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(WORKER_LOGGER)
@@ -97,13 +99,20 @@ class Worker:
         store: WorkerStore | None = None,
         db: Pool | None = None,
         hooks: Sequence[Hook] = (),
+        pages: UpstreamSource | None = None,
     ) -> None:
         """The seams (tests): ``handlers`` instead of importing ``config.handlers``;
-        ``broker``, ``store`` and ``db`` instead of RabbitMQ and PostgreSQL."""
+        ``broker``, ``store``, ``db`` and ``pages`` (what a claim's upstream views read)
+        instead of RabbitMQ and PostgreSQL."""
         self._config = config
         database = Database(config.database, application_name="flowforge-worker")
         self._db: Pool = db or database
-        repo: WorkerStore = store or WorkerStatements(database)
+        worker = config.worker
+        repo: WorkerStore = store or WorkerStatements(
+            database, upstream_inline=worker.upstream_inline_items
+        )
+        # the pages a claim left out, read from the handler's thread through the same pool
+        source = pages or Upstreams(database, inline=worker.upstream_inline_items)
         self._handlers = handlers
         self._recycle = Recycle()
         recycling = Recycling(config.processes, self._recycle, rand)
@@ -112,7 +121,6 @@ class Worker:
         broker = broker or Consumer(config.broker, band(config.worker.min_priority))
         self._intake = Intake(broker, config.broker.prefetch)
         self._presence = Presence(repo, "worker", config.broker.queue)
-        worker = config.worker
         self._leases = Leases(
             repo,
             worker.lease_s,
@@ -136,6 +144,7 @@ class Worker:
             config.worker.max_result_bytes,
             config.worker.listen_for_cancel,
             config.worker.log_capture_bytes,
+            lambda claim: bounded(claim, source, worker.upstream_page_items),
         )
         self._ready: list[tuple[UUID, int]] = []  # released by our finishes, not claimed
         self._claimed_next: list[Claim] = []  # claimed for us by our finishes

@@ -7,7 +7,8 @@ returns LOST / a missing id, never raises.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 from uuid import UUID
@@ -15,6 +16,7 @@ from uuid import UUID
 from flowforge.domain import transitions
 from flowforge.domain.breakers import COUNTED_FAILURES
 from flowforge.domain.model import (
+    DEFAULT_UPSTREAM_INLINE,
     ClaimOutcome,
     ClaimResult,
     Continuation,
@@ -25,6 +27,7 @@ from flowforge.domain.output import Captured
 from flowforge.domain.states import TaskState
 from flowforge.errors import IllegalTransitionError
 from flowforge.store import rows
+from flowforge.store.db import Database
 from flowforge.store.part import Part, Tx
 
 
@@ -33,7 +36,20 @@ class _KeyBusyError(Exception):
 
 
 class Claims(Part):
-    """READY → RUNNING → SUCCEEDED / FAILED / CANCELLED, fenced by each task's token."""
+    """READY → RUNNING → SUCCEEDED / FAILED / CANCELLED, fenced by each task's token.
+
+    ``upstream_inline`` bounds the upstream results a claim carries
+    (``worker.upstream_inline_items``; :class:`~flowforge.domain.model.Claim` says how)."""
+
+    def __init__(
+        self,
+        db: Database,
+        rand: Callable[[], float] = random.random,
+        *,
+        upstream_inline: int = DEFAULT_UPSTREAM_INLINE,
+    ) -> None:
+        super().__init__(db, rand)
+        self.upstream_inline = upstream_inline
 
     def claim_many(
         self,
@@ -61,7 +77,8 @@ class Claims(Part):
         if not wanted:
             return []
         # most tasks have no idempotency key: their claims are one statement, one round trip
-        found = self._query("claim", rows.claim_params(wanted, worker, lease_s, local))
+        params = rows.claim_params(wanted, worker, lease_s, local, self.upstream_inline)
+        found = self._query("claim", params)
         # a claim bumps the token: it answers the pair that named the token before the bump
         claimed = {(row["id"], row["fencing_token"] - 1): rows.claim(row) for row in found}
         results = []
@@ -77,7 +94,9 @@ class Claims(Part):
         self, task_run_id: UUID, token: int, worker: str, lease_s: float, key_wait_s: float
     ) -> ClaimResult:
         params = {
-            **rows.claim_params([(task_run_id, token)], worker, lease_s, local=False),
+            **rows.claim_params(
+                [(task_run_id, token)], worker, lease_s, local=False, inline=self.upstream_inline
+            ),
             "keyless_only": False,
         }
         try:
@@ -156,7 +175,7 @@ class Claims(Part):
             return rows.finished(self._query("finish", params))
         if then is not None and then.limit > 0:
             transitions.check(TaskState.READY, TaskState.RUNNING)
-        return self._transaction(_finish_then_claim, params, then, broke)
+        return self._transaction(_finish_then_claim, params, then, broke, self.upstream_inline)
 
 
 def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
@@ -184,7 +203,11 @@ def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
 
 
 def _finish_then_claim(
-    tx: Tx, params: dict[str, Any], then: Continuation | None, broke: Sequence[UUID]
+    tx: Tx,
+    params: dict[str, Any],
+    then: Continuation | None,
+    broke: Sequence[UUID],
+    inline: int,
 ) -> Finished:
     finished = rows.finished(tx.all("finish", params))
     counted = [tid for tid in broke if tid in finished.committed]  # not a stale outcome's
@@ -195,7 +218,7 @@ def _finish_then_claim(
     wanted = finished.ready[: then.limit]
     if not wanted:
         return finished
-    found = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, local=True))
+    found = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, True, inline))
     return replace(finished, claimed=tuple(rows.claim(row) for row in found))
 
 

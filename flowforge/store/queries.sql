@@ -733,14 +733,101 @@ WITH wanted AS (
 )
 -- (a map's item sees its map's upstream results but the list it maps over, which it has as its
 -- item: 10,000 items each given the 10,000-element list would move it 10,000 times)
-SELECT c.*, r.input, r.workflow,
-       (SELECT coalesce(jsonb_object_agg(u.name, u.result), '{}'::jsonb)
-          FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-          LEFT JOIN task_runs m ON m.id = c.map_id
-         WHERE e.downstream_id = coalesce(c.map_id, c.id)
-           AND u.name IS DISTINCT FROM m.for_each) AS upstream
+-- The upstream results travel inline only within %(inline)s (worker.upstream_inline_items,
+-- issue 22): upstream_n counts the upstream tasks, and above the bound upstream is NULL (the
+-- handler pages them by name: upstream_names_page); an upstream whose result is a list longer
+-- than the bound is left out of upstream and named in upstream_large with its length (the
+-- handler pages its elements: upstream_items_page), so no claim carries more than the bound's
+-- worth of results whatever the fan-in or the map's width.
+SELECT c.*, r.input, r.workflow, k.n AS upstream_n,
+       CASE WHEN k.n <= %(inline)s THEN v.upstream END AS upstream, v.large AS upstream_large
   FROM claimed c
-  JOIN workflow_runs r ON r.id = c.run_id;
+  JOIN workflow_runs r ON r.id = c.run_id
+  CROSS JOIN LATERAL (
+      -- (a plain task's edges are counted on their index alone; a map item's are its map's
+      -- but the one to the list it maps over, found by name)
+      SELECT CASE WHEN c.map_id IS NULL
+                  THEN (SELECT count(*) FROM task_edges e WHERE e.downstream_id = c.id)
+                  ELSE (SELECT count(*)
+                          FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                          JOIN task_runs m ON m.id = c.map_id
+                         WHERE e.downstream_id = c.map_id
+                           AND u.name IS DISTINCT FROM m.for_each) END AS n) k
+  CROSS JOIN LATERAL (
+      -- (the WHERE on k.n is a one-time filter: a wide fan-in reads no result here at all)
+      SELECT coalesce(jsonb_object_agg(w.name, w.result) FILTER (WHERE w.n IS NULL),
+                      '{}'::jsonb) AS upstream,
+             coalesce(jsonb_object_agg(w.name, jsonb_build_object('id', w.id, 'n', w.n,
+                                                                  'items', w.items))
+                      FILTER (WHERE w.n IS NOT NULL), '{}'::jsonb) AS large
+        FROM (SELECT u.name, u.id, u.result, u.for_each IS NOT NULL AS items,
+                     CASE WHEN l.n > %(inline)s THEN l.n END AS n
+                FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
+                LEFT JOIN task_runs m ON m.id = c.map_id
+                -- (OFFSET 0: evaluated once per upstream, not once per use of l.n)
+                CROSS JOIN LATERAL (SELECT
+-- use: upstream_length(u)
+                    AS n OFFSET 0) l
+               WHERE e.downstream_id = coalesce(c.map_id, c.id)
+                 AND u.name IS DISTINCT FROM m.for_each
+                 AND k.n <= %(inline)s) w) v;
+
+-- fragment: upstream_length(task)
+-- The length of an upstream task's result when it is a list, else NULL: a SUCCEEDED map's
+-- counted on its items' index (its result is their results in item order; reading the stored
+-- list to count it would read all of it), another task's from its result.
+CASE WHEN {task}.for_each IS NOT NULL
+     THEN CASE WHEN {task}.state = 'SUCCEEDED'
+               THEN (SELECT count(*) FROM task_runs i WHERE i.map_id = {task}.id) END
+     WHEN jsonb_typeof({task}.result) = 'array' THEN jsonb_array_length({task}.result) END
+-- (end of upstream_length)
+
+-- name: upstream_names_page
+-- A claimed task's upstream tasks (as claim finds them) in name order after %(after)s (NULL:
+-- from the first), up to %(limit)s: each one's result inline, or (a list longer than
+-- %(inline)s) its id and length instead, as claim's upstream_large.
+-- (%(results)s false: names only, as iterating the names needs no result.) Names are not
+-- indexed per downstream task: each page reads every upstream task's row to sort them, and
+-- only the page's rows then have their length and result read.
+SELECT p.name, p.id, p.for_each IS NOT NULL AS items,
+       CASE WHEN l.n > %(inline)s THEN l.n END AS n,
+       CASE WHEN l.n > %(inline)s OR NOT %(results)s::bool THEN NULL ELSE p.result END AS result
+  FROM (SELECT u.name, u.id, u.for_each, u.state, u.result
+          FROM task_runs t
+          JOIN task_edges e ON e.downstream_id = coalesce(t.map_id, t.id)
+          JOIN task_runs u ON u.id = e.upstream_id
+          LEFT JOIN task_runs m ON m.id = t.map_id
+         WHERE t.id = %(id)s AND u.name IS DISTINCT FROM m.for_each
+           AND (%(after)s::text IS NULL OR u.name > %(after)s::text)
+           AND (%(name)s::text IS NULL OR u.name = %(name)s::text)
+         ORDER BY u.name
+         LIMIT %(limit)s) p
+  CROSS JOIN LATERAL (SELECT
+-- use: upstream_length(p)
+      AS n OFFSET 0) l
+ ORDER BY p.name;
+
+-- name: upstream_map_items_page
+-- A page of a SUCCEEDED map's result read from its items' rows (task_runs_map_item_idx, keyset
+-- on the item index): the elements after index %(after)s, up to %(limit)s. A map's indexes run
+-- 0..n-1 without a gap, so the page is also a closed range: however stale the statistics (a
+-- map just expanded has not been analyzed), no plan reads more than the page's rows.
+SELECT i.item_index AS i, i.result AS value
+  FROM task_runs i
+ WHERE i.map_id = %(id)s AND i.item_index > %(after)s::int
+   AND i.item_index <= %(after)s::int + %(limit)s::int
+ ORDER BY i.item_index
+ LIMIT %(limit)s;
+
+-- name: upstream_list_page
+-- A page of another task's list result: the elements after index %(after)s, up to %(limit)s
+-- (PostgreSQL reads the whole stored value for each page: such a list is one value).
+SELECT (e.i - 1) AS i, e.value
+  FROM task_runs t
+ CROSS JOIN LATERAL jsonb_array_elements(t.result) WITH ORDINALITY AS e(value, i)
+ WHERE t.id = %(id)s AND jsonb_typeof(t.result) = 'array' AND e.i - 1 > %(after)s
+ ORDER BY e.i
+ LIMIT %(limit)s;
 
 -- name: park
 -- READY → RETRYING for a task the gate holds (its handler's breaker open, its queue or handler

@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from flowforge.domain.conditions import RunIf
 from flowforge.domain.control import KeyTask
 from flowforge.domain.model import (
+    DEFAULT_UPSTREAM_INLINE,
     Attempt,
     AuditEntry,
     ChildRun,
@@ -30,6 +31,7 @@ from flowforge.domain.model import (
     Finished,
     FinishedMinute,
     FireRecord,
+    LargeUpstream,
     LiveProcesses,
     MapItem,
     OutboxBacklog,
@@ -261,14 +263,24 @@ def claim(row: Row) -> Claim:
         attempt=row["attempt"],
         fencing_token=row["fencing_token"],
         input=row["input"],
-        upstream=row["upstream"],
+        upstream=row["upstream"] or {},
         timeout_s=row["timeout_s"],
         idempotency_key=row["idempotency_key"],
         dispatch_lag_s=row["dispatch_lag_s"] or 0.0,
         workflow=row["workflow"],
         item=row.get("item"),
         index=row.get("item_index"),
+        upstream_large={
+            name: large_upstream(ref) for name, ref in (row.get("upstream_large") or {}).items()
+        },
+        upstream_deferred=None if row.get("upstream") is not None else row.get("upstream_n"),
     )
+
+
+def large_upstream(ref: Mapping[str, Any]) -> LargeUpstream:
+    """One entry of the ``claim`` query's ``upstream_large`` (or a row of
+    ``upstream_names_page`` with a length): an upstream list left out of the claim."""
+    return LargeUpstream(UUID(str(ref["id"])), int(ref["n"]), bool(ref["items"]))
 
 
 def finished(found: Sequence[Row]) -> Finished:
@@ -499,10 +511,16 @@ def task_columns(
 
 
 def claim_params(
-    wanted: Sequence[tuple[UUID, int]], worker: str, lease_s: float, local: bool
+    wanted: Sequence[tuple[UUID, int]],
+    worker: str,
+    lease_s: float,
+    local: bool,
+    inline: int = DEFAULT_UPSTREAM_INLINE,
 ) -> dict[str, Any]:
-    """The ``claim`` query's parameters for the keyless tasks among (task run, token) pairs."""
+    """The ``claim`` query's parameters for the keyless tasks among (task run, token) pairs;
+    ``inline``: the upstream bound (``worker.upstream_inline_items``)."""
     return {
+        "inline": inline,
         "ids": [task_run_id for task_run_id, _ in wanted],
         "tokens": [token for _, token in wanted],
         "worker": worker,

@@ -36,6 +36,7 @@ from flowforge.errors import InputError
 from flowforge.roles.asyncrun import AsyncRunner
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import Job, classify
+from flowforge.roles.upstream import InMemoryUpstream, bounded
 from flowforge.testing.results import REUSED, LocalAttempt, LocalRun, LocalTask
 from flowforge.testing.sources import Handler, WorkflowSource, load_handlers, load_workflows
 
@@ -50,6 +51,9 @@ class LocalRunner:
     ``sleep``: called with each retry's backoff in seconds (None, the default: no waiting,
     the backoff is only recorded on the attempt). ``rand``: the jitter's randomness, a
     function returning a float in [0, 1). ``max_result_bytes``: ``worker.max_result_bytes``.
+    ``upstream_inline_items``, ``upstream_page_items``: the worker's: past them a handler's
+    ``ctx.upstream`` holds the same paged views a worker's does (docs/handlers.md "Large
+    upstream results"), read from memory.
 
     Idempotency keys that SUCCEEDED are kept for the runner's life, as the database keeps
     them: a later task (of any run of this runner) with the same rendered key reuses the
@@ -66,6 +70,8 @@ class LocalRunner:
         rand: Callable[[], float] = random.random,
         max_result_bytes: int = WorkerConfig.max_result_bytes,
         clock: Callable[[], float] = time.monotonic,
+        upstream_inline_items: int = WorkerConfig.upstream_inline_items,
+        upstream_page_items: int = WorkerConfig.upstream_page_items,
     ) -> None:
         self.workflows = load_workflows(workflows)
         self.handlers = load_handlers(handlers, search_path)
@@ -73,6 +79,11 @@ class LocalRunner:
         self._rand = rand
         self._max_result_bytes = max_result_bytes
         self._clock = clock
+        # ctx.upstream bounded as a worker's claim bounds it (issue 22): the same views
+        WorkerConfig(
+            upstream_inline_items=upstream_inline_items, upstream_page_items=upstream_page_items
+        )  # (validated as the config file's are: a ValueError)
+        self._upstream_bounds = (upstream_inline_items, upstream_page_items)
         self._loop: AsyncRunner | None = None  # async def handlers' event loop, when one runs
         self._keys: dict[str, Any] = {}
 
@@ -84,6 +95,8 @@ class LocalRunner:
         if not isinstance(config, Config):
             config = load_config(config)
         options.setdefault("max_result_bytes", config.worker.max_result_bytes)
+        options.setdefault("upstream_inline_items", config.worker.upstream_inline_items)
+        options.setdefault("upstream_page_items", config.worker.upstream_page_items)
         return cls(
             config.workflow_paths(),
             config.handlers,
@@ -388,9 +401,12 @@ class _Execution:
             error = f"no handler is registered as {task.handler!r} in this worker"
             return Finish(TaskState.FAILED, reason=FailureReason.UNKNOWN_HANDLER, error=error), 0
         # plain dicts of their own, as a worker reads them: what one handler changes in them
-        # reaches no other task
+        # reaches no other task; past the worker's bound, the views a worker's claim gives
+        inline, page = self.runner._upstream_bounds
+        pages = InMemoryUpstream(inline)
+        given = bounded(pages.claim(_copy(upstream), task_run_id), pages, page)
         ctx = TaskContext(
-            _copy(self.input), _copy(upstream), number, task_run_id, self.run_id, name,
+            _copy(self.input), given, number, task_run_id, self.run_id, name,
             item=_copy(item), index=index,
         )  # fmt: skip
         job = Job(fn, ctx, task.timeout)

@@ -229,6 +229,8 @@ SEVERAL_CALLS = {
     "BEGIN/COMMIT), a finish that claims the next steps one transaction",
     "requeue_dead_matching": "one transaction per task, so a failure part-way leaves each "
     "requeued and audited or untouched",
+    "items_page": "one statement either way: a map's page from its items' rows, another "
+    "task's from its stored list",
 }
 HELPERS = {"_query", "_transaction"}
 
