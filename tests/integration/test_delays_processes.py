@@ -66,7 +66,9 @@ def test_a_delayed_run_starts_at_its_time_and_not_before_once_with_two_scheduler
     assert ran[0][1] >= start_at  # not before its time
     latency = ran[0][1] - start_at
     print(f"start_at → handler ran: {latency.total_seconds() * 1000:.0f} ms")
-    assert latency < timedelta(seconds=3), latency
+    # it starts, and soon: how soon (a scheduler wakes at the start time) is a bench figure
+    # (docs/performance.md), not this test's — a machine at load 8 stretched it to 6.7 s
+    assert latency < timedelta(seconds=15), latency
 
 
 def test_a_timer_survives_killing_the_scheduler_mid_sleep(
