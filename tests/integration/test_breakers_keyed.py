@@ -558,6 +558,7 @@ def claim_counting_gates(sql: Sql, tids: list[UUID]) -> tuple[int, int]:
         "lease_s": 30.0,
         "keyless_only": False,
         "local": False,
+        "inline": 1000,  # worker.upstream_inline_items
     }
     counted: tuple[int, int] = (0, 0)
     with sql.transaction(force_rollback=True):
