@@ -68,11 +68,6 @@ promoted AS (
 
 -- ------------------------------------------------------------------ definitions and triggers
 
--- name: register_definition
-INSERT INTO workflow_definitions (name, digest, definition)
-VALUES (%(name)s, %(digest)s, %(definition)s)
-ON CONFLICT (name, digest) DO NOTHING;
-
 -- name: lock_ordering_keys
 -- Serialises triggers that share an ordering key, so creation order (seq) is commit order.
 SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
@@ -177,6 +172,19 @@ SELECT pg_notify('flowforge_scheduler', '');
 
 -- name: notify_outbox
 SELECT pg_notify('flowforge_outbox', '');
+
+-- name: notify_new_tasks
+-- After a trigger committed (in the same round trip as its COMMIT): the publisher hears of the
+-- READY tasks it created (each with its outbox row), the scheduler of the PENDING ones — each
+-- only if there are any among the runs just inserted. A task a worker or the scheduler moved
+-- on first needs no notification: whoever moved it is awake.
+SELECT pg_notify('flowforge_outbox', '')
+ WHERE EXISTS (SELECT 1 FROM task_runs
+                WHERE run_id = ANY(%(runs)s::uuid[]) AND state = 'READY')
+UNION ALL
+SELECT pg_notify('flowforge_scheduler', '')
+ WHERE EXISTS (SELECT 1 FROM task_runs
+                WHERE run_id = ANY(%(runs)s::uuid[]) AND state = 'PENDING');
 
 -- ------------------------------------------------------------------ scheduler: → READY
 
