@@ -135,7 +135,8 @@ def _batch_item(index: int, item: Any) -> RunRequest:
             priority=item.get("priority"),
         )
     except falcon.HTTPError as exc:
-        raise json_error(exc.status, f"runs[{index}]: {exc.title}") from exc
+        status = falcon.code_to_http_status(exc.status)
+        raise json_error(status, f"runs[{index}]: {exc.title}") from exc
     except InputError as exc:
         raise InputError(f"runs[{index}]: {exc}") from exc
 

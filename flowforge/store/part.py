@@ -142,26 +142,27 @@ class Part:
     def _pipelined(self, work: Callable[..., T], *args: Any) -> T:
         """As :meth:`_transaction`, with the connection in pipeline mode (module docstring);
         a plain transaction where libpq has no pipeline mode (before libpq 14)."""
-        if not PIPELINES:
-            return self._transaction(work, *args)
-        named = self._q
-
-        def pipelined(scope: tuple[Cursor, Pipelined]) -> T:
-            cur, controls = scope
-            return work(Tx(cur, named, controls), *args)
-
-        return self._db.run_pipelined(pipelined)
+        return self._in_pipeline(self._db.run_pipelined, work, *args)
 
     def _pipelined_read(self, work: Callable[..., T], *args: Any) -> T:
         """``work(tx, *args)``, a read, in pipeline mode with no explicit transaction
         (:meth:`Database.pipelined_reads`): what it queues with :meth:`Tx.later` goes in one
         round trip at its :meth:`Tx.sync`. A plain transaction without pipeline mode."""
+        return self._in_pipeline(self._db.read_pipelined, work, *args)
+
+    def _in_pipeline(
+        self,
+        scope: Callable[[Callable[[tuple[Cursor, Pipelined]], T]], T],
+        work: Callable[..., T],
+        *args: Any,
+    ) -> T:
+        """``work(tx, *args)`` through ``scope`` (one of the Database's pipelined runners)."""
         if not PIPELINES:
             return self._transaction(work, *args)
         named = self._q
 
-        def pipelined(scope: tuple[Cursor, Pipelined]) -> T:
-            cur, controls = scope
-            return work(Tx(cur, named, controls), *args)
+        def pipelined(controls: tuple[Cursor, Pipelined]) -> T:
+            cur, pipeline = controls
+            return work(Tx(cur, named, pipeline), *args)
 
-        return self._db.read_pipelined(pipelined)
+        return scope(pipelined)

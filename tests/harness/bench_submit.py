@@ -15,6 +15,10 @@ Nothing here asserts a figure. Run alone (a tree of its own, nothing else measur
 
     python -m tests.harness.bench_submit --database-url URL --broker-url URL [--quick]
 
+``--api-only`` runs the api child alone (``flowforge role api``) instead of a tree: nothing
+publishes or executes the runs, so the figures are the submission path's own, not shared with
+the work it creates — the A/B of a change to that path on a busy 2-core machine.
+
 ``--only`` picks workloads (``one,http,many,http-batch``): an A/B against code without the
 batch endpoint leaves ``http-batch`` out.
 """
@@ -23,10 +27,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +43,7 @@ import psycopg
 
 from flowforge.client import Client
 from flowforge.config import load_config
-from tests.harness import bench_api
+from tests.harness import CHECKOUT, bench_api, bench_maps
 
 WORKLOADS = ("one", "http", "many", "http-batch")
 Record = Callable[..., None]
@@ -115,6 +123,42 @@ def measure(
         record("submit http batch", "runs/s", rate, runs=s.batch_runs, per_call=s.per_call)
 
 
+def run(config_path: Path, port: int, settings: SubmitSettings, record: Record) -> None:
+    """:func:`measure` with a :class:`Client` of the tree's config (``scripts/bench``)."""
+    with Client(load_config(config_path, env={})) as client:
+        measure(client, port, bench_api_workflow(), settings, record)
+
+
+def bench_api_workflow() -> str:
+    """The one-task workflow the bench tree defines for its api workloads."""
+    from tests.harness import bench
+
+    return bench.API_WORKFLOW
+
+
+@contextmanager
+def api_alone(tree: Any) -> Iterator[None]:
+    """``flowforge role api`` with ``tree``'s config (a :class:`~tests.harness.bench.Tree` not
+    started), from this checkout, serving until the block ends."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
+    env[bench_api.TOKEN_ENV] = bench_api.TOKEN
+    command = [sys.executable, "-m", "flowforge.cli", "-c", str(tree.config_path), "role", "api"]
+    with tree.log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            command, cwd=CHECKOUT, env=env, stdout=subprocess.DEVNULL, stderr=log
+        )
+    try:
+        bench_api.wait_live(tree.api_port, 60.0)
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def settle(conn: psycopg.Connection[Any], timeout_s: float) -> None:
     """Wait until the tree has executed every run submitted (so the next repetition does not
     measure against the last one's backlog)."""
@@ -140,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-call", type=int, default=SubmitSettings.per_call)
     parser.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma-separated")
     parser.add_argument("--json", type=Path, help="where to write every repetition as JSON")
+    parser.add_argument(
+        "--api-only", action="store_true", help="the api child alone: nothing executes the runs"
+    )
     args = parser.parse_args(argv)
     only = tuple(w for w in args.only.split(",") if w)
     if set(only) - set(WORKLOADS):
@@ -158,19 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     with bench.fresh_database(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
         floors = bench.floors(url)
         tree = bench.Tree(Path(tmp), url, args.broker_url, args.workers)
-        client = Client(load_config(tree.config_path, env={}))
-        try:
-            tree.start()
-            client.open()
+        with ExitStack() as stack:
+            if args.api_only:
+                stack.enter_context(api_alone(tree))
+            else:
+                stack.callback(tree.stop)
+                tree.start()
             with psycopg.connect(url, autocommit=True) as conn:
                 for rep in range(args.repeat):
                     print(f"repetition {rep + 1}/{args.repeat}", file=sys.stderr)
-                    bench.bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
-                    measure(client, tree.api_port, bench.API_WORKFLOW, settings, record)
-                    settle(conn, 600.0)
-        finally:
-            client.close()
-            tree.stop()
+                    bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
+                    run(tree.config_path, tree.api_port, settings, record)
+                    if not args.api_only:
+                        settle(conn, 600.0)
     report = {"floors": floors, "results": {n: r.summary() for n, r in results.items()}}
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))

@@ -50,21 +50,20 @@ class Traced:
 
     def round_trips(self, action: Any) -> int:
         """How many times the client waited for the server while ``action()`` ran."""
-        self._file.flush()
-        start = self._file.seek(0, 2)
-        action()
-        self._file.flush()
-        self._file.seek(start)
-        return len(SYNC.findall(self._file.read()))
+        return len(SYNC.findall(self.trace(action)))
 
     def statements(self, action: Any) -> str:
-        """The protocol trace of what the client sent while ``action()`` ran."""
+        """The protocol messages the client sent while ``action()`` ran."""
+        return "".join(line for line in self.trace(action).splitlines(True) if "\tF\t" in line)
+
+    def trace(self, action: Any) -> str:
+        """The protocol trace written while ``action()`` ran."""
         self._file.flush()
         start = self._file.seek(0, 2)
         action()
         self._file.flush()
         self._file.seek(start)
-        return "".join(line for line in self._file.read().splitlines(True) if "\tF\t" in line)
+        return self._file.read()
 
     def close(self) -> None:
         self.db.close()
