@@ -178,12 +178,14 @@ class Triggers(Part):
         (class docstring); a missing one is registered and the whole run again."""
         known = self._registered
         try:
-            return self._pipelined(_insert_plans, planned, known)
+            results, registered = self._pipelined(_insert_plans, planned, known)
         except DatabaseConstraintError as exc:
             if not _missing_definition(exc):
                 raise
             known.clear()
-            return self._pipelined(_insert_plans, planned, known)
+            results, registered = self._pipelined(_insert_plans, planned, known)
+        known.update(registered)  # committed: a rolled-back registration is no registration
+        return results
 
 
 def _missing_definition(exc: DatabaseConstraintError) -> bool:
@@ -195,10 +197,12 @@ def _missing_definition(exc: DatabaseConstraintError) -> bool:
     )
 
 
-def _insert_plans(tx: Tx, planned: Sequence[Planned], known: set[str]) -> list[list[TriggerResult]]:
-    """Insert every plan of ``planned`` in the caller's transaction, registering the
-    definitions not in ``known`` first (and adding them to it once the transaction is done:
-    a rolled-back registration is no registration)."""
+def _insert_plans(
+    tx: Tx, planned: Sequence[Planned], known: set[str]
+) -> tuple[list[list[TriggerResult]], list[str]]:
+    """Insert every plan of ``planned`` in the caller's transaction, registering first the
+    definitions whose digests are not in ``known``; the results of each plan, and the digests
+    registered (for the caller to add to ``known`` once the transaction committed)."""
     new: dict[str, WorkflowDef] = {}
     for workflow, _plan, children in planned:
         for definition in (workflow, *children):
@@ -207,8 +211,7 @@ def _insert_plans(tx: Tx, planned: Sequence[Planned], known: set[str]) -> list[l
     if new:
         register_definitions(tx, list(new.values()))
     results = [_insert_plan(tx, w, plan, children, register=False) for w, plan, children in planned]
-    known.update(new)  # a failed commit raises after this: _insert's retry clears ``known``
-    return results
+    return results, list(new)
 
 
 def _insert_plan(
