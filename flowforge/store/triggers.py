@@ -235,7 +235,12 @@ def _insert_plan(
     if plan.start_at is not None:
         clock = tx.one("trigger_clock")
         assert clock is not None  # SELECT now() always answers
-        judge_start_at(plan.start_at, clock["now"])
+        try:
+            judge_start_at(plan.start_at, clock["now"])
+        except InputError as exc:  # every run of the plan has it: a batch names the first
+            if plan.positions is None:
+                raise
+            raise InputError(f"runs[{plan.positions[0]}]: {exc}") from exc
     deadline_s = plan.deadline_s if plan.deadline_s is not None else workflow.deadline
     if register:
         register_definitions(tx, [workflow, *children])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -120,9 +121,10 @@ def test_a_batch_of_several_workflows_answers_in_the_requests_order(repo: Store,
         (RunRequest("nope"), UnknownWorkflowError, "runs[2]: unknown workflow 'nope'"),
         (RunRequest("one", priority=10), InputError, "runs[2]: priority"),
         (RunRequest("one", delay=-5), InputError, "runs[2]: "),
+        (RunRequest("one", start_at=datetime(2020, 1, 1, tzinfo=UTC)), InputError, "runs[2]: "),
         (RunRequest("one", delay=[1]), InputError, "runs[2]: start_at, delay"),  # type: ignore[arg-type]
     ],
-    ids=["input", "workflow", "priority", "delay", "unhashable"],
+    ids=["input", "workflow", "priority", "delay", "past", "unhashable"],
 )
 def test_a_bad_request_is_named_by_its_place_and_nothing_is_written(
     repo: Store, sql: Conn, bad: RunRequest, error: type[Exception], words: str
