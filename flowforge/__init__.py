@@ -12,6 +12,7 @@ from flowforge.domain.conditions import RunIf
 from flowforge.domain.dag import Concurrency, EventWait, OnDead, RateLimit, TaskDef, WorkflowDef
 from flowforge.domain.model import Run, TaskRun
 from flowforge.domain.output import AttemptLog, Progress, ProgressError
+from flowforge.domain.plan import RunRequest
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.schedule import ScheduleDef
@@ -44,6 +45,7 @@ __all__ = [
     "RetryPolicy",
     "Run",
     "RunIf",
+    "RunRequest",
     "RunState",
     "ScheduleDef",
     "TaskContext",

@@ -26,6 +26,7 @@ from flowforge.domain.model import (
     TriggerResult,
 )
 from flowforge.domain.output import AttemptLog
+from flowforge.domain.plan import RunRequest
 from flowforge.domain.states import TaskState
 from flowforge.domain.timeline import TimelineFacts, TimelineLimits
 from flowforge.errors import DefinitionError, UnknownWorkflowError
@@ -148,9 +149,13 @@ class Client:
         deadline: float | timedelta | None = None,
         priority: int | None = None,
     ) -> list[TriggerResult]:
-        """Start one run per input in a single transaction (much faster than one by one);
-        ``start_at``, ``delay``, ``deadline`` and ``priority`` apply to every run (see
-        :meth:`trigger`)."""
+        """Start one run of ``workflow`` per input in a single transaction (much faster than
+        one by one); ``start_at``, ``delay``, ``deadline`` and ``priority`` apply to every run
+        (see :meth:`trigger`). The results are in the inputs' order. All or nothing, as
+        :meth:`trigger_batch`: a bad input raises :class:`~flowforge.errors.InputError`
+        naming it (``input N: ...``) before anything is stored; each idempotency key (one per
+        input, or None) replays its run (``created`` False), a key used for another request
+        raises :class:`~flowforge.errors.TriggerConflictError` and nothing is stored."""
         definition = self._definition(workflow)
         return self._store.trigger_many(
             definition,
@@ -163,6 +168,27 @@ class Client:
             queue=self._config.broker.queue,
             priority=priority,
         )
+
+    def trigger_batch(self, requests: Sequence[RunRequest]) -> list[TriggerResult]:
+        """Start one run per :class:`~flowforge.RunRequest` — each its own workflow, input,
+        idempotency key, timing and priority, as :meth:`trigger` takes them — in a single
+        transaction; the results in the requests' order (``POST /api/v1/runs:batch``).
+
+        All or nothing: a bad request raises before anything is stored, naming its place
+        (``runs[N]: ...``): :class:`~flowforge.errors.InputError`, or
+        :class:`~flowforge.errors.UnknownWorkflowError` for a workflow this client does not
+        know; a key used for another request raises
+        :class:`~flowforge.errors.TriggerConflictError` and nothing is stored. A replayed
+        key answers its run with ``created`` False (so does a key repeated within the batch
+        for the same request). Runs are created grouped by workflow, timing and priority (the
+        groups in the order of their first request), all in one commit.
+        """
+
+        def definition(name: str) -> tuple[WorkflowDef, tuple[WorkflowDef, ...]]:
+            found = self._definition(name)
+            return found, tuple(referenced(found, self.workflows))
+
+        return self._store.trigger_batch(requests, definition, queue=self._config.broker.queue)
 
     def _definition(self, workflow: str) -> WorkflowDef:
         definition = self.workflows.get(workflow)

@@ -154,6 +154,19 @@ def start_api(stack: Stack, token: str | None = TOKEN, **api: Any) -> Api:
     return found
 
 
+@contextmanager
+def module_api(directory: Path, database_url: str, broker_url: str) -> Iterator[Api]:
+    """One api child (token set, default config) on a :class:`Stack` of its own in
+    ``directory``, for the tests of a module that need no particular config; stopped, and its
+    queue deleted, at the end."""
+    stack = Stack(directory, database_url, broker_url)
+    try:
+        yield start_api(stack)
+    finally:
+        stack.stop_all()
+        stack.delete_queue()
+
+
 def assert_json_error(reply: Reply, status: int | range | tuple[int, ...]) -> str:
     """``status`` (one, or any of several) with a body of exactly ``{"error": "<message>"}``."""
     expected = (status,) if isinstance(status, int) else status

@@ -83,6 +83,7 @@ def create_app(
     store = ApiStatements(client.database)  # over the client's pool: one pool per process
     max_body = api.max_body_bytes
     app.add_route("/api/v1/runs", runs.Runs(client, store, max_body))
+    app.add_route("/api/v1/runs:batch", runs.RunsBatch(client, max_body))
     app.add_route("/api/v1/runs/{run_id}", runs.OneRun(store))
     app.add_route("/api/v1/runs/{run_id}/cancel", runs.CancelRun(store))
     app.add_route("/api/v1/runs/{run_id}/rerun", runs.RerunRun(store, max_body))

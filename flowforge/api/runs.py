@@ -11,6 +11,7 @@ from flowforge.api import params
 from flowforge.api.errors import json_error
 from flowforge.api.security import read_json
 from flowforge.client import Client
+from flowforge.domain.plan import RunRequest
 from flowforge.domain.states import RunState
 from flowforge.domain.timing import parse_instant, seconds
 from flowforge.durations import parse_duration
@@ -21,6 +22,8 @@ from flowforge.views import run_dict, to_dict
 
 MAX_KEY_LENGTH = 255
 DEFAULT_PAGE = 50
+#: Runs one ``POST /api/v1/runs:batch`` may create (more: 413 naming the limit).
+MAX_BATCH = 1000
 
 
 class Runs:
@@ -39,9 +42,7 @@ class Runs:
         timing = _timing(body)
         if body.get("priority") is not None:  # checked by the trigger: 400 naming it
             timing["priority"] = body["priority"]
-        key = req.get_header("Idempotency-Key")
-        if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
-            raise json_error(falcon.HTTP_400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} chars")
+        key = _key(req.get_header("Idempotency-Key"), "Idempotency-Key")
         result = self._client.trigger(workflow, run_input, key, **timing)
         run = self._reads.get_run(result.run_id)
         resp.set_header("Location", f"/api/v1/runs/{run.id}")
@@ -72,10 +73,82 @@ class Runs:
         )
 
 
-def _run_request(body: Any) -> tuple[str, Mapping[str, Any]]:
+def _key(key: Any, name: str) -> str | None:
+    """An idempotency key as given (None: none), or a 400: 1 to MAX_KEY_LENGTH characters."""
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_LENGTH):
+        raise json_error(falcon.HTTP_400, f"{name} must be 1-{MAX_KEY_LENGTH} chars")
+    return key
+
+
+class RunsBatch:
+    """``POST /api/v1/runs:batch``: ``{"runs": [{"workflow", "input", "idempotency_key",
+    "priority", "start_at", "delay", "deadline"}, ...]}`` — up to :data:`MAX_BATCH` runs, of
+    any workflows, each as ``POST /api/v1/runs`` takes one (its key in the item, not a header),
+    created in one transaction (:meth:`Client.trigger_batch`).
+
+    All or nothing: a bad item is a 4xx naming its place (``runs[N]: ...``) and nothing is
+    created. Answers ``{"runs": [{"id", "created"}, ...]}`` in the items' order, 201 if any run
+    was created, 200 if every key replayed (``created`` false)."""
+
+    def __init__(self, client: Client, max_body: int) -> None:
+        self._client = client
+        self._max_body = max_body
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if req.get_header("Idempotency-Key") is not None:
+            raise json_error(
+                falcon.HTTP_400,
+                "Idempotency-Key names one run: give each item its own 'idempotency_key'",
+            )
+        body = read_json(req, self._max_body)
+        if not isinstance(body, dict) or set(body) != {"runs"}:
+            raise json_error(falcon.HTTP_400, 'the body must be {"runs": [...]}')
+        items = body["runs"]
+        if not isinstance(items, list) or not items:
+            raise json_error(falcon.HTTP_400, "'runs' must be a non-empty array")
+        if len(items) > MAX_BATCH:
+            raise json_error(
+                falcon.HTTP_413, f"at most {MAX_BATCH} runs per batch, not {len(items)}"
+            )
+        requests = [_batch_item(index, item) for index, item in enumerate(items)]
+        results = self._client.trigger_batch(requests)
+        created = any(r.created for r in results)
+        params.send(
+            resp,
+            {"runs": [{"id": r.run_id, "created": r.created} for r in results]},
+            falcon.HTTP_201 if created else falcon.HTTP_200,
+        )
+
+
+def _batch_item(index: int, item: Any) -> RunRequest:
+    """Item ``index`` of a batch as a :class:`RunRequest`; a 400 naming it when it is bad."""
+    try:
+        workflow, run_input = _run_request(item, ("idempotency_key",), "an item")
+        timing = _timing(item)
+        return RunRequest(
+            workflow,
+            run_input,
+            _key(item.get("idempotency_key"), "'idempotency_key'"),
+            start_at=timing.get("start_at"),
+            delay=timing.get("delay"),
+            deadline=timing.get("deadline"),
+            priority=item.get("priority"),
+        )
+    except falcon.HTTPError as exc:
+        status = falcon.code_to_http_status(exc.status)
+        raise json_error(status, f"runs[{index}]: {exc.title}") from exc
+    except InputError as exc:
+        raise InputError(f"runs[{index}]: {exc}") from exc
+
+
+def _run_request(
+    body: Any, more: tuple[str, ...] = (), what: str = "the body"
+) -> tuple[str, Mapping[str, Any]]:
+    """``body``'s workflow and input, its fields checked (``more``: fields it may have besides
+    those of ``POST /api/v1/runs``); a 400 naming what is wrong."""
     if not isinstance(body, dict):
-        raise json_error(falcon.HTTP_400, "the body must be a JSON object")
-    unknown = sorted(set(body) - {"workflow", "input", "priority", *TIMING_FIELDS})
+        raise json_error(falcon.HTTP_400, f"{what} must be a JSON object")
+    unknown = sorted(set(body) - {"workflow", "input", "priority", *TIMING_FIELDS, *more})
     if unknown:
         raise json_error(falcon.HTTP_400, f"unknown field {unknown[0]!r}")
     workflow = body.get("workflow")

@@ -31,6 +31,10 @@ from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
+#: waitress warns "Task queue depth is N" for every request that waits for a thread: under a
+#: burst that is a log line per request, written by the event-loop thread that serves every
+#: connection (docs/performance.md, "Submitting work"). Its errors still pass.
+logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 
 SLICE_S = 0.5
 #: A stopping api serves the requests under way for at most this long (seconds), well inside

@@ -7,6 +7,7 @@ only plain names and ``[index]`` lookups are allowed in them, never attribute ac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -571,9 +572,10 @@ class WorkflowDef:
             data["max_items"] = self.max_items
         return data
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
-        """A stable hash of the canonical form: equal definitions have equal digests."""
+        """A stable hash of the canonical form: equal definitions have equal digests (computed
+        once per definition: a trigger reads it for every run it creates)."""
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -105,6 +105,16 @@ class RunPlan:
     depth: int = 0
     # the priority the runs were triggered with (None: each task its own); child runs inherit it
     priority: int | None = None
+    # each run's place in the caller's batch, for messages (None: its index among the inputs)
+    positions: list[int] | None = None
+
+    def where(self, index: int, total: int | None = None) -> str:
+        """How a message names the run at ``index`` of ``total`` (None: of the runs planned):
+        ``runs[N]: `` in a batch (``positions``), ``input N: `` among several inputs, nothing
+        for a single run."""
+        if self.positions is not None:
+            return f"runs[{self.positions[index]}]: "
+        return f"input {index}: " if (total or len(self.run_ids)) > 1 else ""
 
     @property
     def delayed(self) -> bool:
@@ -145,8 +155,11 @@ def plan_runs(
     deadline: Any = None,
     queue: str | None = None,
     priority: int | None = None,
+    positions: Sequence[int] | None = None,
 ) -> RunPlan:
-    """Rows for one run of ``workflow`` per input; :class:`InputError` names the bad one.
+    """Rows for one run of ``workflow`` per input; :class:`InputError` names the bad one
+    (``input N``, or with ``positions`` — each input's place in a batch of several workflows,
+    :func:`group_requests` — ``runs[N]``).
 
     ``queue`` is the default of every task that names none (the triggering config's
     ``broker.queue``); None leaves those unassigned: the publisher that takes their messages
@@ -168,14 +181,15 @@ def plan_runs(
         delay_s=delay_s,
         deadline_s=None if deadline is None else timing.seconds(deadline, "deadline"),
         priority=priority,
+        positions=None if positions is None else list(positions),
     )
     gated = plan.delayed
     ordered = workflow.topological_order()
     for index, (raw, key) in enumerate(zip(inputs, keys, strict=True)):
         run_input = {} if raw is None else raw
+        where = plan.where(index, len(inputs))
         if not isinstance(run_input, Mapping):
-            raise InputError(_where(index, len(inputs)) + "the run input must be a JSON object")
-        where = _where(index, len(inputs))
+            raise InputError(where + "the run input must be a JSON object")
         stored = to_json(run_input, f"{where}the run input")
         if key is not None:
             key = check_text(key, f"{where}the idempotency key")
@@ -186,7 +200,7 @@ def plan_runs(
         plan.digests.append(request_digest(workflow.name, stored))
         ids = {t.name: uuid.uuid4() for t in ordered}
         for task in ordered:
-            label = f"{_where(index, len(inputs))}task {task.name!r}"
+            label = f"{where}task {task.name!r}"
             breaker = task.circuit_breaker
             planned = PlannedTask(
                 run_id=run_id,
@@ -294,5 +308,34 @@ def _check_priority(priority: int | None) -> None:
         raise InputError(f"priority {problem}")
 
 
-def _where(index: int, total: int) -> str:
-    return f"input {index}: " if total > 1 else ""
+@dataclass(frozen=True)
+class RunRequest:
+    """One run of a batch (:meth:`Client.trigger_batch`, ``POST /api/v1/runs:batch``): the
+    arguments of :meth:`Client.trigger` for it."""
+
+    workflow: str
+    input: Mapping[str, Any] | None = None
+    idempotency_key: str | None = None
+    start_at: Any = None
+    delay: Any = None
+    deadline: Any = None
+    priority: int | None = None
+
+    def group(self) -> tuple[Any, ...]:
+        """What runs planned together share: the workflow, the timing and the priority."""
+        return (self.workflow, self.start_at, self.delay, self.deadline, self.priority)
+
+
+def group_requests(requests: Sequence[RunRequest]) -> list[list[int]]:
+    """The positions of ``requests``, grouped by :meth:`RunRequest.group` (each group is one
+    plan), groups in the order of their first request; :class:`InputError` names a request
+    whose timing or priority is not a value (a list, say)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for position, request in enumerate(requests):
+        try:
+            groups.setdefault(request.group(), []).append(position)
+        except TypeError:
+            raise InputError(
+                f"runs[{position}]: start_at, delay, deadline and priority must be single values"
+            ) from None
+    return list(groups.values())

@@ -46,6 +46,10 @@ Cursor = psycopg.Cursor[Row]
 #: Runs of a transaction that keeps meeting conflicts before the conflict is raised.
 TRANSACTION_ATTEMPTS = 5
 
+#: psycopg's ``prepare_threshold``: a count of executions no statement reaches, so only those
+#: executed with ``prepare=True`` are prepared (None would refuse those too).
+NEVER_BY_COUNT = 2**62
+
 #: Makes the pool (``ConnectionPool``; a seam: unit tests count attempts on a fake pool).
 PoolFactory = Callable[..., ConnectionPool[psycopg.Connection[Row]]]
 
@@ -131,13 +135,16 @@ class Database:
                 "application_name": self._application_name,
                 "options": session_options(self._config),
                 "connect_timeout": _timeout(self._config.connect_timeout_s),
-                # never server-side prepared: a prepared statement soon runs a generic plan
-                # made once, and one made while a table was small (a fresh install, a burst
-                # after a quiet spell) scanned the whole table per row of a 10,000-task
-                # fan-out until autovacuum's next ANALYZE. Planning each execution for its
-                # own values costs about 0.4 ms a statement (chain hop p50 1.1 → 2.0 ms), a
-                # bounded price; the worker's statements carry whole batches.
-                "prepare_threshold": None,
+                # never prepared server-side by count: a prepared statement soon runs a
+                # generic plan made once, and one made while a table was small (a fresh
+                # install, a burst after a quiet spell) scanned the whole table per row of a
+                # 10,000-task fan-out until autovacuum's next ANALYZE. Planning each execution
+                # for its own values costs about 0.4 ms a statement (chain hop p50 1.1 → 2.0
+                # ms), a bounded price; the worker's statements carry whole batches. Only the
+                # statements a caller asks for (``prepare=True``: the trigger's inserts, fed
+                # by unnest, whose plans read no table statistics; store/part.py PREPARED)
+                # are prepared, so the threshold is one no statement reaches.
+                "prepare_threshold": NEVER_BY_COUNT,
             },
             timeout=self._config.connect_timeout_s,
             open=False,
@@ -190,8 +197,9 @@ class Database:
         after the statement that failed (at the latest, at the commit); the transaction is
         then rolled back.
 
-        ``after_commit(query)``: a notification (a parameterless ``pg_notify``) sent after the
-        ``COMMIT``, in the same round trip, as a transaction of its own. A commit that
+        ``after_commit(query, params)``: a notification (a ``pg_notify``, which may read what
+        the transaction wrote to decide whether to notify) sent after the ``COMMIT``, in the
+        same round trip, as a transaction of its own. A commit that
         notifies holds PostgreSQL's one notify lock (for the whole cluster) through its WAL
         flush, so such commits queue behind each other's flushes; a transaction that only
         notifies writes no WAL and holds it for microseconds. Listeners hear it after the
@@ -207,6 +215,44 @@ class Database:
             conn.cursor() as cur,
         ):
             yield cur, pipelined
+
+    @contextmanager
+    def pipelined_reads(self) -> Iterator[tuple[Cursor, Pipelined]]:
+        """A connection in pipeline mode with no explicit transaction, for a read of several
+        statements: those executed before the first ``sync()`` go in one round trip, as one
+        implicit transaction (read committed, as :meth:`transaction`'s, with no ``BEGIN`` or
+        ``COMMIT`` of its own), and ``sync()`` leaves pipeline mode, so a statement after it
+        runs on its own. ``after_commit`` is not for these (it raises)."""
+        if self._pool is None:
+            raise StoreError("database pool is not open")
+
+        def no_commit(_query: bytes, _params: Mapping[str, Any] | None = None) -> None:
+            raise StoreError("a pipelined read commits nothing to notify after")
+
+        with (
+            translate_errors(self._config.url, self._diagnose),
+            self._pool.connection() as conn,
+            conn.cursor() as cur,
+        ):
+            # leaving pipeline mode sends its Sync: one sync is the one round trip, not two
+            pipeline = conn.pipeline()
+            pipeline.__enter__()
+            left = False
+
+            def sync() -> None:
+                nonlocal left
+                if not left:
+                    left = True
+                    pipeline.__exit__(None, None, None)
+
+            try:
+                yield cur, Pipelined(sync, no_commit)
+            except BaseException as exc:
+                if not left:
+                    left = True
+                    pipeline.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            sync()
 
     def execute(self, query: bytes, params: Mapping[str, Any] | None = None) -> list[Row]:
         """One statement as its own transaction (one round trip); returns its rows, if any.
@@ -262,6 +308,11 @@ class Database:
         outside the transaction that a second run would repeat). Nothing else is retried."""
         return self._retrying(self.transaction, work, *args)
 
+    def read_pipelined(self, work: Callable[..., T], *args: Any) -> T:
+        """``work((cursor, pipelined), *args)`` in :meth:`pipelined_reads`; retried as
+        :meth:`run` is (a read meets no conflict, but a deadlock would be retried the same)."""
+        return self._retrying(self.pipelined_reads, work, *args)
+
     def run_pipelined(self, work: Callable[..., T], *args: Any) -> T:
         """As :meth:`run`, in a :meth:`pipelined_transaction`:
         ``work((cursor, pipelined), *args)``."""
@@ -287,7 +338,7 @@ class Pipelined:
     """A pipelined transaction's controls (see :meth:`Database.pipelined_transaction`)."""
 
     sync: Callable[[], None]
-    after_commit: Callable[[bytes], None]
+    after_commit: Callable[..., None]
 
 
 @contextmanager
@@ -295,15 +346,15 @@ def _pipelined(conn: psycopg.Connection[Row]) -> Iterator[Pipelined]:
     """A transaction in pipeline mode on an autocommit connection (see
     :meth:`Database.pipelined_transaction`), rolled back if anything raises before it
     committed."""
-    after: list[bytes] = []
+    after: list[tuple[bytes, Mapping[str, Any] | None]] = []
     commit = conn.cursor()
     try:
         with conn.pipeline() as pipeline:
             conn.execute(b"BEGIN")
-            yield Pipelined(pipeline.sync, after.append)
+            yield Pipelined(pipeline.sync, lambda query, params=None: after.append((query, params)))
             commit.execute(b"COMMIT")
-            for query in after:
-                conn.execute(query)
+            for query, params in after:
+                conn.execute(query, params)
     except psycopg.Error:
         if after and commit.statusmessage == "COMMIT":
             logger.warning(

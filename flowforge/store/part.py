@@ -9,7 +9,15 @@ from :class:`Part` and runs its statements through two helpers and nothing else:
   :meth:`Part._pipelined` the same with the connection in pipeline mode, for a transaction on
   a latency path (a trigger, a publisher's sweep): statements whose results are not read
   (:meth:`Tx.send`) travel with the next one, ``BEGIN`` with the first and ``COMMIT`` with the
-  last, so every round trip saved is one scheduling delay fewer on a busy host.
+  last, so every round trip saved is one scheduling delay fewer on a busy host;
+  :meth:`Part._pipelined_read` a read of several statements in one round trip, with no
+  explicit transaction (:meth:`Tx.later` queues each, :meth:`Tx.sync` sends them).
+
+The statements of :data:`PREPARED` are prepared server-side once per connection: planning
+them was a third of the server's work for a trigger of one run (docs/performance.md,
+"Submitting work"), and their plans read no table statistics (inserts fed by unnest), so the
+generic plan PostgreSQL switches to is the one it would make each time. Every other statement
+is planned for its own values (flowforge/store/db.py says why).
 
 Both retry a deadlock or serialization failure (``Database.run`` / ``Database.execute``), a
 transaction as a whole, so ``work`` must not have effects outside it that a retry would repeat
@@ -28,6 +36,8 @@ from flowforge.store import queries
 from flowforge.store.db import Cursor, Database, Pipelined, Row
 
 T = TypeVar("T")
+#: Statements prepared server-side (module docstring): inserts whose rows come from arrays.
+PREPARED = frozenset({"insert_runs", "insert_tasks", "insert_edges", "register_definitions"})
 #: Whether the libpq psycopg runs on has pipeline mode (14 and later; psycopg[binary] bundles
 #: a recent one).
 PIPELINES = psycopg.Pipeline.is_supported()
@@ -70,19 +80,39 @@ class Tx:
     def send(self, name: str, params: Params = None) -> None:
         """Run ``name``, whose result is not needed. Pipelined, it goes with the next statement
         that syncs (or the commit), and an error of it is raised there."""
-        self._cur.execute(self._queries[name], params)
+        self._execute(self._cur, name, params)
 
-    def notify(self, name: str) -> None:
-        """Run ``name``, a parameterless notification. Pipelined, it goes after the commit, in
-        a transaction of its own (:meth:`Database.pipelined_transaction` says why); otherwise
-        it is part of this transaction."""
+    def later(self, name: str, params: Params = None) -> Cursor:
+        """Run ``name`` on a cursor of its own, whose rows are read after :meth:`sync`
+        (pipelined: several such statements travel in one round trip; otherwise it runs now
+        and ``sync`` does nothing)."""
+        cur = self._cur.connection.cursor()
+        self._execute(cur, name, params)
+        return cur
+
+    def sync(self) -> None:
+        """Pipelined: send everything queued and read every result (an error of any of them
+        is raised here); otherwise nothing."""
+        if self._pipelined is not None:
+            self._pipelined.sync()
+
+    def notify(self, name: str, params: Params = None) -> None:
+        """Run ``name``, a notification. Pipelined, it goes after the commit, in a transaction
+        of its own (:meth:`Database.pipelined_transaction` says why): a notification that
+        depends on what this transaction wrote reads it there, committed; otherwise it is part
+        of this transaction."""
         if self._pipelined is None:
-            self._cur.execute(self._queries[name])
+            self._cur.execute(self._queries[name], params)
         else:
-            self._pipelined.after_commit(self._queries[name])
+            self._pipelined.after_commit(self._queries[name], params)
+
+    def _execute(self, cur: Cursor, name: str, params: Params) -> Cursor:
+        if name in PREPARED:
+            return cur.execute(self._queries[name], params, prepare=True)
+        return cur.execute(self._queries[name], params)
 
     def _run(self, name: str, params: Params) -> Cursor:
-        cur = self._cur.execute(self._queries[name], params)
+        cur = self._execute(self._cur, name, params)
         if self._pipelined is not None:
             self._pipelined.sync()  # its result (and an error of anything sent before it) is here
         return cur
@@ -112,12 +142,27 @@ class Part:
     def _pipelined(self, work: Callable[..., T], *args: Any) -> T:
         """As :meth:`_transaction`, with the connection in pipeline mode (module docstring);
         a plain transaction where libpq has no pipeline mode (before libpq 14)."""
+        return self._in_pipeline(self._db.run_pipelined, work, *args)
+
+    def _pipelined_read(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(tx, *args)``, a read, in pipeline mode with no explicit transaction
+        (:meth:`Database.pipelined_reads`): what it queues with :meth:`Tx.later` goes in one
+        round trip at its :meth:`Tx.sync`. A plain transaction without pipeline mode."""
+        return self._in_pipeline(self._db.read_pipelined, work, *args)
+
+    def _in_pipeline(
+        self,
+        scope: Callable[[Callable[[tuple[Cursor, Pipelined]], T]], T],
+        work: Callable[..., T],
+        *args: Any,
+    ) -> T:
+        """``work(tx, *args)`` through ``scope`` (one of the Database's pipelined runners)."""
         if not PIPELINES:
             return self._transaction(work, *args)
         named = self._q
 
-        def pipelined(scope: tuple[Cursor, Pipelined]) -> T:
-            cur, controls = scope
-            return work(Tx(cur, named, controls), *args)
+        def pipelined(controls: tuple[Cursor, Pipelined]) -> T:
+            cur, pipeline = controls
+            return work(Tx(cur, named, pipeline), *args)
 
-        return self._db.run_pipelined(pipelined)
+        return scope(pipelined)

@@ -6,6 +6,11 @@ release of a finished task's dependents, say). A query uses one with a line
 ``-- use: <name>(<cte>)``, which is replaced by the fragment's SQL (its comment lines before
 and after dropped) with ``{<param>}`` replaced by ``<cte>``. Queries are returned as bytes so
 psycopg receives them verbatim; parameters are always passed separately.
+
+The comment lines a query starts with document it here and are not sent: psycopg caches its
+parse of a query's text only up to 4,096 bytes, and the trigger's ``insert_tasks`` was over
+that by its documentation alone (docs/performance.md, "Submitting work"). Comments inside the
+SQL are kept.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ def parse(text: str) -> Mapping[str, bytes]:
                 raise ValueError(f"fragment {name!r} names no parameter")
             fragments[name] = (param, _without_outer_comments(body))
         else:
-            bodies[name] = body.strip()
+            bodies[name] = _without_leading_comments(body)
 
     def expand(use: re.Match[str], outer: tuple[str, ...] = ()) -> str:
         fragment, cte = use.group(1), use.group(2)
@@ -60,6 +65,14 @@ def parse(text: str) -> Mapping[str, bytes]:
     return MappingProxyType(
         {name: _USE_LINE.sub(expand, body).encode() for name, body in bodies.items()}
     )
+
+
+def _without_leading_comments(body: str) -> str:
+    """A query's SQL without the comment lines that document it (before its first SQL line)."""
+    lines = body.strip().splitlines()
+    while lines and _prose(lines[0]):
+        lines.pop(0)
+    return "\n".join(lines)
 
 
 def _without_outer_comments(body: str) -> str:

@@ -467,46 +467,53 @@ def stored_result(result: Any) -> Jsonb | None:
     return jsonb(result if isinstance(result, JsonText) else to_json(result, "the result"))
 
 
-def task_columns(
+def task_records(
     tasks: Sequence[PlannedTask], admitted: Sequence[bool] | None = None
-) -> dict[str, list[Any]]:
-    """``insert_tasks``'s parameter arrays; ``admitted``: which tasks with a concurrency or rate
+) -> dict[str, Jsonb]:
+    """``insert_tasks``'s parameter: the tasks as one JSON array of objects, keyed by the
+    columns of its ``jsonb_to_recordset``; ``admitted``: which tasks with a concurrency or rate
     key the trigger admitted (limits.admit_new; None: none)."""
+    flags = list(admitted) if admitted is not None else [False] * len(tasks)
+    return {"tasks": Jsonb([task_record(t, a) for t, a in zip(tasks, flags, strict=True)])}
+
+
+def task_record(t: PlannedTask, admitted: bool = False) -> dict[str, Any]:
+    """One task's object in :func:`task_records` (ids as text: JSON has no uuid)."""
     return {
-        "run_ids": [t.run_id for t in tasks],
-        "ids": [t.id for t in tasks],
-        "names": [t.name for t in tasks],
-        "handlers": [t.handler for t in tasks],
-        "pending": [t.pending for t in tasks],
-        "max_attempts": [t.max_attempts for t in tasks],
-        "base_delays": [t.base_delay_s for t in tasks],
-        "max_delays": [t.max_delay_s for t in tasks],
-        "jitters": [t.jitter for t in tasks],
-        "timeouts": [t.timeout_s for t in tasks],
-        "idem_keys": [t.idempotency_key for t in tasks],
-        "ordering_keys": [t.ordering_key for t in tasks],
-        "on_dead": [t.on_dead for t in tasks],
-        "start_gates": [t.start_gate for t in tasks],
-        "sleeps": [t.sleep_s for t in tasks],
-        "for_each": [t.for_each for t in tasks],
-        "max_parallel": [t.max_parallel for t in tasks],
-        "event_names": [t.event_name for t in tasks],
-        "event_keys": [t.event_key for t in tasks],
-        "event_timeouts": [t.event_timeout_s for t in tasks],
-        "run_ifs": [t.run_if for t in tasks],
-        "child_workflows": [t.child_workflow for t in tasks],
-        "queues": [t.queue for t in tasks],
-        "priorities": [t.priority for t in tasks],
-        "concurrency_keys": [t.concurrency_key for t in tasks],
-        "concurrency_limits": [t.concurrency_limit for t in tasks],
-        "rate_keys": [t.rate_key for t in tasks],
-        "rate_limits": [t.rate_limit for t in tasks],
-        "rate_pers": [t.rate_per_s for t in tasks],
-        "admitted": list(admitted) if admitted is not None else [False] * len(tasks),
-        "breaker_failures": [t.breaker_failures for t in tasks],
-        "breaker_windows": [t.breaker_window_s for t in tasks],
-        "breaker_cooldowns": [t.breaker_cooldown_s for t in tasks],
-        "breaker_keys": [t.breaker_key for t in tasks],
+        "run_id": str(t.run_id),
+        "id": str(t.id),
+        "name": t.name,
+        "handler": t.handler,
+        "pending_deps": t.pending,
+        "max_attempts": t.max_attempts,
+        "base_delay_s": t.base_delay_s,
+        "max_delay_s": t.max_delay_s,
+        "jitter": t.jitter,
+        "timeout_s": t.timeout_s,
+        "idempotency_key": t.idempotency_key,
+        "ordering_key": t.ordering_key,
+        "on_dead": t.on_dead,
+        "start_gate": t.start_gate,
+        "sleep_s": t.sleep_s,
+        "run_if": t.run_if,
+        "for_each": t.for_each,
+        "max_parallel": t.max_parallel,
+        "event_name": t.event_name,
+        "event_key": t.event_key,
+        "event_timeout_s": t.event_timeout_s,
+        "child_workflow": t.child_workflow,
+        "queue": t.queue,
+        "concurrency_key": t.concurrency_key,
+        "concurrency_limit": t.concurrency_limit,
+        "rate_key": t.rate_key,
+        "rate_limit": t.rate_limit,
+        "rate_per_s": t.rate_per_s,
+        "admitted": admitted,
+        "priority": t.priority,
+        "breaker_failures": t.breaker_failures,
+        "breaker_window_s": t.breaker_window_s,
+        "breaker_cooldown_s": t.breaker_cooldown_s,
+        "breaker_key": t.breaker_key,
     }
 
 

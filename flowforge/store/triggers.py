@@ -2,29 +2,53 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from flowforge.domain import transitions
 from flowforge.domain.dag import WorkflowDef
 from flowforge.domain.model import TriggerResult
-from flowforge.domain.plan import RunPlan, plan_runs
+from flowforge.domain.plan import RunPlan, RunRequest, group_requests, plan_runs
 from flowforge.domain.states import TaskState
 from flowforge.domain.timing import judge_start_at
-from flowforge.errors import TriggerConflictError
+from flowforge.errors import (
+    DatabaseConstraintError,
+    InputError,
+    TriggerConflictError,
+    UnknownWorkflowError,
+)
 from flowforge.store import limits, rows
+from flowforge.store.db import Database
 from flowforge.store.part import Part, Tx
 
 #: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
 ORDERING_LOCK_NAMESPACE = 0x4F52  # "OR"
+#: The foreign key a run's definition must satisfy (migration 0001): broken when a definition
+#: this process registered before is gone (a test's emptied tables, a restored database).
+DEFINITION_KEY = "workflow_runs_workflow_workflow_digest_fkey"
+
+#: One plan of a trigger: the workflow, its runs, the child workflows they may start.
+Planned = tuple[WorkflowDef, RunPlan, Sequence[WorkflowDef]]
 
 
 class Triggers(Part):
-    """New runs and their task runs, planned in the domain and inserted as a few arrays."""
+    """New runs and their task runs, planned in the domain and inserted as a few arrays.
+
+    A workflow's definition is registered (``workflow_definitions``) by the first trigger of
+    each version through this part, not by every trigger: its row never changes once written.
+    Should it be gone all the same, the foreign key from the run refuses the insert and the
+    trigger runs again, registering it (:func:`_missing_definition`)."""
+
+    def __init__(self, db: Database, rand: Callable[[], float] = random.random) -> None:
+        super().__init__(db, rand)
+        #: Digests of the definitions registered through this part (one process's triggers).
+        self._registered: set[str] = set()
 
     def trigger(
         self,
@@ -97,36 +121,129 @@ class Triggers(Part):
         )
         if not plan.run_ids:
             return []
-        # pipelined: the run's clock (created_at, the transaction's start) runs from BEGIN to
-        # COMMIT: two round trips rather than six (three with an idempotency key)
-        return self._pipelined(_insert_plan, workflow, plan, children)
+        return self._insert([(workflow, plan, children)])[0]
+
+    def trigger_batch(
+        self,
+        requests: Sequence[RunRequest],
+        workflows: Callable[[str], tuple[WorkflowDef, Sequence[WorkflowDef]]],
+        queue: str | None = None,
+    ) -> list[TriggerResult]:
+        """Create one run per request, of any workflows, in one transaction; results in the
+        requests' order.
+
+        ``workflows(name)``: the definition of a request's workflow and the child workflows its
+        runs may start (it raises for an unknown one). All or nothing: a bad request raises
+        :class:`InputError` naming its place (``runs[N]: ...``) before anything is stored, a
+        key used for another request :class:`TriggerConflictError` (nothing stored either).
+        Each request's idempotency key behaves as in :meth:`trigger` (a replay answers its run
+        with ``created`` False, a key repeated within the batch for the same request too).
+        Requests that share a workflow, timing and priority are planned and inserted together
+        (:func:`~flowforge.domain.plan.group_requests`), so runs are created group by group,
+        the groups in the order of their first request.
+        """
+        planned: list[Planned] = []
+        groups = group_requests(requests)
+        for positions in groups:
+            first = requests[positions[0]]
+            try:
+                workflow, children = workflows(first.workflow)
+                plan = plan_runs(
+                    workflow,
+                    [requests[p].input for p in positions],
+                    [requests[p].idempotency_key for p in positions],
+                    start_at=first.start_at,
+                    delay=first.delay,
+                    deadline=first.deadline,
+                    queue=queue,
+                    priority=first.priority,
+                    positions=positions,
+                )
+            except (InputError, UnknownWorkflowError) as exc:  # name the request's place
+                if str(exc).startswith("runs["):
+                    raise
+                raise type(exc)(f"runs[{positions[0]}]: {exc}") from exc
+            planned.append((workflow, plan, children))
+        results: list[TriggerResult | None] = [None] * len(requests)
+        for positions, got in zip(groups, self._insert(planned), strict=True):
+            for position, result in zip(positions, got, strict=True):
+                results[position] = result
+        return [r for r in results if r is not None]
+
+    def _insert(self, planned: Sequence[Planned]) -> list[list[TriggerResult]]:
+        """``planned`` in one pipelined transaction (the runs' clock, created_at, is its
+        start): one round trip for runs without an idempotency key, a start time or limits
+        (the definitions registered before, the notifications after the COMMIT in the same
+        round trip), one more for each of those. Definitions are registered once per process
+        (class docstring); a missing one is registered and the whole run again."""
+        known = self._registered
+        try:
+            results, registered = self._pipelined(_insert_plans, planned, known)
+        except DatabaseConstraintError as exc:
+            if not _missing_definition(exc):
+                raise
+            known.clear()
+            results, registered = self._pipelined(_insert_plans, planned, known)
+        known.update(registered)  # committed: a rolled-back registration is no registration
+        return results
+
+
+def _missing_definition(exc: DatabaseConstraintError) -> bool:
+    """Whether ``exc`` is a run refused for its definition's missing row."""
+    cause = exc.__cause__
+    return (
+        isinstance(cause, pg_errors.ForeignKeyViolation)
+        and cause.diag.constraint_name == DEFINITION_KEY
+    )
+
+
+def _insert_plans(
+    tx: Tx, planned: Sequence[Planned], known: set[str]
+) -> tuple[list[list[TriggerResult]], list[str]]:
+    """Insert every plan of ``planned`` in the caller's transaction, registering first the
+    definitions whose digests are not in ``known``; the results of each plan, and the digests
+    registered (for the caller to add to ``known`` once the transaction committed)."""
+    new: dict[str, WorkflowDef] = {}
+    for workflow, _plan, children in planned:
+        for definition in (workflow, *children):
+            if definition.digest not in known:
+                new.setdefault(definition.digest, definition)
+    if new:
+        register_definitions(tx, list(new.values()))
+    results = [_insert_plan(tx, w, plan, children, register=False) for w, plan, children in planned]
+    return results, list(new)
 
 
 def _insert_plan(
-    tx: Tx, workflow: WorkflowDef, plan: RunPlan, children: Sequence[WorkflowDef] = ()
+    tx: Tx,
+    workflow: WorkflowDef,
+    plan: RunPlan,
+    children: Sequence[WorkflowDef] = (),
+    *,
+    register: bool = True,
 ) -> list[TriggerResult]:
     """Insert ``plan``'s runs of ``workflow`` in the caller's transaction. Their deadline is the
-    plan's, else the workflow's (so runs made by any caller get it). ``children``' definitions
-    are registered too (the child runs the runs may start are made from them).
+    plan's, else the workflow's (so runs made by any caller get it). With ``register`` the
+    workflow's and ``children``' definitions are registered too (the child runs the runs may
+    start are made from them); a trigger registers each once (:meth:`Triggers._insert`).
 
     Statements whose results are not read are sent (:meth:`Tx.send`): in a pipelined
     transaction they travel with the next statement read, or with the commit. Runs without an
-    idempotency key are always inserted (their ids are new), so theirs is not read either."""
+    idempotency key are always inserted (their ids are new), so theirs is not read either; the
+    task counts are not read at all: the notifications after the commit read what was
+    inserted (``notify_new_tasks``)."""
     if plan.start_at is not None:
         clock = tx.one("trigger_clock")
         assert clock is not None  # SELECT now() always answers
-        judge_start_at(plan.start_at, clock["now"])
+        try:
+            judge_start_at(plan.start_at, clock["now"])
+        except InputError as exc:  # every run of the plan has it: a batch names the first
+            if plan.positions is None:
+                raise
+            raise InputError(f"runs[{plan.positions[0]}]: {exc}") from exc
     deadline_s = plan.deadline_s if plan.deadline_s is not None else workflow.deadline
-    tx.send(
-        "register_definition",
-        {
-            "name": workflow.name,
-            "digest": workflow.digest,
-            "definition": Jsonb(workflow.to_dict()),
-        },
-    )
-    if children:
-        register_definitions(tx, children)
+    if register:
+        register_definitions(tx, [workflow, *children])
     ordering = plan.ordering_keys()
     if ordering:
         tx.send("lock_ordering_keys", {"namespace": ORDERING_LOCK_NAMESPACE, "keys": ordering})
@@ -159,14 +276,11 @@ def _insert_plan(
     if tasks:
         transitions.check(TaskState.PENDING, TaskState.READY)  # created READY when free
         admitted = limits.admit_new(tx, tasks)  # tasks with a concurrency key: READY if room
-        counts = tx.one("insert_tasks", rows.task_columns(tasks, admitted))
+        tx.send("insert_tasks", rows.task_records(tasks, admitted))
         upstream, downstream = plan.edges_of({t.id for t in tasks})
         if upstream:
             tx.send("insert_edges", {"upstream": upstream, "downstream": downstream})
-        if counts and counts["queued"]:
-            tx.notify("notify_outbox")
-        if counts and counts["waiting"]:
-            tx.notify("notify_scheduler")
+        tx.notify("notify_new_tasks", {"runs": list(inserted)})
     return results
 
 
@@ -181,7 +295,9 @@ def _replayed(
             continue
         found = existing.get(key)
         if found is None or found["request_digest"] != plan.digests[index]:
-            raise TriggerConflictError(f"idempotency key {key!r} was used for a different request")
+            raise TriggerConflictError(
+                f"{plan.where(index)}idempotency key {key!r} was used for a different request"
+            )
         results[index] = TriggerResult(found["id"], created=False)
     return results
 

@@ -44,6 +44,7 @@ from tests.harness import (
     bench_priorities,
     bench_rates,
     bench_schedules,
+    bench_submit,
     services,
 )
 from tests.harness.resources import (
@@ -91,6 +92,7 @@ class Settings:
     # are what is saturated
     priority_backlog_ms: float = 10.0
     nap_per_worker: int = 40  # sync 50 ms runs per worker (async: 16 times as many)
+    submit: bench_submit.SubmitSettings = field(default_factory=bench_submit.SubmitSettings)
 
 
 @dataclass
@@ -462,6 +464,8 @@ def measure(
                         repo, events, conn, settings.event_runs, settings.timeout_s, record
                     )
                     api_workloads(tree.api_port, settings, record)
+                    bench_submit.run(tree.config_path, tree.api_port, settings.submit, record)
+                    bench_submit.settle(conn, settings.timeout_s)  # not under the next workload
                     for backlog_ms in (0.0, settings.priority_backlog_ms):
                         bench_priorities.measure(
                             repo,
@@ -699,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
             priority_backlog=1000,
             priority_samples=5,
             nap_per_worker=10,
+            submit=bench_submit.QUICK,
         )
     if args.compare:
         # imported here: the comparison builds on this module (docs/performance.md,
@@ -709,7 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     with service_urls(args) as (server_url, broker_url):
         report = {
             "machine": machine(server_url, broker_url),
-            "settings": vars(settings) | {"scale": list(settings.scale)},
+            "settings": vars(settings)
+            | {"scale": list(settings.scale), "submit": vars(settings.submit)},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **measure(settings, server_url, broker_url, lambda m: print(m, file=sys.stderr)),
         }

@@ -52,7 +52,7 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 
-def _check(response: http.client.HTTPResponse, expected: int) -> bytes:
+def check(response: http.client.HTTPResponse, expected: int) -> bytes:
     body = response.read()
     if response.status != expected:
         raise RuntimeError(f"api answered {response.status}, not {expected}: {body[:200]!r}")
@@ -119,7 +119,7 @@ def trigger(port: int, workflow: str, requests: int, clients: int) -> tuple[ApiF
     def post(conn: http.client.HTTPConnection, n: int) -> None:
         body = json.dumps({"workflow": workflow, "input": {"n": n}})
         conn.request("POST", "/api/v1/runs", body=body, headers=_headers())
-        run = json.loads(_check(conn.getresponse(), 201))
+        run = json.loads(check(conn.getresponse(), 201))
         with lock:
             created.append(run["id"])
 
@@ -131,7 +131,7 @@ def read(port: int, run_ids: list[str], requests: int, clients: int) -> ApiFigur
 
     def get(conn: http.client.HTTPConnection, n: int) -> None:
         conn.request("GET", f"/api/v1/runs/{run_ids[n % len(run_ids)]}", headers=_headers())
-        _check(conn.getresponse(), 200)
+        check(conn.getresponse(), 200)
 
     return _drive(port, requests, clients, get)
 
@@ -141,6 +141,6 @@ def live(port: int, requests: int, clients: int) -> ApiFigures:
 
     def get(conn: http.client.HTTPConnection, _n: int) -> None:
         conn.request("GET", "/health/live")
-        _check(conn.getresponse(), 200)
+        check(conn.getresponse(), 200)
 
     return _drive(port, requests, clients, get)

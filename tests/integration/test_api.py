@@ -53,6 +53,7 @@ from tests.api_client import (
     assert_json_error,
     count_runs,
     make_dead,
+    module_api,
     start_api,
     wait_until_serving,
 )
@@ -74,12 +75,8 @@ def api(
 ) -> Iterator[Api]:
     """One api child (token set, default body limit) for the tests of this module that need
     no particular config. Tests that care about the data also take ``clean_database_url``."""
-    stack = Stack(tmp_path_factory.mktemp("api"), database_url, broker_url)
-    try:
-        yield start_api(stack)
-    finally:
-        stack.stop_all()
-        stack.delete_queue()
+    with module_api(tmp_path_factory.mktemp("api"), database_url, broker_url) as found:
+        yield found
 
 
 # ------------------------------------------------------------------ creating runs

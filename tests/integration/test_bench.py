@@ -35,6 +35,10 @@ FIGURES = {
     "event round trip p50",
     "event round trip p99",
     "event send p50",
+    "submit one",
+    "submit http",
+    "submit many",
+    "submit http batch",
 }
 
 

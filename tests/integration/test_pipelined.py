@@ -19,10 +19,11 @@ from psycopg_pool import ConnectionPool
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
-from flowforge.errors import FlowForgeError
+from flowforge.errors import FlowForgeError, NotFoundError
 from flowforge.store.db import Database
 from flowforge.store.outbox import Outbox
 from flowforge.store.part import Part, Tx
+from flowforge.store.reads import Reads
 from flowforge.store.triggers import Triggers
 
 pytestmark = pytest.mark.integration
@@ -49,12 +50,20 @@ class Traced:
 
     def round_trips(self, action: Any) -> int:
         """How many times the client waited for the server while ``action()`` ran."""
+        return len(SYNC.findall(self.trace(action)))
+
+    def statements(self, action: Any) -> str:
+        """The protocol messages the client sent while ``action()`` ran."""
+        return "".join(line for line in self.trace(action).splitlines(True) if "\tF\t" in line)
+
+    def trace(self, action: Any) -> str:
+        """The protocol trace written while ``action()`` ran."""
         self._file.flush()
         start = self._file.seek(0, 2)
         action()
         self._file.flush()
         self._file.seek(start)
-        return len(SYNC.findall(self._file.read()))
+        return self._file.read()
 
     def close(self) -> None:
         self.db.close()
@@ -78,14 +87,56 @@ def count(sql: Conn, query: str) -> int:
     return int(str(row[0]))
 
 
-def test_a_trigger_takes_two_round_trips_and_creates_the_run(traced: Traced, sql: Conn) -> None:
+def test_a_trigger_takes_one_round_trip_and_creates_the_run(traced: Traced, sql: Conn) -> None:
+    """BEGIN, the run, its task with its outbox row, COMMIT and the notification go in one
+    round trip: the definition was registered by the first trigger, the task counts are not
+    read (issue 22)."""
     repo = Triggers(traced.db)
     repo.trigger(one_task(), {"warm": True})  # the pool's connection is open
     results: list[Any] = []
-    assert traced.round_trips(lambda: results.append(repo.trigger(one_task(), {"i": 1}))) == 2
+    assert traced.round_trips(lambda: results.append(repo.trigger(one_task(), {"i": 1}))) == 1
     run_id = results[0].run_id
     assert count(sql, f"SELECT count(*) FROM task_runs WHERE run_id = '{run_id}'") == 1
     assert count(sql, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 2
+
+
+def test_a_definition_is_registered_by_the_first_trigger_of_its_version_only(
+    traced: Traced, sql: Conn
+) -> None:
+    """Statements are counted by their Execute messages: BEGIN, the runs, the tasks, COMMIT
+    and the notification, plus the registration when it is sent."""
+    repo = Triggers(traced.db)
+    executes = [
+        traced.statements(lambda: repo.trigger(one_task(), {"i": 0})).count("\tExecute\t"),
+        traced.statements(lambda: repo.trigger(one_task(), {"i": 1})).count("\tExecute\t"),
+    ]
+    changed = WorkflowDef("w", (TaskDef("t", "x", timeout=9.0),))  # a new version of "w"
+    executes.append(traced.statements(lambda: repo.trigger(changed)).count("\tExecute\t"))
+    assert executes == [6, 5, 6]
+    assert count(sql, "SELECT count(*) FROM workflow_definitions WHERE name = 'w'") == 2
+
+
+def test_a_definition_gone_since_it_was_registered_is_registered_again(
+    traced: Traced, sql: Conn
+) -> None:
+    """A table emptied under a long-lived client (a test's cleanup, a restored database): the
+    run's foreign key refuses it, and the trigger runs again with the registration."""
+    repo = Triggers(traced.db)
+    repo.trigger(one_task(), {"i": 0})
+    sql.execute("TRUNCATE workflow_definitions CASCADE")
+    result = repo.trigger(one_task(), {"i": 1})
+    assert count(sql, "SELECT count(*) FROM workflow_definitions") == 1
+    assert count(sql, f"SELECT count(*) FROM workflow_runs WHERE id = '{result.run_id}'") == 1
+
+
+def test_reading_a_run_with_its_tasks_takes_one_round_trip(traced: Traced) -> None:
+    reads = Reads(traced.db)
+    run_id = Triggers(traced.db).trigger(one_task(), {"i": 1}).run_id
+    found: list[Any] = []
+    assert traced.round_trips(lambda: found.append(reads.get_run(run_id))) == 1
+    assert found[0].id == run_id and [t.name for t in found[0].tasks] == ["t"]
+    with pytest.raises(NotFoundError):
+        reads.get_run(uuid.uuid4())
 
 
 def test_a_trigger_with_a_key_reads_its_insert_and_still_replays(traced: Traced, sql: Conn) -> None:
@@ -95,7 +146,7 @@ def test_a_trigger_with_a_key_reads_its_insert_and_still_replays(traced: Traced,
     trips = traced.round_trips(
         lambda: results.append(repo.trigger(one_task(), {"i": 1}, idempotency_key="k"))
     )
-    assert trips == 3  # the insert's result is read, then the existing run
+    assert trips == 3  # the insert's result is read, then the existing run, then the commit
     assert results[0].run_id == first.run_id and not results[0].created
     assert count(sql, "SELECT count(*) FROM workflow_runs") == 1
 
@@ -122,8 +173,8 @@ class Probe(Part):
         def work(tx: Tx) -> int:
             definition = one_task("probe")
             tx.send(
-                "register_definition",
-                {"name": "probe", "digest": definition.digest, "definition": Jsonb({})},
+                "register_definitions",
+                {"names": ["probe"], "digests": [definition.digest], "definitions": [Jsonb({})]},
             )
             if fail == "statement":  # a foreign key no task satisfies: fails at the commit
                 tx.send("insert_edges", {"upstream": [uuid.uuid4()], "downstream": [uuid.uuid4()]})
@@ -212,7 +263,7 @@ def test_a_pipelined_trigger_notifies_the_publisher_after_its_commit(
     repo.trigger(one_task(), {"warm": True})
     heard(listening)
     results: list[Any] = []
-    assert traced.round_trips(lambda: results.append(repo.trigger(one_task(), {"i": 1}))) == 2
+    assert traced.round_trips(lambda: results.append(repo.trigger(one_task(), {"i": 1}))) == 1
     assert heard(listening) == {"flowforge_outbox"}
     run_id = results[0].run_id
     assert count(sql, f"SELECT count(*) FROM workflow_runs WHERE id = '{run_id}'") == 1

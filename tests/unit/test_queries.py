@@ -24,7 +24,7 @@ PARTS_SOURCE = "\n".join(path.read_text(encoding="utf-8") for path in PART_MODUL
 #: A named query run through the one execution idiom: ``self._query("name"`` or, inside a
 #: transaction, ``tx.all("name"`` / ``one`` / ``count`` / ``send`` / ``notify``.
 DIRECT_KEY = re.compile(
-    r"""\b(?:_query|all|one|count|send|notify)\(\s*["']([a-z_][a-z0-9_]*)["']"""
+    r"""\b(?:_query|all|one|count|send|notify|later)\(\s*["']([a-z_][a-z0-9_]*)["']"""
 )
 #: A way of running SQL other than the idiom's (a cursor, the pool, the Database's own calls).
 OTHER_IDIOM = re.compile(r"""\bcur\.execute\(|\b_db\.|\.transaction\(|\b_q\[""")
@@ -48,12 +48,13 @@ def test_parse_splits_named_queries_and_drops_the_header() -> None:
     text = (
         "-- a header comment that belongs to no query\n"
         "-- name: first\nSELECT 1;\n\n"
-        "--name:second  \n-- comment inside\nSELECT %(x)s;\n"
+        "--name:second  \n-- what it does\nSELECT %(x)s\n-- comment inside\n  FROM t;\n"
     )
     parsed = queries.parse(text)
     assert list(parsed) == ["first", "second"]
     assert parsed["first"] == b"SELECT 1;"
-    assert parsed["second"] == b"-- comment inside\nSELECT %(x)s;"
+    # the comment that documents a query stays in the file; one inside its SQL is sent
+    assert parsed["second"] == b"SELECT %(x)s\n-- comment inside\n  FROM t;"
 
 
 def test_parse_returns_bytes_in_read_only_mapping() -> None:

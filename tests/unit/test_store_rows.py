@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 
@@ -52,21 +53,36 @@ def diamond() -> WorkflowDef:
     )
 
 
-def test_task_columns_are_exactly_the_parameters_of_insert_tasks() -> None:
+def test_task_records_are_exactly_the_columns_insert_tasks_reads() -> None:
     plan = plan_runs(diamond(), [{"n": 1}, {"n": 2}])
-    assert set(rows.task_columns(plan.tasks)) == placeholders("insert_tasks")
+    assert set(rows.task_records(plan.tasks)) == placeholders("insert_tasks") == {"tasks"}
+    insert = queries.load()["insert_tasks"].decode()
+    declared = insert.split("jsonb_to_recordset(%(tasks)s::jsonb)")[1].split("AS t(")[1]
+    columns = {c.split()[0] for c in declared.split(")")[0].split(",")}
+    assert set(rows.task_record(plan.tasks[0])) == columns
 
 
-def test_task_columns_carry_each_planned_task_in_order() -> None:
+def test_task_records_carry_each_planned_task_in_order() -> None:
     plan = plan_runs(diamond(), [{"n": 1}, {"n": 2}])
-    columns = rows.task_columns(plan.tasks)
-    assert all(len(column) == 8 for column in columns.values())  # 2 runs x 4 tasks
-    assert columns["names"][:4] == ["a", "b", "c", "d"]
-    assert columns["pending"][:4] == [0, 1, 1, 2]
-    assert columns["max_attempts"][0] == 4 and columns["base_delays"][0] == 2.0
-    assert columns["timeouts"][:4] == [None, None, 30.0, None]
-    assert columns["ordering_keys"] == [None, "k-1", None, None, None, "k-2", None, None]
-    assert columns["run_ids"] == [plan.run_ids[0]] * 4 + [plan.run_ids[1]] * 4
+    records = rows.task_records(plan.tasks, [False] * 7 + [True])["tasks"].obj
+    assert len(records) == 8  # 2 runs x 4 tasks
+    assert [r["name"] for r in records[:4]] == ["a", "b", "c", "d"]
+    assert [r["pending_deps"] for r in records[:4]] == [0, 1, 1, 2]
+    assert records[0]["max_attempts"] == 4 and records[0]["base_delay_s"] == 2.0
+    assert [r["timeout_s"] for r in records[:4]] == [None, None, 30.0, None]
+    assert [r["ordering_key"] for r in records] == [
+        None,
+        "k-1",
+        None,
+        None,
+        None,
+        "k-2",
+        None,
+        None,
+    ]
+    assert [r["run_id"] for r in records] == [str(plan.run_ids[0])] * 4 + [str(plan.run_ids[1])] * 4
+    assert [r["admitted"] for r in records] == [False] * 7 + [True]
+    assert json.loads(json.dumps(records)) == records  # plain JSON: text, numbers, null
     assert plan.ordering_keys() == ["k-1", "k-2"]
 
 
