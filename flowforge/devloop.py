@@ -18,7 +18,6 @@ Should the tree stop anyway, ``flowforge dev`` says so and starts it again on th
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import signal
@@ -38,6 +37,7 @@ from flowforge.config import (
     ENV_DATABASE_URL_FILE,
     FILE_SUFFIX,
 )
+from flowforge.orphans import stop_with_parent
 from flowforge.text import escape
 
 #: How long the check of the code may take (seconds): importing the handler modules.
@@ -45,8 +45,6 @@ CHECK_TIMEOUT_S = 120.0
 #: After the first stop is forwarded, how long beyond the tree's own drain timeout to wait
 #: before a second (the supervisor's fast stop), and as long again before SIGKILL (seconds).
 STOP_GRACE_S = 10.0
-#: prctl's option for the signal a process gets when its parent dies (linux/prctl.h).
-PR_SET_PDEATHSIG = 1
 #: Changed files named in a reload's line; the rest are counted.
 NAMED_FILES = 3
 
@@ -58,17 +56,6 @@ class Tree(Protocol):
     def send(self, signum: int) -> None: ...
 
 
-def _drain_when_orphaned() -> None:
-    """In the tree's process before its exec: SIGTERM (a drain) when ``flowforge dev`` dies, so a
-    killed ``flowforge dev`` leaves no tree behind (Linux's parent-death signal; it survives the
-    exec, and the tree's own children have theirs: docs/failure-model.md, mode 19)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the tree outlives a killed dev, as before
-        pass
-
-
 class TreeProcess:
     """``flowforge up -c CONFIG`` in a process group of its own; addressed by its pid only."""
 
@@ -78,7 +65,7 @@ class TreeProcess:
             env=dict(env),
             stdin=subprocess.DEVNULL,
             process_group=0,
-            preexec_fn=_drain_when_orphaned,  # no thread runs in flowforge dev: safe
+            preexec_fn=stop_with_parent,  # no thread runs in flowforge dev: safe
         )
         self.pid = self._proc.pid
 

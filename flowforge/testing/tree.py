@@ -16,7 +16,6 @@ should the test process itself be killed, the supervisor gets SIGTERM from the k
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import os
 import signal
@@ -35,14 +34,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from flowforge.client import Client
 from flowforge.config import Config, load_config
+from flowforge.orphans import stop_with_parent
 from flowforge.store.migrate import migrate
 
 #: Seconds to wait for the tree's ``READY=1`` unless told otherwise.
 READY_TIMEOUT_S = 60.0
 #: Seconds allowed past the config's ``processes.drain_timeout_s`` before SIGKILL.
 STOP_MARGIN_S = 10.0
-#: prctl(2): the signal a child gets when its parent dies.
-PR_SET_PDEATHSIG = 1
 #: Longest single wait for a notification, so a tree that died is noticed promptly.
 _POLL_S = 0.2
 
@@ -203,15 +201,5 @@ def _spawn(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=log,
-        preexec_fn=lambda: _stop_with(parent),
+        preexec_fn=lambda: stop_with_parent(parent),
     )
-
-
-def _stop_with(parent: int) -> None:
-    """In the forked child, before the exec: SIGTERM it (a drain) when the test process dies
-    — killed by a CI timeout, say — so no tree outlives the session that started it. The
-    setting survives the exec; a parent already gone is caught by the check after it."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGTERM)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import random
 import socket
@@ -19,6 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from flowforge.orphans import stop_with_parent
 from tests.harness import CHECKOUT
 from tests.harness.services import DEFAULT_PORTS, ephemeral_range
 
@@ -164,4 +166,6 @@ def start_tree(config: Path, env: Mapping[str, str], log: Path) -> subprocess.Po
             env=dict(env),
             stdout=subprocess.DEVNULL,
             stderr=stderr,
+            # a harness killed (pytest's timeout cut a soak short once) leaves no tree behind
+            preexec_fn=functools.partial(stop_with_parent, os.getpid()),
         )
