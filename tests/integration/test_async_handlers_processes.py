@@ -47,6 +47,18 @@ def run_states(repo: Store, runs: Sequence[UUID]) -> list[RunState]:
     return [repo.get_run(r).state for r in runs]
 
 
+def cancel_all(repo: Store, runs: Sequence[UUID]) -> None:
+    """Cancel ``runs`` in this order, and wait until every one is CANCELLED."""
+    for run_id in runs:
+        repo.cancel_run(run_id)
+    wait_for(
+        lambda: run_states(repo, runs) == [RunState.CANCELLED] * len(runs),
+        timeout=30,
+        interval=0.2,
+        what="every run cancelled",
+    )
+
+
 def executions_per_attempt(sql: Sql) -> list[int]:
     return [
         int(r[0])
@@ -119,15 +131,7 @@ def test_cancelling_runs_raises_cancelled_error_in_their_running_async_calls(
     )
     running = {r[0] for r in sql.execute("SELECT DISTINCT run_id FROM test_executions").fetchall()}
     # the queued runs first: cancelled later, one could start in a slot a cancel freed
-    for run_id in sorted(runs, key=lambda r: r in running):
-        repo.cancel_run(run_id)
-
-    wait_for(
-        lambda: run_states(repo, runs) == [RunState.CANCELLED] * len(runs),
-        timeout=30,
-        interval=0.2,
-        what="every run cancelled",
-    )
+    cancel_all(repo, sorted(runs, key=lambda r: r in running))
     seen = "SELECT count(*) FROM test_executions WHERE handler = 'e2e.async_sleep:cancelled'"
     assert count(sql, seen) == CONCURRENCY  # each running call saw CancelledError
     assert count(sql, started) == CONCURRENCY  # the queued ones never ran
@@ -167,11 +171,4 @@ def test_work_that_trickles_in_fills_the_slots_beside_a_long_call(
     pids = "SELECT count(DISTINCT pid) FROM test_executions WHERE pid = %s"
     assert count(sql, pids, worker.pid) == 1
     assert count(sql, "SELECT count(*) FROM test_executions WHERE pid <> %s", worker.pid) == 0
-    for run_id in runs:  # the calls end now, not at the drain's deadline
-        repo.cancel_run(run_id)
-    wait_for(
-        lambda: run_states(repo, runs) == [RunState.CANCELLED] * len(runs),
-        timeout=30,
-        interval=0.2,
-        what="every run cancelled",
-    )
+    cancel_all(repo, runs)  # the calls end now, not at the drain's deadline
