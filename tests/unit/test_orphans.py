@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 
+from tests.e2e import REPO
 from tests.helpers import wait_for
+from tests.trees import alive
 
 STARTER = """
 import functools, os, subprocess, sys
@@ -20,14 +22,6 @@ os._exit(0)  # killed, as far as the child can tell: nobody waits for it or stop
 """
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_child_started_with_stop_with_parent_ends_when_its_parent_dies() -> None:
     done = subprocess.run(
         [sys.executable, "-c", STARTER],
@@ -35,7 +29,7 @@ def test_a_child_started_with_stop_with_parent_ends_when_its_parent_dies() -> No
         text=True,
         timeout=30,
         check=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     child = int(done.stdout.split()[0])
     wait_for(lambda: not alive(child), timeout=10, what="the orphaned child to stop")
