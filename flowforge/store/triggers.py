@@ -45,12 +45,8 @@ class Triggers(Part):
     Should it be gone all the same, the foreign key from the run refuses the insert and the
     trigger runs again, registering it (:func:`_missing_definition`)."""
 
-    def __init__(
-        self, db: Database, rand: Callable[[], float] = random.random, **more: Any
-    ) -> None:
-        # ``more``: the keywords of the parts after this one in a class made of several
-        # (Claims' upstream_inline): cooperative, as every part's __init__ calls the next
-        super().__init__(db, rand, **more)
+    def __init__(self, db: Database, rand: Callable[[], float] = random.random) -> None:
+        super().__init__(db, rand)
         #: Digests of the definitions registered through this part (one process's triggers).
         self._registered: set[str] = set()
 
