@@ -11,6 +11,8 @@ Workers import only tests/e2e_async_handlers.py (async handlers only: each opens
 - A cancel of every run while one worker holds a batch of async calls and more wait queued:
   each running call sees CancelledError, the queued tasks never run, every run ends CANCELLED,
   and the same worker process goes on to run the next run.
+- A worker whose async slots are all held takes no new work (a second worker runs it), its
+  registration stays fresh while the calls run, and it consumes again once they end.
 """
 
 from __future__ import annotations
@@ -172,3 +174,59 @@ def test_work_that_trickles_in_fills_the_slots_beside_a_long_call(
     assert count(sql, pids, worker.pid) == 1
     assert count(sql, "SELECT count(*) FROM test_executions WHERE pid <> %s", worker.pid) == 0
     cancel_all(repo, runs)  # the calls end now, not at the drain's deadline
+
+
+def test_a_worker_with_every_slot_busy_leaves_new_work_to_others_and_resumes_after(
+    stack: Stack, repo: Store, sql: Sql
+) -> None:
+    """With both of its async slots held by long calls, a worker takes no more work: runs
+    triggered then run on a second worker, while the busy one's registration stays fresh (the
+    lease keeper refreshes it; no call has ended); once its calls end it consumes again."""
+    settings = {**ASYNC_ONLY, "worker": {"async_concurrency": 2, "heartbeat_s": 1, "lease_s": 5}}
+    stack.start("scheduler", **settings)
+    stack.start("publisher", **settings)
+    busy = stack.start("worker", **settings)
+    started = "SELECT count(*) FROM test_executions WHERE handler = 'e2e.async_sleep'"
+    long_runs = [r.run_id for r in repo.trigger_many(SLEEP, [{"seconds": 120}] * 2)]
+    wait_for(lambda: count(sql, started) == 2, timeout=60, what="both slots busy")
+
+    def last_seen() -> Any:
+        row = sql.execute(
+            "SELECT max(last_seen_at) FROM processes WHERE pid = %s AND role = 'worker'",
+            (busy.pid,),
+        ).fetchone()
+        assert row is not None and row[0] is not None, "the busy worker is not registered"
+        return row[0]
+
+    first_seen = last_seen()
+
+    other = stack.start("worker", **settings)
+    registered = "SELECT count(*) FROM processes WHERE pid = %s"
+    wait_for(lambda: count(sql, registered, other.pid) == 1, timeout=60, what="a second worker")
+    short = [r.run_id for r in repo.trigger_many(SLEEP, [{"seconds": 0.05}] * 4)]
+    wait_for(
+        lambda: run_states(repo, short) == [RunState.SUCCEEDED] * 4,
+        timeout=60,
+        what="the short runs to succeed beside the busy worker",
+    )
+    where = "SELECT count(*) FROM test_executions WHERE run_id = ANY(%s) AND pid = %s"
+    assert count(sql, where, short, other.pid) == 4  # none waited in the busy worker
+    # the busy worker's registration refreshed while its two calls ran (none has ended)
+    wait_for(
+        lambda: last_seen() > first_seen,
+        timeout=30,
+        interval=0.5,
+        what="the busy worker's registration to refresh",
+    )
+    assert run_states(repo, long_runs) == [RunState.RUNNING] * 2
+
+    other.stop()
+    cancel_all(repo, long_runs)  # frees both slots
+    after = [r.run_id for r in repo.trigger_many(SLEEP, [{"seconds": 0.05}] * 2)]
+    wait_for(
+        lambda: run_states(repo, after) == [RunState.SUCCEEDED] * 2,
+        timeout=60,
+        what="the worker to consume again once its slots are free",
+    )
+    assert count(sql, where, after, busy.pid) == 2 and busy.alive()
+    assert set(executions_per_attempt(sql)) == {1}
