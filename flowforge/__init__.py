@@ -9,7 +9,9 @@ from flowforge.config import Config, load_config
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.breakers import CircuitBreaker
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.dag import Concurrency, EventWait, OnDead, RateLimit, TaskDef, WorkflowDef
+from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
+from flowforge.domain.limits import Concurrency, RateLimit
 from flowforge.domain.model import Run, TaskRun
 from flowforge.domain.output import AttemptLog, Progress, ProgressError
 from flowforge.domain.plan import RunRequest

@@ -25,7 +25,9 @@ from typing import Any, Literal, TypedDict, TypeVar, Unpack
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.breakers import CircuitBreaker
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.dag import Concurrency, EventWait, OnDead, RateLimit, WorkflowDef
+from flowforge.domain.dag import OnDead, WorkflowDef
+from flowforge.domain.events import EventWait
+from flowforge.domain.limits import Concurrency, RateLimit
 from flowforge.domain.names import NAME_PATTERN
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.schedule import CatchUp, Overlap, ScheduleDef

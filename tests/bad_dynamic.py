@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.dag import Concurrency, EventWait, RateLimit, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
+from flowforge.domain.limits import Concurrency, RateLimit
 from flowforge.domain.reasons import FailureReason
 
 #: A workflow file whose second task is ``{{name: process, {process}}}``, with ``{top}``

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from flowforge.domain.keys import check_template
 from flowforge.domain.names import NAME_PATTERN, queue_problem
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.values import check_text
@@ -75,9 +76,6 @@ class CircuitBreaker:
 
     def __post_init__(self) -> None:
         if self.key is not None:
-            # dag imports this module: the template rules are read at call time
-            from flowforge.domain.dag import check_template
-
             check_template(self.key, "circuit_breaker.key")
         count = self.failures
         if (

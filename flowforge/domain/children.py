@@ -5,7 +5,7 @@ a definition says about its child (the ``input:`` mapping, the child workflow's 
 recursion among a set of workflows) and renders the child's input when the child starts.
 
 The ``input:`` mapping is plain JSON whose string values may be key templates
-(:func:`~flowforge.domain.dag.check_template`) over the parent run's input plus ``upstream``
+(:func:`~flowforge.domain.keys.check_template`) over the parent run's input plus ``upstream``
 (the results of the task's dependencies: ``{upstream[approve][amount]}``; ``upstream``
 shadows a run-input key of that name). A string that is exactly one field (``"{order}"``)
 takes the value it names with its JSON type (an object stays an object, a number a number);
@@ -48,7 +48,7 @@ def template_strings(value: Any) -> Iterable[str]:
 
 def template_fields(value: Any) -> Iterable[tuple[str, str]]:
     """Every (string, field name) of the templates inside a nested ``input:`` value (each
-    string parses: :func:`~flowforge.domain.dag.check_template` checked it first)."""
+    string parses: :func:`~flowforge.domain.keys.check_template` checked it first)."""
     for text in template_strings(value):
         for _, name, _, _ in _FORMATTER.parse(text):
             if name is not None:

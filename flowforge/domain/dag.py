@@ -1,8 +1,8 @@
 """Workflow definitions (a DAG of tasks) and their validation.
 
 A :class:`WorkflowDef` validates itself on construction, so an invalid definition cannot exist.
-Key templates (idempotency and ordering keys) are ``str.format`` templates over the run input;
-only plain names and ``[index]`` lookups are allowed in them, never attribute access.
+A task's keys are templates over the run input (:mod:`flowforge.domain.keys`); its flow-control
+limits live in :mod:`flowforge.domain.limits`, its event wait in :mod:`flowforge.domain.events`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
-import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -20,11 +18,14 @@ from typing import Any
 from flowforge.domain import children
 from flowforge.domain.breakers import CircuitBreaker, check_breaker_key
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.names import NAME_PATTERN, priority_problem, queue_problem
+from flowforge.domain.events import EventWait
+from flowforge.domain.keys import check_item_key, check_template, render_key, template_fields
+from flowforge.domain.limits import Concurrency, RateLimit
+from flowforge.domain.names import check_name, priority_problem, queue_problem
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.schedule import ScheduleDef, ScheduleError, default_name
 from flowforge.domain.timing import MAX_SPAN_S
-from flowforge.domain.values import check_text, to_json
+from flowforge.domain.values import to_json
 from flowforge.errors import DefinitionError, InputError, UnstorableValueError
 
 #: Longest per-task time limit accepted (one week), in seconds.
@@ -33,7 +34,6 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 DEFAULT_MAX_ITEMS = 10_000
 #: Bound on ``max_items`` and ``max_parallel`` themselves (one expansion is one transaction).
 ITEMS_LIMIT = 1_000_000
-_FIELD_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\[\]]+\])*")
 
 
 class OnDead(StrEnum):
@@ -41,96 +41,6 @@ class OnDead(StrEnum):
 
     RELEASE = "release"  # later tasks of the stream may proceed
     BLOCK = "block"  # the stream waits until the dead task is requeued and finishes
-
-
-#: Largest concurrency limit accepted (a limit is a count of tasks READY or RUNNING at once).
-MAX_CONCURRENCY = 100_000
-
-
-@dataclass(frozen=True)
-class Concurrency:
-    """``concurrency: {key, limit}`` (SPEC 7.4): at most ``limit`` tasks whose ``key`` renders to
-    the same text are READY or RUNNING at once, across every run, workflow and tree. ``key`` is a
-    template over the run input like an ordering key; one without fields (``partner``) is a
-    global limit for every task that names it — the per-handler limit, when a handler's tasks
-    name it (docs/flow-control.md "Concurrency and rate limits")."""
-
-    key: str
-    limit: int
-
-    def __post_init__(self) -> None:
-        check_template(self.key, "concurrency.key")
-        if (
-            isinstance(self.limit, bool)
-            or not isinstance(self.limit, int)
-            or not 1 <= self.limit <= MAX_CONCURRENCY
-        ):
-            raise DefinitionError(
-                f"concurrency.limit must be a whole number from 1 to {MAX_CONCURRENCY}"
-            )
-
-
-#: Most starts a rate limit allows per window (the admission counts a window's starts).
-MAX_RATE_LIMIT = 100_000
-#: Longest rate-limit window, in seconds (one day).
-MAX_RATE_PER_S = 86_400.0
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    """``rate_limit: {limit, per, key}`` (SPEC 7.4): at most ``limit`` attempts of tasks whose
-    ``key`` renders to the same text START in any window of ``per`` seconds (a sliding window,
-    on the database clock), across every run, workflow and tree. ``key`` is a template over the
-    run input like a concurrency key; None: the task's handler name, so the limit is the
-    handler's wherever a task of it sets one (docs/flow-control.md "Rate limits")."""
-
-    limit: int
-    per: float
-    key: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.key is not None:
-            check_template(self.key, "rate_limit.key")
-        if (
-            isinstance(self.limit, bool)
-            or not isinstance(self.limit, int)
-            or not 1 <= self.limit <= MAX_RATE_LIMIT
-        ):
-            raise DefinitionError(
-                f"rate_limit.limit must be a whole number from 1 to {MAX_RATE_LIMIT}"
-            )
-        if (
-            isinstance(self.per, bool)
-            or not isinstance(self.per, int | float)
-            or not 0 < self.per <= MAX_RATE_PER_S  # NaN fails this too
-        ):
-            raise DefinitionError(
-                f"rate_limit.per must be more than 0 and at most {MAX_RATE_PER_S:.0f} seconds "
-                "(a duration such as 1s, 10m, 1h)"
-            )
-
-
-@dataclass(frozen=True)
-class EventWait:
-    """What a ``wait_for_event`` task waits for: an event called ``name`` whose key is
-    ``key`` (a template over the run input, like an idempotency key), for at most
-    ``timeout`` seconds after its dependencies are met (then it is DEAD ``event_timeout``)."""
-
-    name: str
-    key: str
-    timeout: float
-
-    def __post_init__(self) -> None:
-        _check_name(self.name, "wait_for_event.name")
-        check_template(self.key, "wait_for_event.key")
-        if (
-            isinstance(self.timeout, bool)
-            or not isinstance(self.timeout, int | float)
-            or not 0 < self.timeout <= MAX_SPAN_S  # NaN fails this too
-        ):
-            raise DefinitionError(
-                f"wait_for_event.timeout must be more than 0 and at most {MAX_SPAN_S:.0f} seconds"
-            )
 
 
 @dataclass(frozen=True)
@@ -180,7 +90,7 @@ class TaskDef:
     circuit_breaker: CircuitBreaker | None = None  # its handler's breaker: domain/breakers.py
 
     def __post_init__(self) -> None:
-        _check_name(self.name, "task name")
+        check_name(self.name, "task name")
         self._check_queue()
         self._check_priority()
         self._check_concurrency()
@@ -245,7 +155,7 @@ class TaskDef:
                 "wait_for_event: to wait for an event, workflow: to start a child run)"
             )
         else:
-            _check_name(self.handler, f"task {self.name!r}: handler")
+            check_name(self.handler, f"task {self.name!r}: handler")
 
     def _check_map(self) -> None:
         """``for_each`` names a task (made a dependency); ``max_parallel`` needs it."""
@@ -254,7 +164,7 @@ class TaskDef:
             if self.max_parallel is not None:
                 raise DefinitionError(f"{label}: max_parallel is only for a for_each task")
             return
-        _check_name(self.for_each, f"{label}: for_each")
+        check_name(self.for_each, f"{label}: for_each")
         if self.for_each == self.name:
             raise DefinitionError(f"{label}: for_each names the task itself")
         if self.sleep is not None:
@@ -307,7 +217,7 @@ class TaskDef:
         label = f"task {self.name!r}"
         if self.workflow is None:
             raise DefinitionError(f"{label}: input is only for a workflow: task (a child run)")
-        _check_name(self.workflow, f"{label}: workflow")
+        check_name(self.workflow, f"{label}: workflow")
         for key, given in (
             ("handler", bool(self.handler)),
             ("for_each", self.for_each is not None),
@@ -430,7 +340,7 @@ class WorkflowDef:
     max_items: int | None = None  # a map's most items; None: DEFAULT_MAX_ITEMS
 
     def __post_init__(self) -> None:
-        _check_name(self.name, "workflow name")
+        check_name(self.name, "workflow name")
         if self.deadline is not None and (
             isinstance(self.deadline, bool)
             or not isinstance(self.deadline, int | float)
@@ -646,13 +556,6 @@ def _retry_dict(retry: RetryPolicy) -> dict[str, Any]:
     }
 
 
-def _check_name(value: str, label: str) -> None:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise DefinitionError(
-            f"{label} {value!r} is invalid: use 1-128 letters, digits, '_', '.', '-'"
-        )
-
-
 def find_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
     """A dependency cycle as a path that ends where it starts, or None if the graph is a DAG."""
     white, grey, black = 0, 1, 2
@@ -675,65 +578,3 @@ def find_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
                 path.append(nxt)
                 stack.append(iter(edges[nxt]))
     return None
-
-
-def check_template(template: str, label: str) -> None:
-    """Refuse a key template that cannot be parsed or reaches beyond plain input lookups.
-
-    Fields nested in a format spec (``{a:{b}}``) are checked too, since ``str.format``
-    evaluates them as well.
-    """
-    if not isinstance(template, str):  # Python code can pass anything
-        raise DefinitionError(f"{label}: must be a template string, not {type(template).__name__}")
-    try:
-        fields = template_fields(template)
-        check_text(template, label)  # its literal text reaches PostgreSQL in every key
-    except ValueError as exc:
-        raise DefinitionError(f"{label}: malformed template {template!r}: {exc}") from exc
-    except UnstorableValueError as exc:
-        raise DefinitionError(str(exc)) from exc
-    for name in fields:
-        if not _FIELD_PATTERN.fullmatch(name):
-            raise DefinitionError(
-                f"{label}: template field {{{name}}} must be an input key, optionally indexed"
-            )
-
-
-def render_key(template: str, run_input: Mapping[str, Any], label: str) -> str:
-    """Format a key template with the run input; :class:`InputError` names what is missing."""
-    try:
-        return template.format_map(run_input)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        raise InputError(
-            f"{label}: cannot format {template!r} from the run input: {exc!r}"
-        ) from exc
-
-
-def template_fields(template: str) -> list[str]:
-    """The fields of a template (``item[id]``, ``index``), those nested in a format spec too:
-    ``str.format`` evaluates them as well. ``ValueError`` if it cannot be parsed."""
-    found: list[str] = []
-    for _, name, spec, _ in string.Formatter().parse(template):
-        if name is not None:
-            found.append(name)
-        if spec:
-            found.extend(template_fields(spec))
-    return found
-
-
-class _AnyItem:
-    """Stands for an item not known yet: any lookup into it and any format of it renders."""
-
-    def __getitem__(self, _: object) -> _AnyItem:
-        return self
-
-    def __format__(self, _: str) -> str:
-        return ""
-
-
-def check_item_key(template: str, run_input: Mapping[str, Any], label: str) -> None:
-    """Whether a map's key template can render for some item over ``run_input``:
-    :class:`InputError` (as :func:`render_key`'s) when a run-input field it names is missing or
-    cannot be looked into — the same for every item, so refused when the run is triggered
-    rather than found at expansion. What depends on the item is judged per item, then."""
-    render_key(template, {**run_input, "item": _AnyItem(), "index": 0}, label)

@@ -1,4 +1,5 @@
-"""Events sent to waiting tasks (``wait_for_event``): checking what a sender gives.
+"""Events sent to waiting tasks (``wait_for_event``): what a task waits for (:class:`EventWait`)
+and checking what a sender gives.
 
 Pure: no I/O. An event is a name (the same shape as a task or workflow name), a key (text
 PostgreSQL can store and index, as an idempotency key) and optional data (any JSON value, which
@@ -7,11 +8,14 @@ becomes the woken task's result).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from flowforge.domain.names import NAME_PATTERN
+from flowforge.domain.keys import check_template
+from flowforge.domain.names import NAME_PATTERN, check_name
+from flowforge.domain.timing import MAX_SPAN_S
 from flowforge.domain.values import JsonText, check_text, to_json
-from flowforge.errors import InputError
+from flowforge.errors import DefinitionError, InputError
 
 #: Largest event data accepted, as JSON (bytes): the data becomes a task's result, and a
 #: result is bounded by default to this (``worker.max_result_bytes``).
@@ -32,3 +36,26 @@ def check_event(name: Any, key: Any, data: Any = None) -> tuple[str, str, JsonTe
     key = check_text(key, "event key")
     stored = None if data is None else to_json(data, "event data", max_bytes=MAX_EVENT_DATA_BYTES)
     return name, key, stored
+
+
+@dataclass(frozen=True)
+class EventWait:
+    """What a ``wait_for_event`` task waits for: an event called ``name`` whose key is
+    ``key`` (a template over the run input, like an idempotency key), for at most
+    ``timeout`` seconds after its dependencies are met (then it is DEAD ``event_timeout``)."""
+
+    name: str
+    key: str
+    timeout: float
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "wait_for_event.name")
+        check_template(self.key, "wait_for_event.key")
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not 0 < self.timeout <= MAX_SPAN_S  # NaN fails this too
+        ):
+            raise DefinitionError(
+                f"wait_for_event.timeout must be more than 0 and at most {MAX_SPAN_S:.0f} seconds"
+            )

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowforge.domain.breakers import check_breaker_key
-from flowforge.domain.dag import DEFAULT_MAX_ITEMS, render_key
+from flowforge.domain.dag import DEFAULT_MAX_ITEMS
+from flowforge.domain.keys import render_key
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.domain.values import check_text

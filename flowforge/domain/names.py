@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from flowforge.errors import DefinitionError
+
 #: 1-128 letters, digits, ``_``, ``.`` and ``-``, not starting with ``.`` or ``-``.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 
@@ -75,3 +77,12 @@ def band_queue(queue: str, index: int) -> str:
     """The broker queue of band ``index`` of ``queue``: band 0 is the queue itself (so every
     message published before priorities is in it), the others carry their lowest priority."""
     return queue if index == 0 else f"{queue}.p{BANDS[index]}"
+
+
+def check_name(value: str, label: str) -> None:
+    """:class:`DefinitionError` unless ``value`` is a name (:data:`NAME_PATTERN`); ``label``
+    says what it names."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise DefinitionError(
+            f"{label} {value!r} is invalid: use 1-128 letters, digits, '_', '.', '-'"
+        )

@@ -18,7 +18,8 @@ from uuid import UUID
 from flowforge.domain import timing
 from flowforge.domain.breakers import check_breaker_key
 from flowforge.domain.conditions import is_conditional
-from flowforge.domain.dag import TaskDef, WorkflowDef, check_item_key, render_key
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.keys import check_item_key, render_key
 from flowforge.domain.names import priority_problem
 from flowforge.domain.values import JsonText, check_text, to_json
 from flowforge.errors import InputError

@@ -30,7 +30,8 @@ import psycopg
 import yaml
 
 from flowforge.config import DatabaseConfig
-from flowforge.domain.dag import Concurrency, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.limits import Concurrency
 from flowforge.domain.names import BANDS, band_queue
 from flowforge.store.db import Database
 from flowforge.store.events import Events

@@ -16,7 +16,8 @@ from typing import Any
 
 import psycopg
 
-from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
 from flowforge.store.events import Events
 from flowforge.store.triggers import Triggers
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import psycopg
 
-from flowforge.domain.dag import RateLimit, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.limits import RateLimit
 from flowforge.store.triggers import Triggers
 
 POLL_S = 0.01

@@ -19,7 +19,8 @@ import pytest
 
 from flowforge.cli import exitcodes
 from flowforge.domain.breakers import BreakerState, CircuitBreaker
-from flowforge.domain.dag import Concurrency, RateLimit, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.limits import Concurrency, RateLimit
 from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState

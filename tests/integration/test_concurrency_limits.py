@@ -17,7 +17,9 @@ import psycopg
 import pytest
 
 from flowforge.domain.control import HoldKind
-from flowforge.domain.dag import Concurrency, EventWait, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
+from flowforge.domain.limits import Concurrency
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState

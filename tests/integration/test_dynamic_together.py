@@ -17,7 +17,8 @@ import psycopg
 import pytest
 
 from flowforge.domain.conditions import RunIf
-from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState

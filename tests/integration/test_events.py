@@ -13,7 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from flowforge.errors import InputError

@@ -26,7 +26,8 @@ from flowforge.cli import exitcodes
 from flowforge.client import Client
 from flowforge.config import load_config
 from flowforge.domain.control import HoldKind
-from flowforge.domain.dag import Concurrency, RateLimit, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.limits import Concurrency, RateLimit
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState

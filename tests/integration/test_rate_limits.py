@@ -18,7 +18,8 @@ import psycopg
 import pytest
 
 from flowforge.domain.control import HoldKind
-from flowforge.domain.dag import Concurrency, RateLimit, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.limits import Concurrency, RateLimit
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState

@@ -187,7 +187,7 @@ def test_dead_list_filters_mirror_the_api(config: Path, repo: Store, sql: Sql) -
 def test_keys_show_a_concurrency_key_and_status_says_why_a_task_waits(
     config: Path, repo: Store, sql: Sql
 ) -> None:
-    from flowforge.domain.dag import Concurrency  # concurrency limits (issue 20)
+    from flowforge.domain.limits import Concurrency  # concurrency limits (issue 20)
 
     limited = WorkflowDef(
         "limited", (TaskDef("call", "tests.noop", concurrency=Concurrency("partner", 1)),)

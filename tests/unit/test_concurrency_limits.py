@@ -15,7 +15,9 @@ import pytest
 
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain.control import why_holds_slot, why_waits_slot
-from flowforge.domain.dag import MAX_CONCURRENCY, Concurrency, EventWait, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
+from flowforge.domain.limits import MAX_CONCURRENCY, Concurrency
 from flowforge.domain.plan import plan_runs
 from flowforge.domain.schedule import ScheduleDef
 from flowforge.domain.states import TaskState

@@ -9,14 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowforge.domain.dag import (
-    OnDead,
-    TaskDef,
-    WorkflowDef,
-    check_template,
-    find_cycle,
-    render_key,
-)
+from flowforge.domain.dag import OnDead, TaskDef, WorkflowDef, find_cycle
+from flowforge.domain.keys import check_template, render_key
 from flowforge.domain.policy import Jitter, RetryPolicy
 from flowforge.errors import DefinitionError, InputError
 

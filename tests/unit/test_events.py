@@ -15,8 +15,8 @@ from flowforge.cli.commands import _task_reason
 from flowforge.config import load_config
 from flowforge.definitions import workflow_from_mapping
 from flowforge.domain import transitions
-from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
-from flowforge.domain.events import MAX_EVENT_DATA_BYTES, check_event
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import MAX_EVENT_DATA_BYTES, EventWait, check_event
 from flowforge.domain.model import TaskRun
 from flowforge.domain.plan import plan_runs
 from flowforge.domain.policy import RetryPolicy

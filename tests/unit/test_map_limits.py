@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from flowforge.definitions import workflow_from_mapping
-from flowforge.domain.dag import Concurrency, RateLimit, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.limits import Concurrency, RateLimit
 from flowforge.domain.maps import ItemKeys, MapFailure, plan_items
 from flowforge.domain.plan import plan_runs
 from flowforge.domain.reasons import FailureReason

@@ -19,7 +19,8 @@ import pytest
 from flowforge.broker.consume import Consumer
 from flowforge.config import BrokerConfig
 from flowforge.definitions import workflow_from_mapping
-from flowforge.domain.dag import EventWait, TaskDef, WorkflowDef
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
 from flowforge.domain.names import BANDS, band, band_queue, priority_problem
 from flowforge.domain.plan import plan_runs
 from flowforge.domain.states import TaskState

@@ -16,16 +16,10 @@ import pytest
 
 from flowforge.definitions import check_file, workflow_from_mapping
 from flowforge.domain.control import why_holds_rate, why_waits_rate
-from flowforge.domain.dag import (
-    MAX_RATE_LIMIT,
-    MAX_RATE_PER_S,
-    Concurrency,
-    EventWait,
-    RateLimit,
-    TaskDef,
-    WorkflowDef,
-)
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.events import EventWait
 from flowforge.domain.gates import Room, admit_new
+from flowforge.domain.limits import MAX_RATE_LIMIT, MAX_RATE_PER_S, Concurrency, RateLimit
 from flowforge.domain.plan import PlannedTask, plan_runs
 from flowforge.domain.schedule import ScheduleDef
 from flowforge.domain.states import TaskState

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from flowforge import PermanentError, RetryPolicy, RunIf, TaskDef, WorkflowDef
-from flowforge.domain.dag import EventWait
+from flowforge.domain.events import EventWait
 from flowforge.domain.policy import Jitter
 from flowforge.domain.reasons import FailureReason as R
 from flowforge.domain.states import CancelCause, RunState, TaskState
