@@ -121,10 +121,17 @@ class Tree:
     """A ``flowforge up`` subprocess on its own queue, with a no-op handler."""
 
     def __init__(
-        self, directory: Path, database_url: str, broker_url: str, workers: int, reserved: int = 0
+        self,
+        directory: Path,
+        database_url: str,
+        broker_url: str,
+        workers: int,
+        reserved: int = 0,
+        queue: str | None = None,
     ) -> None:
-        """``reserved``: that many more workers, reserved for priorities 5 and above."""
-        self.queue = f"flowforge.bench.{uuid.uuid4().hex[:8]}"
+        """``reserved``: that many more workers, reserved for priorities 5 and above;
+        ``queue``: the task queue (None: one of its own), shared by trees given the same."""
+        self.queue = queue or f"flowforge.bench.{uuid.uuid4().hex[:8]}"
         [self.api_port] = free_ports(1)
         workflows = directory / "workflows"
         workflows.mkdir()
@@ -158,19 +165,14 @@ class Tree:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
         env[bench_api.TOKEN_ENV] = bench_api.TOKEN
         self.proc = start_tree(self.config_path, env, self.log_path)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    tail = " | ".join(self.log_path.read_text(errors="replace").splitlines()[-5:])
-                    raise RuntimeError(f"flowforge up exited with {self.proc.returncode}: {tail}")
-                row = conn.execute(
-                    "SELECT count(*) FROM processes WHERE role = 'worker'"
-                ).fetchone()
-                if row and row[0] >= self.workers:
-                    return
-                time.sleep(0.1)
-        raise RuntimeError("the tree did not become ready in time")
+        wait_for_workers(self.database_url, self.workers, self)
+
+    def exited(self) -> str | None:
+        """Why the tree is no longer running (its exit code and log's tail), or None."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        tail = " | ".join(self.log_path.read_text(errors="replace").splitlines()[-5:])
+        return f"flowforge up exited with {self.proc.returncode}: {tail}"
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -211,6 +213,22 @@ class Tree:
                 elif line.startswith("Pss:") and not api:
                     totals["pss_kb"] += int(line.split()[1])
         return {**totals, "processes": counted}
+
+
+def wait_for_workers(database_url: str, workers: int, *trees: Tree) -> None:
+    """Return once ``workers`` workers are registered in the database; RuntimeError if one
+    of ``trees`` exits first or they are not there within :data:`READY_TIMEOUT_S`."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            for tree in trees:
+                if (why := tree.exited()) is not None:
+                    raise RuntimeError(why)
+            row = conn.execute("SELECT count(*) FROM processes WHERE role = 'worker'").fetchone()
+            if row and row[0] >= workers:
+                return
+            time.sleep(0.1)
+    raise RuntimeError("the tree did not become ready in time")
 
 
 # ---------------------------------------------------------------------------- workloads
@@ -638,13 +656,65 @@ def print_table(report: dict[str, Any]) -> None:
         f" {f['postgresql_round_trip_ms']:.2f} ms per round trip;"
         f" Python loop {f['python_loop_ms']:.0f} ms"
     )
-    for phase, m in report["memory"].items():
+    for phase, m in report.get("memory", {}).items():
         rss, pss = m.get("rss_kb", 0) / 1024, m.get("pss_kb", 0) / 1024
         print(
             f"memory {phase:<17} rss {rss:>7.1f} MiB  pss {pss:>7.1f} MiB"
             f"  ({m.get('processes')} processes; the api child apart:"
             f" rss {m.get('api_rss_kb', 0) / 1024:.1f} MiB)"
         )
+
+
+def merge_json(path: Path, key: str, report: dict[str, Any]) -> None:
+    """Merge ``report`` into the JSON file at ``path`` under ``key`` (the file's other figures,
+    when it holds a bench report, stay)."""
+    try:
+        existing = json.loads(path.read_text())
+    except (OSError, ValueError):
+        existing = {}
+    if not isinstance(existing, dict):
+        existing = {}
+    path.write_text(json.dumps(existing | {key: report}, indent=2))
+
+
+def run_trees(args: argparse.Namespace) -> int:
+    """``scripts/bench --trees 1,2,3``: several trees on one database and queue
+    (:mod:`tests.harness.bench_trees`), ``--workers`` each; the report merged into ``--json``
+    under ``"trees"``."""
+    from tests.harness import bench_trees  # it builds on this module
+
+    results: dict[str, Result] = {}
+
+    def record(name: str, unit: str, value: float, **extra: Any) -> None:
+        results.setdefault(name, Result(name, unit)).samples.append(round(value, 3))
+
+    counts = [int(c) for c in args.trees.split(",")]
+    tasks = 300 if args.quick else args.tasks
+    repeat = 1 if args.quick else args.repeat
+    with service_urls(args) as (server_url, broker_url):
+        with fresh_database(server_url) as url:
+            measured_floors = floors(url)
+        report: dict[str, Any] = {
+            "machine": machine(server_url, broker_url),
+            "floors": measured_floors,
+            "settings": {"trees": counts, "workers": args.workers, "tasks": tasks},
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        bench_trees.measure(
+            server_url,
+            broker_url,
+            counts,
+            args.workers,
+            tasks,
+            repeat,
+            record,
+            lambda m: print(m, file=sys.stderr),
+        )
+    report["results"] = {name: r.summary() for name, r in results.items()}
+    merge_json(args.json, "trees", report)
+    print_table(report)
+    print(f'JSON written to {args.json} (under "trees")')
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -671,7 +741,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="single runs, chain and fan-out/join against Celery, Dramatiq and Procrastinate",
     )
+    parser.add_argument(
+        "--trees",
+        help="tree counts (e.g. 1,2,3): that many trees on one database and queue, --workers each,"
+        " instead of the other workloads",
+    )
     args = parser.parse_args(argv)
+    if args.trees:
+        return run_trees(args)
     if args.fanout is None:
         args.fanout = 1000 if args.compare else 5000
     settings = Settings(

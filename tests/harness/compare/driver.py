@@ -262,13 +262,7 @@ def table(table_rows: list[dict[str, Any]]) -> str:
 def save(path: Path, report: dict[str, Any]) -> None:
     """Merge ``report`` into the JSON file at ``path`` under ``"compare"`` (the bench's other
     figures, when the file holds them, stay)."""
-    try:
-        existing = json.loads(path.read_text())
-    except (OSError, ValueError):
-        existing = {}
-    if not isinstance(existing, dict):
-        existing = {}
-    path.write_text(json.dumps(existing | {"compare": report}, indent=2))
+    bench.merge_json(path, "compare", report)
 
 
 def run(args: argparse.Namespace, settings: bench.Settings) -> int:
