@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from flowforge.domain import timing
@@ -99,6 +99,7 @@ class RunPlan:
     tasks: list[PlannedTask] = field(default_factory=list)
     upstream: list[UUID] = field(default_factory=list)
     downstream: list[UUID] = field(default_factory=list)
+    upstream_names: list[str] = field(default_factory=list)  # each edge's upstream task's name
     # a child run (sub-workflows): the task and attempt that start it, its nesting depth
     parent_run_id: UUID | None = None
     parent_task_id: UUID | None = None
@@ -131,9 +132,20 @@ class RunPlan:
             return self.tasks
         return [t for t in self.tasks if t.run_id in runs]
 
-    def edges_of(self, tasks: set[UUID]) -> tuple[list[UUID], list[UUID]]:
-        pairs = [(u, d) for u, d in zip(self.upstream, self.downstream, strict=True) if d in tasks]
-        return [u for u, _ in pairs], [d for _, d in pairs]
+    def edges_of(self, tasks: set[UUID]) -> Edges:
+        """The dependency edges into ``tasks``, column by column (``insert_edges``' parameters)."""
+        edges = zip(self.upstream, self.downstream, self.upstream_names, strict=True)
+        kept = [edge for edge in edges if edge[1] in tasks]
+        return Edges([u for u, _, _ in kept], [d for _, d, _ in kept], [n for _, _, n in kept])
+
+
+class Edges(NamedTuple):
+    """Dependency edges, column by column: the upstream task's id and name, the downstream's id
+    (the name is stored with the edge so a join pages its upstream tasks on the edges' index)."""
+
+    upstream: list[UUID]
+    downstream: list[UUID]
+    names: list[str]
 
 
 def request_digest(workflow: str, stored: JsonText) -> str:
@@ -248,6 +260,7 @@ def plan_runs(
             for dep in task.depends_on:
                 plan.upstream.append(ids[dep])
                 plan.downstream.append(ids[task.name])
+                plan.upstream_names.append(dep)
     return plan
 
 

@@ -157,8 +157,8 @@ SELECT (SELECT count(*) FROM inserted) - (SELECT count(*) FROM queued) AS waitin
        (SELECT count(*) FROM queued) AS queued;
 
 -- name: insert_edges
-INSERT INTO task_edges (upstream_id, downstream_id)
-SELECT * FROM unnest(%(upstream)s::uuid[], %(downstream)s::uuid[]);
+INSERT INTO task_edges (upstream_id, downstream_id, upstream_name)
+SELECT * FROM unnest(%(upstream)s::uuid[], %(downstream)s::uuid[], %(names)s::text[]);
 
 -- name: notify_scheduler
 SELECT pg_notify('flowforge_scheduler', '');
@@ -787,22 +787,27 @@ CASE WHEN {task}.for_each IS NOT NULL
 -- A claimed task's upstream tasks (as claim finds them) in name order after %(after)s (NULL:
 -- from the first), up to %(limit)s: each one's result inline, or (a list longer than
 -- %(inline)s) its id and length instead, as claim's upstream_large.
--- (%(results)s false: names only, as iterating the names needs no result.) Names are not
--- indexed per downstream task: each page reads every upstream task's row to sort them, and
--- only the page's rows then have their length and result read.
+-- (%(results)s false: names only, as iterating the names needs no result.) The edges hold
+-- their upstream's name, indexed with the downstream id (task_edges_downstream_name_idx), so a
+-- page reads its own edges in name order and only their tasks' rows, whatever the fan-in.
 SELECT p.name, p.id, p.for_each IS NOT NULL AS items,
        CASE WHEN l.n > %(inline)s THEN l.n END AS n,
        CASE WHEN l.n > %(inline)s OR NOT %(results)s::bool THEN NULL ELSE p.result END AS result
-  FROM (SELECT u.name, u.id, u.for_each, u.state, u.result
-          FROM task_runs t
-          JOIN task_edges e ON e.downstream_id = coalesce(t.map_id, t.id)
-          JOIN task_runs u ON u.id = e.upstream_id
-          LEFT JOIN task_runs m ON m.id = t.map_id
-         WHERE t.id = %(id)s AND u.name IS DISTINCT FROM m.for_each
-           AND (%(after)s::text IS NULL OR u.name > %(after)s::text)
-           AND (%(name)s::text IS NULL OR u.name = %(name)s::text)
-         ORDER BY u.name
-         LIMIT %(limit)s) p
+  FROM (SELECT e.upstream_name AS name, u.id, u.for_each, u.state, u.result
+          -- the join's edges (a map item's: its map's) as scalars first, so the page is an
+          -- ordered range of the index that stops at the limit, not a sort of every edge
+          FROM (SELECT e.upstream_name, e.upstream_id
+                  FROM task_edges e
+                 WHERE e.downstream_id = (SELECT coalesce(t.map_id, t.id)
+                                            FROM task_runs t WHERE t.id = %(id)s)
+                   AND e.upstream_name IS DISTINCT FROM
+                       (SELECT m.for_each FROM task_runs t JOIN task_runs m ON m.id = t.map_id
+                         WHERE t.id = %(id)s)
+                   AND (%(after)s::text IS NULL OR e.upstream_name > %(after)s::text)
+                   AND (%(name)s::text IS NULL OR e.upstream_name = %(name)s::text)
+                 ORDER BY e.upstream_name
+                 LIMIT %(limit)s) e
+          JOIN task_runs u ON u.id = e.upstream_id) p
   CROSS JOIN LATERAL (SELECT
 -- use: upstream_length(p)
       AS n OFFSET 0) l

@@ -294,15 +294,16 @@ def _subplan(plan: RunPlan, keep: set[UUID]) -> RunPlan:
         return plan
     index = [i for i, rid in enumerate(plan.run_ids) if rid in keep]
     tasks = plan.tasks_of(keep)
-    upstream, downstream = plan.edges_of({t.id for t in tasks})
+    edges = plan.edges_of({t.id for t in tasks})
     return RunPlan(
         run_ids=[plan.run_ids[i] for i in index],
         inputs=[plan.inputs[i] for i in index],
         keys=[plan.keys[i] for i in index],
         digests=[plan.digests[i] for i in index],
         tasks=tasks,
-        upstream=upstream,
-        downstream=downstream,
+        upstream=edges.upstream,
+        downstream=edges.downstream,
+        upstream_names=edges.names,
     )
 
 

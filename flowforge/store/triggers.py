@@ -277,9 +277,9 @@ def _insert_plan(
         transitions.check(TaskState.PENDING, TaskState.READY)  # created READY when free
         admitted = limits.admit_new(tx, tasks)  # tasks with a concurrency key: READY if room
         tx.send("insert_tasks", rows.task_records(tasks, admitted))
-        upstream, downstream = plan.edges_of({t.id for t in tasks})
-        if upstream:
-            tx.send("insert_edges", {"upstream": upstream, "downstream": downstream})
+        edges = plan.edges_of({t.id for t in tasks})
+        if edges.upstream:
+            tx.send("insert_edges", edges._asdict())
         tx.notify("notify_new_tasks", {"runs": list(inserted)})
     return results
 

@@ -91,8 +91,10 @@ def test_tasks_of_keeps_only_the_runs_inserted() -> None:
     assert plan.tasks_of(set(plan.run_ids)) is plan.tasks
     kept = plan.tasks_of({plan.run_ids[1]})
     assert [t.run_id for t in kept] == [plan.run_ids[1]] * 4
-    upstream, downstream = plan.edges_of({t.id for t in kept})
-    assert len(upstream) == len(downstream) == 4  # a→b, a→c, b→d, c→d of the second run
+    edges = plan.edges_of({t.id for t in kept})
+    assert len(edges.upstream) == len(edges.downstream) == 4  # a→b, a→c, b→d, c→d of run 2
+    names = {t.id: t.name for t in kept}
+    assert [names[u] for u in edges.upstream] == edges.names == ["a", "a", "b", "c"]
 
 
 def test_finish_and_claim_parameters_are_those_of_their_queries() -> None:
