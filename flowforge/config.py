@@ -57,6 +57,10 @@ DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_QUEUE = "flowforge.tasks"
 #: The largest prefetch count AMQP can carry (basic.qos's prefetch-count is a short).
 MAX_PREFETCH = 65535
+#: The most api processes a tree runs (``api.processes``): each is a whole api child with its
+#: own pool of ``database.pool_max`` connections, so the cap keeps a typo from exhausting
+#: PostgreSQL's ``max_connections``.
+MAX_API_PROCESSES = 32
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -224,7 +228,10 @@ class ApiConfig:
     request_body_timeout_s: float = 60.0  # then its body, within this of the head
     max_connections_per_client: int = 20
     connection_limit: int = 200  # open connections in all; waitress's own limit
-    threads: int = 4  # requests served at once
+    threads: int = 4  # requests served at once, per api process
+    # api children of `flowforge up`, all accepting on the one listening socket (each bound by
+    # its own CPU under the GIL: more processes is more requests/s on more cores)
+    processes: int = 1
     ready_cache_s: float = 2.0
     # never from the file itself: only through token_env or a token file (never in a repr)
     token: str | None = field(default=None, repr=False, metadata=DERIVED)
@@ -235,6 +242,8 @@ class ApiConfig:
         _positive(self.request_body_timeout_s, "request_body_timeout_s")
         _positive(self.connection_limit, "connection_limit")
         _positive(self.threads, "threads")
+        if isinstance(self.processes, bool) or not 1 <= self.processes <= MAX_API_PROCESSES:
+            raise ValueError(f"processes must be between 1 and {MAX_API_PROCESSES}")
         if self.max_connections_per_client < 0:
             raise ValueError("max_connections_per_client must be 0 (no cap) or more")
         if not 0 <= self.ready_cache_s < math.inf:

@@ -77,7 +77,7 @@ def build_specs(config: Config, listener: socket.socket | None = None) -> list[C
     sees it (:meth:`~flowforge.config.Config.for_pool`: its queue, its handler modules).
     SIGHUP replaces the workers, then the scheduler, then the api (``ROLL_*``).
     ``listener``: the api's listening socket (:func:`bind_listener`), served by every api
-    child and closed by every other child."""
+    child (``api.processes`` of them) and closed by every other child."""
     p = config.processes
 
     def role(name: str, stop_group: int, **more: Any) -> ChildSpec:
@@ -108,7 +108,9 @@ def build_specs(config: Config, listener: socket.socket | None = None) -> list[C
     scheduler = role("scheduler", 0, rolling=True, roll_order=ROLL_SCHEDULER)
     specs = [scheduler, *pools, role("publisher", 2)]
     if config.api is not None:
-        specs.append(role("api", 3, rolling=True, roll_order=ROLL_API))
+        # api.processes children accept on the one socket: the kernel hands each connection to
+        # one of them; one that dies is restarted while the others serve on
+        specs.append(role("api", 3, count=config.api.processes, rolling=True, roll_order=ROLL_API))
     return specs
 
 
@@ -168,6 +170,8 @@ def preload_driver() -> None:
 def banner(config: Config) -> str:
     """What ``flowforge up`` runs and where it connects; passwords are never shown."""
     api = f"api on http://{config.api.listen}" if config.api else "no api"
+    if config.api is not None and config.api.processes > 1:
+        api += f" ({config.api.processes} processes)"
     nodes = ", ".join(redact_url(u) for u in config.broker.url)
     pools = config.pools()
     workers = sum(pool.workers for pool in pools)

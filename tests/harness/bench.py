@@ -38,6 +38,7 @@ from flowforge.store.events import Events
 from flowforge.store.migrate import migrate
 from flowforge.store.triggers import Triggers
 from tests.harness import (
+    api_children,
     bench_api,
     bench_async,
     bench_events,
@@ -128,9 +129,11 @@ class Tree:
         workers: int,
         reserved: int = 0,
         queue: str | None = None,
+        api_processes: int = 1,
     ) -> None:
         """``reserved``: that many more workers, reserved for priorities 5 and above;
-        ``queue``: the task queue (None: one of its own), shared by trees given the same."""
+        ``queue``: the task queue (None: one of its own), shared by trees given the same;
+        ``api_processes``: the api's ``processes``."""
         self.queue = queue or f"flowforge.bench.{uuid.uuid4().hex[:8]}"
         [self.api_port] = free_ports(1)
         workflows = directory / "workflows"
@@ -150,7 +153,7 @@ class Tree:
                     {"queue": self.queue, "workers": reserved, "min_priority": 5},
                 ]
             },
-            "api": bench_api.api_settings(self.api_port),
+            "api": {**bench_api.api_settings(self.api_port), "processes": api_processes},
             "logging": {"level": "WARNING"},
         }
         self.config_path = directory / "bench.yaml"
@@ -197,15 +200,15 @@ class Tree:
         if self.proc is None:
             return {}
         pids = [self.proc.pid, *child_pids(self.proc.pid, recursive=True)]
+        apis = set(api_children.api_pids(self.proc.pid))
         totals = {"rss_kb": 0, "pss_kb": 0, "api_rss_kb": 0}
         counted = 0
         for pid in pids:
             try:
-                title = Path(f"/proc/{pid}/cmdline").read_bytes()
                 rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
             except OSError:
                 continue
-            api = title.startswith(b"flowforge: api")
+            api = pid in apis
             counted += not api
             for line in rollup:
                 if line.startswith("Rss:"):

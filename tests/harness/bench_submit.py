@@ -15,9 +15,14 @@ Nothing here asserts a figure. Run alone (a tree of its own, nothing else measur
 
     python -m tests.harness.bench_submit --database-url URL --broker-url URL [--quick]
 
-``--api-only`` runs the api child alone (``flowforge role api``) instead of a tree: nothing
-publishes or executes the runs, so the figures are the submission path's own, not shared with
-the work it creates — the A/B of a change to that path on a busy 2-core machine.
+``--api-only`` runs the api children alone (tests/harness/api_children.py: the tree's api spec
+under a supervisor) instead of a tree: nothing publishes or executes the runs, so the figures
+are the submission path's own, not shared with the work it creates — the A/B of a change to
+that path on a busy 2-core machine. ``--api-processes N`` sets ``api.processes``.
+
+Run alone, each workload also records the CPU per run (ms, read from /proc by
+tests/harness/cpuprobe.py) of the caller (this process), the api children, the rest of the
+tree, PostgreSQL and RabbitMQ (every process of each server: use servers nothing else uses).
 
 ``--only`` picks workloads (``one,http,many,http-batch``): an A/B against code without the
 batch endpoint leaves ``http-batch`` out.
@@ -40,10 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from flowforge.client import Client
 from flowforge.config import load_config
-from tests.harness import CHECKOUT, bench_api, bench_maps
+from tests.harness import CHECKOUT, api_children, bench_api, bench_maps, cpuprobe
+from tests.harness.resources import child_pids
 
 WORKLOADS = ("one", "http", "many", "http-batch")
 Record = Callable[..., None]
@@ -103,30 +110,78 @@ def http_batch(port: int, workflow: str, runs: int, per_call: int) -> float:
 
 
 def measure(
-    client: Client, port: int, workflow: str, settings: SubmitSettings, record: Record
+    client: Client,
+    port: int,
+    workflow: str,
+    settings: SubmitSettings,
+    record: Record,
+    probe: cpuprobe.Probe | None = None,
 ) -> None:
-    """Every workload of ``settings.only``, in the order of :data:`WORKLOADS`."""
+    """Every workload of ``settings.only``, in the order of :data:`WORKLOADS`; with ``probe``,
+    also the CPU per run of each of its groups (``submit one: CPU per run, api``, in ms)."""
     s = settings
+
+    def probed(name: str, runs: int, work: Callable[[], float], **extra: Any) -> None:
+        if probe is not None:
+            probe.start()
+        record(name, "runs/s", work(), runs=runs, **extra)
+        if probe is not None:
+            for group, seconds in probe.stop().items():
+                record(f"{name}: CPU per run, {group}", "ms/run", 1000 * seconds / runs)
+
     if "one" in s.only:
-        record("submit one", "runs/s", one_at_a_time(client, workflow, s.runs), runs=s.runs)
+        probed("submit one", s.runs, lambda: one_at_a_time(client, workflow, s.runs))
     if "http" in s.only:
         bench_api.wait_live(port, 60.0)
-        figures, _ = bench_api.trigger(port, workflow, s.runs, s.clients)
-        record("submit http", "runs/s", figures.requests_per_s, clients=s.clients, runs=s.runs)
-        record("submit http p50", "ms", figures.p50_ms)
-        record("submit http p99", "ms", figures.p99_ms)
+        latency: list[float] = []
+
+        def http() -> float:
+            figures, _ = bench_api.trigger(port, workflow, s.runs, s.clients)
+            latency[:] = [figures.p50_ms, figures.p99_ms]
+            return figures.requests_per_s
+
+        probed("submit http", s.runs, http, clients=s.clients)
+        record("submit http p50", "ms", latency[0])
+        record("submit http p99", "ms", latency[1])
     if "many" in s.only:
-        rate = many(client, workflow, s.batch_runs, s.per_call)
-        record("submit many", "runs/s", rate, runs=s.batch_runs, per_call=s.per_call)
+        work = lambda: many(client, workflow, s.batch_runs, s.per_call)  # noqa: E731
+        probed("submit many", s.batch_runs, work, per_call=s.per_call)
     if "http-batch" in s.only:
-        rate = http_batch(port, workflow, s.batch_runs, s.per_call)
-        record("submit http batch", "runs/s", rate, runs=s.batch_runs, per_call=s.per_call)
+        work = lambda: http_batch(port, workflow, s.batch_runs, s.per_call)  # noqa: E731
+        probed("submit http batch", s.batch_runs, work, per_call=s.per_call)
 
 
-def run(config_path: Path, port: int, settings: SubmitSettings, record: Record) -> None:
+def run(
+    config_path: Path,
+    port: int,
+    settings: SubmitSettings,
+    record: Record,
+    probe: cpuprobe.Probe | None = None,
+) -> None:
     """:func:`measure` with a :class:`Client` of the tree's config (``scripts/bench``)."""
     with Client(load_config(config_path, env={})) as client:
-        measure(client, port, bench_api_workflow(), settings, record)
+        measure(client, port, bench_api_workflow(), settings, record, probe)
+
+
+def probe_of(supervisor: int, database: str) -> cpuprobe.Probe:
+    """CPU by who spends it: this process (the caller: ``Client``, the HTTP clients), the api
+    children of the tree under ``supervisor``, the rest of that tree, PostgreSQL (the whole
+    server, and the backends of ``database`` alone), RabbitMQ."""
+    me = os.getpid()
+
+    def rest() -> list[int]:
+        apis = set(api_children.api_pids(supervisor))
+        return [p for p in [supervisor, *child_pids(supervisor, True)] if p not in apis]
+
+    return cpuprobe.Probe(
+        {
+            "caller": lambda: [me],
+            "api": lambda: api_children.api_pids(supervisor),
+            "tree": rest,
+            **cpuprobe.services(),
+            "postgresql backends": lambda: cpuprobe.backends(database),
+        }
+    )
 
 
 def bench_api_workflow() -> str:
@@ -137,19 +192,21 @@ def bench_api_workflow() -> str:
 
 
 @contextmanager
-def api_alone(tree: Any) -> Iterator[None]:
-    """``flowforge role api`` with ``tree``'s config (a :class:`~tests.harness.bench.Tree` not
-    started), from this checkout, serving until the block ends."""
+def api_alone(tree: Any) -> Iterator[int]:
+    """The api children alone (``api.processes`` of them under a supervisor, as in a tree:
+    tests/harness/api_children.py) with ``tree``'s config (a :class:`~tests.harness.bench.Tree`
+    not started), from this checkout, serving until the block ends; yields their supervisor's
+    pid."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")}
     env[bench_api.TOKEN_ENV] = bench_api.TOKEN
-    command = [sys.executable, "-m", "flowforge.cli", "-c", str(tree.config_path), "role", "api"]
+    command = [sys.executable, "-m", "tests.harness.api_children", str(tree.config_path)]
     with tree.log_path.open("ab") as log:
         proc = subprocess.Popen(
             command, cwd=CHECKOUT, env=env, stdout=subprocess.DEVNULL, stderr=log
         )
     try:
         bench_api.wait_live(tree.api_port, 60.0)
-        yield
+        yield proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -187,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--api-only", action="store_true", help="the api child alone: nothing executes the runs"
     )
+    parser.add_argument(
+        "--api-processes", type=int, default=1, help="api.processes: api children on the port"
+    )
     args = parser.parse_args(argv)
     only = tuple(w for w in args.only.split(",") if w)
     if set(only) - set(WORKLOADS):
@@ -204,18 +264,23 @@ def main(argv: list[str] | None = None) -> int:
 
     with bench.fresh_database(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
         floors = bench.floors(url)
-        tree = bench.Tree(Path(tmp), url, args.broker_url, args.workers)
+        tree = bench.Tree(
+            Path(tmp), url, args.broker_url, args.workers, api_processes=args.api_processes
+        )
         with ExitStack() as stack:
             if args.api_only:
-                stack.enter_context(api_alone(tree))
+                supervisor = stack.enter_context(api_alone(tree))
             else:
                 stack.callback(tree.stop)
                 tree.start()
+                assert tree.proc is not None
+                supervisor = tree.proc.pid
+            probe = probe_of(supervisor, str(conninfo_to_dict(url)["dbname"]))
             with psycopg.connect(url, autocommit=True) as conn:
                 for rep in range(args.repeat):
                     print(f"repetition {rep + 1}/{args.repeat}", file=sys.stderr)
                     bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
-                    run(tree.config_path, tree.api_port, settings, record)
+                    run(tree.config_path, tree.api_port, settings, record, probe)
                     if not args.api_only:
                         settle(conn, 600.0)
     report = {"floors": floors, "results": {n: r.summary() for n, r in results.items()}}

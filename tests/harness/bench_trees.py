@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -41,45 +40,8 @@ from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
 from tests.harness import bench
+from tests.harness.cpuprobe import cpu_seconds, service_pids, spent
 from tests.harness.resources import child_pids
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-SERVICE_PROCESSES = {"postgres": "postgresql", "beam.smp": "rabbitmq"}
-
-
-def cpu_seconds(pids: Iterable[int]) -> dict[int, float]:
-    """User + system CPU (s) of each of ``pids`` as /proc says now (a process gone is left
-    out)."""
-    found: dict[int, float] = {}
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        found[pid] = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
-    return found
-
-
-def spent(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU (s) spent between two readings by the processes of the second: a process that
-    started between them counts whole, one that ended between them is not seen."""
-    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
-
-
-def service_pids() -> dict[str, list[int]]:
-    """The pids of the machine's PostgreSQL and RabbitMQ processes, by service."""
-    found: dict[str, list[int]] = {name: [] for name in SERVICE_PROCESSES.values()}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-        except OSError:
-            continue
-        service = SERVICE_PROCESSES.get(comm)
-        if service is not None:
-            found[service].append(int(entry.name))
-    return found
 
 
 def tree_pids(tree: bench.Tree) -> list[int]:

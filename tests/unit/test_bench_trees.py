@@ -1,28 +1,15 @@
-"""``scripts/bench --trees`` without trees: how it reads CPU from /proc, credits attempts to
-trees and merges its report (tests/harness/bench_trees.py). The workload itself runs real trees
-and is never run by the suite (docs/performance.md, "Several trees")."""
+"""``scripts/bench --trees`` without trees: how it credits attempts to trees and merges its
+report (tests/harness/bench_trees.py; its CPU readings: tests/unit/test_cpuprobe.py). The
+workload itself runs real trees and is never run by the suite (docs/performance.md, "Several
+trees")."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from tests.harness import bench, bench_trees
-
-
-def test_cpu_is_read_per_process_and_a_gone_process_is_left_out() -> None:
-    me = os.getpid()
-    readings = bench_trees.cpu_seconds([me, 2**22 + 1])  # above pid_max's default: no such pid
-    assert list(readings) == [me]
-    assert readings[me] > 0  # this interpreter has run
-
-
-def test_cpu_spent_counts_new_processes_whole_and_ignores_ended_ones() -> None:
-    before = {1: 2.0, 2: 5.0, 3: 1.0}  # 3 ends before the second reading
-    after = {1: 2.5, 2: 7.0, 4: 0.25}  # 4 started between them
-    assert bench_trees.spent(before, after) == 0.5 + 2.0 + 0.25
 
 
 class Attempts:
