@@ -128,9 +128,11 @@ class Tree:
         workers: int,
         reserved: int = 0,
         queue: str | None = None,
+        scheduler: dict[str, Any] | None = None,
     ) -> None:
         """``reserved``: that many more workers, reserved for priorities 5 and above;
-        ``queue``: the task queue (None: one of its own), shared by trees given the same."""
+        ``queue``: the task queue (None: one of its own), shared by trees given the same;
+        ``scheduler``: the config's ``scheduler:`` section (None: the defaults)."""
         self.queue = queue or f"flowforge.bench.{uuid.uuid4().hex[:8]}"
         [self.api_port] = free_ports(1)
         workflows = directory / "workflows"
@@ -153,6 +155,8 @@ class Tree:
             "api": bench_api.api_settings(self.api_port),
             "logging": {"level": "WARNING"},
         }
+        if scheduler is not None:
+            config["scheduler"] = scheduler
         self.config_path = directory / "bench.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = directory / "tree.log"
@@ -717,6 +721,44 @@ def run_trees(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_stored(args: argparse.Namespace) -> int:
+    """``scripts/bench --stored ROWS``: the engine and the dashboard's reads with ROWS READY
+    tasks and ROWS finished runs stored, against the empty database
+    (:mod:`tests.harness.bench_stored`); the report merged into ``--json`` under ``"stored"``."""
+    from tests.harness import bench_stored  # it builds on this module
+
+    tasks = 100 if args.quick else min(args.tasks, 2000)
+    runs = 10 if args.quick else min(args.latency_runs, 100)
+    with service_urls(args) as (server_url, broker_url):
+        with fresh_database(server_url) as url:
+            measured_floors = floors(url)
+        report: dict[str, Any] = {
+            "machine": machine(server_url, broker_url),
+            "floors": measured_floors,
+            "settings": {
+                "rows": args.stored,
+                "workers": args.workers,
+                "tasks": tasks,
+                "runs": runs,
+            },
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "load_average": os.getloadavg(),
+        }
+        report |= bench_stored.measure(
+            server_url,
+            broker_url,
+            args.stored,
+            args.workers,
+            tasks,
+            runs,
+            lambda m: print(m, file=sys.stderr),
+        )
+    merge_json(args.json, "stored", report)
+    bench_stored.print_report(report)
+    print(f'JSON written to {args.json} (under "stored")')
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__)
     parser.add_argument("--workers", type=int, default=4)
@@ -746,9 +788,18 @@ def main(argv: list[str] | None = None) -> int:
         help="tree counts (e.g. 1,2,3): that many trees on one database and queue, --workers each,"
         " instead of the other workloads",
     )
+    parser.add_argument(
+        "--stored",
+        type=int,
+        metavar="ROWS",
+        help="ROWS READY tasks and ROWS finished runs stored, against an empty database,"
+        " instead of the other workloads",
+    )
     args = parser.parse_args(argv)
     if args.trees:
         return run_trees(args)
+    if args.stored:
+        return run_stored(args)
     if args.fanout is None:
         args.fanout = 1000 if args.compare else 5000
     settings = Settings(
