@@ -299,6 +299,11 @@ class SchedulerConfig:
     # ones were, was lost by the broker and is dispatched again (seconds)
     redispatch_after_s: float = 120.0
     housekeeping_interval_s: float = 60.0  # retention purge, lost dispatches, dead registrations
+    # while the retention purge is behind (a batch found more rows due than it could delete),
+    # it runs batches steered towards retention_batch_s seconds each, pausing so that purging
+    # takes at most retention_share of the time (0 to 1) — flowforge/roles/retention.py
+    retention_batch_s: float = 0.1
+    retention_share: float = 0.1
 
     def __post_init__(self) -> None:
         _positive(self.poll_interval_s, "poll_interval_s")
@@ -306,6 +311,9 @@ class SchedulerConfig:
         _positive(self.crash_loop_threshold, "crash_loop_threshold")
         _positive(self.redispatch_after_s, "redispatch_after_s")
         _positive(self.housekeeping_interval_s, "housekeeping_interval_s")
+        _positive(self.retention_batch_s, "retention_batch_s")
+        if not 0 < self.retention_share <= 1:
+            raise ValueError("retention_share must be more than 0 and at most 1")
         _positive(self.retention_days, "retention_days")
         _positive(self.idempotency_retention_days, "idempotency_retention_days")
         if self.idempotency_retention_days < 2 * self.retention_days:

@@ -29,6 +29,7 @@ from flowforge.domain.model import FireRecord, PassReport, Routed
 from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
+from flowforge.roles.retention import RetentionPacing
 from flowforge.store.breakers import Gates
 from flowforge.store.children import Children
 from flowforge.store.db import Database
@@ -75,6 +76,13 @@ class Scheduler:
         self._listener = Listener(config.database, SCHEDULER_CHANNEL)
         self._presence = Presence(self._repo, "scheduler")
         self._next_housekeeping = 0.0
+        scheduler = config.scheduler
+        self._retention = RetentionPacing(
+            limit=scheduler.batch_size,
+            interval_s=scheduler.housekeeping_interval_s,
+            batch_s=scheduler.retention_batch_s,
+            share=scheduler.retention_share,
+        )
 
     def initialize(self) -> None:
         # A file (or a workflow module) with a problem must not stop the tree (a typo before
@@ -118,6 +126,7 @@ class Scheduler:
             self._presence.tick()
             beat()
             self._housekeeping()
+            self._retain()
             if report.total == 0:
                 self._listener.wait(self._wait_s(poll))
 
@@ -126,7 +135,8 @@ class Scheduler:
         wake-up, deadline or fire time of this scheduler's schedules if sooner (never less than
         MIN_WAIT_S: a due item another scheduler holds locked is not spun on)."""
         due = self._repo.next_due_s(list(self._workflows))
-        return poll if due is None else min(poll, max(due, MIN_WAIT_S))
+        wait = poll if due is None else min(poll, max(due, MIN_WAIT_S))
+        return min(wait, max(self._retention.wait_s(time.monotonic()), MIN_WAIT_S))
 
     def run_pass(self) -> PassReport:
         """One pass over every kind of work, each bounded by the batch size."""
@@ -197,13 +207,8 @@ class Scheduler:
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + self._config.scheduler.housekeeping_interval_s
-        # retention: finished runs without a DEAD task, and task keys on their own clock
-        purged = self._repo.purge(
-            self._config.scheduler.retention_days * SECONDS_PER_DAY,
-            self._config.scheduler.batch_size,
-            key_age_s=self._config.scheduler.idempotency_retention_days * SECONDS_PER_DAY,
-        )
-        self._repo.purge_fires(
+        # (finished runs and task keys: _retain, paced on its own)
+        purged = self._repo.purge_fires(
             self._config.scheduler.retention_days * SECONDS_PER_DAY,
             self._config.scheduler.batch_size,
         )
@@ -221,6 +226,23 @@ class Scheduler:
                 forgotten,
                 extra={"action": "housekeeping"},
             )
+
+    def _retain(self) -> None:
+        """One retention batch if one is due (:class:`RetentionPacing` says when, and how
+        big): finished runs without a DEAD task, published outbox rows, breaker and gate
+        history, and task keys on their own clock. Logged once the purge has caught up."""
+        if not self._retention.due(time.monotonic()):
+            return
+        started = time.monotonic()
+        purged = self._repo.purge(
+            self._config.scheduler.retention_days * SECONDS_PER_DAY,
+            self._retention.limit,
+            key_age_s=self._config.scheduler.idempotency_retention_days * SECONDS_PER_DAY,
+        )
+        ended = time.monotonic()
+        caught_up = self._retention.done(ended, purged, ended - started)
+        if caught_up:
+            logger.info("retention purged %d old row(s)", caught_up, extra={"action": "retention"})
 
     def reset(self) -> None:
         self._listener.close()

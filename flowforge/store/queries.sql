@@ -1526,24 +1526,37 @@ SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
 -- id), or not at all (claimed by a finishing worker straight from its finish). It gets a new
 -- dispatch generation
 -- (token + 1) with its own outbox row; should the old message still turn up, it is stale and
--- claims nothing.
-WITH lost AS (
-    SELECT t.id
+-- claims nothing. Only tasks of a queue a registered worker consumes are judged (or of no
+-- queue, migration 0014): a queue nobody consumes has moved past nothing, and its backlog —
+-- a million READY tasks waiting for a pool not started — would otherwise be compared, task by
+-- task, with every claimed dispatch. A message lost on such a queue is judged once a worker of
+-- it registers (docs/failure-model.md, 17). The candidates are read first (MATERIALIZED: with
+-- none, the claimed dispatches are never read) and matched to those by queue and band in a
+-- hash ('' stands for NULL: no queue may be named ''), not by band alone.
+WITH candidates AS MATERIALIZED (
+    SELECT t.id, coalesce(o.queue, '') AS queue, o.priority, o.published_at, o.id AS outbox_id
       FROM task_runs t
       JOIN outbox o ON o.task_run_id = t.id AND o.fencing_token = t.fencing_token
      WHERE t.state = 'READY'
        AND t.ready_at < now() - make_interval(secs => %(age_s)s)
        AND o.published_at < now() - make_interval(secs => %(age_s)s)
+       AND (t.queue IS NULL
+            OR t.queue IN (SELECT p.queue FROM processes p WHERE p.role = 'worker'))
+), lost AS (
+    SELECT t.id
+      FROM task_runs t
+      JOIN candidates c ON c.id = t.id
+     WHERE t.state = 'READY'
        AND EXISTS (SELECT 1
                      FROM outbox later
                      JOIN task_attempts a ON a.task_run_id = later.task_run_id
                                          AND a.fencing_token = later.fencing_token + 1
-                    WHERE later.queue IS NOT DISTINCT FROM o.queue
-                      AND (later.priority > 0) = (o.priority > 0)
-                      AND (later.priority >= 5) = (o.priority >= 5)
-                      AND (coalesce(later.published_at, 'infinity') > o.published_at
-                           OR (later.published_at = o.published_at
-                               AND (later.priority, -later.id) < (o.priority, -o.id))))
+                    WHERE coalesce(later.queue, '') = c.queue
+                      AND (later.priority > 0) = (c.priority > 0)
+                      AND (later.priority >= 5) = (c.priority >= 5)
+                      AND (coalesce(later.published_at, 'infinity') > c.published_at
+                           OR (later.published_at = c.published_at
+                               AND (later.priority, -later.id) < (c.priority, -c.outbox_id))))
      ORDER BY t.ready_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED

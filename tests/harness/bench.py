@@ -130,10 +130,12 @@ class Tree:
         reserved: int = 0,
         queue: str | None = None,
         api_processes: int = 1,
+        scheduler: dict[str, Any] | None = None,
     ) -> None:
         """``reserved``: that many more workers, reserved for priorities 5 and above;
         ``queue``: the task queue (None: one of its own), shared by trees given the same;
-        ``api_processes``: the api's ``processes``."""
+        ``api_processes``: the api's ``processes``; ``scheduler``: the config's ``scheduler:``
+        section (None: the defaults)."""
         self.queue = queue or f"flowforge.bench.{uuid.uuid4().hex[:8]}"
         [self.api_port] = free_ports(1)
         workflows = directory / "workflows"
@@ -156,6 +158,8 @@ class Tree:
             "api": {**bench_api.api_settings(self.api_port), "processes": api_processes},
             "logging": {"level": "WARNING"},
         }
+        if scheduler is not None:
+            config["scheduler"] = scheduler
         self.config_path = directory / "bench.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = directory / "tree.log"
@@ -720,6 +724,44 @@ def run_trees(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_stored(args: argparse.Namespace) -> int:
+    """``scripts/bench --stored ROWS``: the engine and the dashboard's reads with ROWS READY
+    tasks and ROWS finished runs stored, against the empty database
+    (:mod:`tests.harness.bench_stored`); the report merged into ``--json`` under ``"stored"``."""
+    from tests.harness import bench_stored  # it builds on this module
+
+    tasks = 100 if args.quick else min(args.tasks, 2000)
+    runs = 10 if args.quick else min(args.latency_runs, 100)
+    with service_urls(args) as (server_url, broker_url):
+        with fresh_database(server_url) as url:
+            measured_floors = floors(url)
+        report: dict[str, Any] = {
+            "machine": machine(server_url, broker_url),
+            "floors": measured_floors,
+            "settings": {
+                "rows": args.stored,
+                "workers": args.workers,
+                "tasks": tasks,
+                "runs": runs,
+            },
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "load_average": os.getloadavg(),
+        }
+        report |= bench_stored.measure(
+            server_url,
+            broker_url,
+            args.stored,
+            args.workers,
+            tasks,
+            runs,
+            lambda m: print(m, file=sys.stderr),
+        )
+    merge_json(args.json, "stored", report)
+    bench_stored.print_report(report)
+    print(f'JSON written to {args.json} (under "stored")')
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__)
     parser.add_argument("--workers", type=int, default=4)
@@ -749,9 +791,18 @@ def main(argv: list[str] | None = None) -> int:
         help="tree counts (e.g. 1,2,3): that many trees on one database and queue, --workers each,"
         " instead of the other workloads",
     )
+    parser.add_argument(
+        "--stored",
+        type=int,
+        metavar="ROWS",
+        help="ROWS READY tasks and ROWS finished runs stored, against an empty database,"
+        " instead of the other workloads",
+    )
     args = parser.parse_args(argv)
     if args.trees:
         return run_trees(args)
+    if args.stored:
+        return run_stored(args)
     if args.fanout is None:
         args.fanout = 1000 if args.compare else 5000
     settings = Settings(

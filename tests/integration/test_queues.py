@@ -137,6 +137,9 @@ def test_a_retry_a_claim_handed_back_and_a_lost_dispatch_keep_their_queue(
     later = repo.trigger(WorkflowDef("later", (TaskDef("x", "tests.noop", queue="partner"),)))
     x = task_ids(repo, later.run_id)["x"]
     claim_task(repo, sql, x)
+    # judged only once a worker consumes partner: a queue nobody consumes moved past nothing
+    assert repo.redispatch_lost(60.0, 10) == 0
+    repo.register_process(uuid.uuid4(), "host", 1, "worker", queue="partner")
     assert repo.redispatch_lost(60.0, 10) == 1  # c (partner), not a (tree-a: nothing later)
     assert [queue for _, queue in outbox(sql, ids["c"])] == ["partner"] * 4
     assert outbox(sql, ids["a"]) == [(0, "tree-a")]

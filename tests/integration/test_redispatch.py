@@ -8,6 +8,8 @@ published after it were claimed — gets a new dispatch generation.
 
 from __future__ import annotations
 
+import uuid
+
 import pika
 import psycopg
 import pytest
@@ -66,6 +68,27 @@ def test_a_backlog_nobody_has_consumed_past_is_not_redispatched(repo: Store, sql
         age(sql, task_run_id)
     assert repo.redispatch_lost(AGE_S, 100) == 0  # still queued behind each other: not lost
     assert all(repo.get_run(r).task("only").fencing_token == 0 for r in runs)
+
+
+def test_a_queue_no_worker_consumes_is_judged_once_a_worker_of_it_registers(
+    repo: Store, sql: Conn
+) -> None:
+    """A lost dispatch on a named queue is judged only while a worker of that queue is
+    registered: a backlog of a queue nobody consumes is never compared with the claimed
+    dispatches (at a million READY tasks that comparison is what took the scheduler's time)."""
+    wf = single("served", "h")
+    lost = repo.trigger(wf, {"n": 1}, queue="served").run_id
+    repo.trigger(wf, {"n": 2}, queue="served")
+    drain(repo)
+    (lost_task, old_token), (later_task, later_token) = dispatch(sql)
+    assert repo.claim(later_task, later_token, "w", 30).outcome is ClaimOutcome.EXECUTE
+    age(sql, lost_task)
+    repo.register_process(uuid.uuid4(), "host", 1, "worker", queue="another")
+    assert repo.redispatch_lost(AGE_S, 100) == 0  # nobody consumes "served"
+    assert repo.get_run(lost).task("only").fencing_token == old_token
+    repo.register_process(uuid.uuid4(), "host", 2, "worker", queue="served")
+    assert repo.redispatch_lost(AGE_S, 100) == 1
+    assert repo.get_run(lost).task("only").fencing_token == old_token + 1
 
 
 def test_a_young_unclaimed_dispatch_is_left_alone(repo: Store, sql: Conn) -> None:

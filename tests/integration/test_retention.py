@@ -445,3 +445,42 @@ def housekeeping_once(config: Config) -> None:
         scheduler.loop(OneRound(), lambda: None)
     finally:
         scheduler.shutdown()
+
+
+def test_a_retention_backlog_goes_in_paced_batches_not_one_batch_a_housekeeping_interval(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    """Eleven old runs, batches of 2, housekeeping once a minute: before pacing, one batch a
+    minute (2 runs); paced, the batches follow each other within their share of the time
+    until none is left, and then the purge waits for the next interval."""
+    runs = [finished_run(repo, sql) for _ in range(11)]
+    for run_id in runs:
+        backdate(sql, run_id, hours=30)
+    keep = finished_run(repo, sql)  # finished just now: kept
+    config = Config(
+        database=DatabaseConfig(url=clean_database_url),
+        scheduler=SchedulerConfig(
+            poll_interval_s=0.05,
+            batch_size=2,
+            retention_days=1,
+            idempotency_retention_days=2,
+            housekeeping_interval_s=60.0,
+            retention_share=0.5,
+        ),
+    )
+    scheduler = Scheduler(config)
+    scheduler.initialize()
+    stop = threading.Event()
+    thread = threading.Thread(target=scheduler.loop, args=(stop, lambda: None), daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: count(sql, "workflow_runs") == 1,
+            timeout=20.0,
+            what="the old runs to be purged in paced batches",
+        )
+    finally:
+        stop.set()
+        thread.join(10.0)
+        scheduler.shutdown()
+    assert [r[0] for r in sql.execute("SELECT id FROM workflow_runs")] == [keep]

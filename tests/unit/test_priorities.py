@@ -112,8 +112,8 @@ def test_the_publisher_takes_the_highest_priority_first_and_lost_dispatches_stay
     lock = queries.load()["lock_outbox"].decode()
     assert re.search(r"ORDER BY priority DESC, id\s+LIMIT", lock)
     lost = queries.load()["redispatch_lost"].decode()
-    assert "(later.priority > 0) = (o.priority > 0)" in lost
-    assert "(later.priority >= 5) = (o.priority >= 5)" in lost
+    assert "(later.priority > 0) = (c.priority > 0)" in lost
+    assert "(later.priority >= 5) = (c.priority >= 5)" in lost
 
 
 def test_every_insert_into_task_runs_carries_a_priority() -> None:

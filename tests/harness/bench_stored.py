@@ -1,0 +1,253 @@
+"""``scripts/bench --stored ROWS``: the engine with a big store against an empty one (issue 22,
+"Scale of what is stored"; docs/performance.md "Stored scale").
+
+On one fresh database a tree (``--workers`` workers) is measured twice: first with the database
+empty, then after :mod:`tests.harness.stored_fill` added ``ROWS`` READY tasks on a queue no
+worker consumes and ``ROWS`` finished runs. Each time:
+
+* ``trigger rate`` (runs/s, batches of 500 one-task runs) and ``tasks/s`` (first run created →
+  last of its tasks finished, database timestamps);
+* ``dispatch p50/p99`` (ms, a run triggered → its task started, one run at a time) and ``claim
+  p50/p99`` (ms, its dispatch published → its attempt started: the broker's hand-over and the
+  worker's claim statement);
+* the reads the dashboard's pages make (``GET /api/v1/overview``, ``/api/v1/runs``,
+  ``/api/v1/dead``, ``/api/v1/processes``), ``/metrics``, ``/health/ready`` and ``stats``
+  (:meth:`~flowforge.store.reads.Reads.stats`, in this process): the median of
+  :data:`READS` calls each, ms.
+
+Loaded over empty is printed for each figure (the target: 1.5 times at most for the engine's
+figures, :data:`ENGINE`, and 200 ms loaded for the reads), and the database's bytes per task
+run after the fill. Nothing here asserts a figure. Run alone::
+
+    python -m tests.harness.bench_stored --database-url URL --broker-url URL --rows 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from flowforge.config import DatabaseConfig
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.store.db import Database
+from flowforge.store.reads import Reads
+from flowforge.store.triggers import Triggers
+from tests.harness import bench, bench_api, stored_fill
+
+#: Calls per read figure (the median is reported).
+READS = 5
+#: The reads timed over HTTP: figure name → path.
+PAGES = {
+    "overview": "/api/v1/overview",
+    "runs page": "/api/v1/runs?limit=50",
+    "dead page": "/api/v1/dead?limit=50",
+    "processes": "/api/v1/processes",
+    "/metrics": "/metrics",
+    "/health/ready": "/health/ready",
+}
+#: Figures whose loaded/empty ratio has the 1.5x target (the rest: 200 ms loaded).
+ENGINE = ("trigger rate", "tasks/s", "dispatch p50", "dispatch p99", "claim p50", "claim p99")
+
+
+def _get_ms(port: int, path: str) -> float:
+    """One GET of ``path`` (a 200 expected), in milliseconds, on a new connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=bench_api.TIMEOUT_S)
+    try:
+        started = time.perf_counter()
+        conn.request("GET", path, headers=bench_api._headers())
+        bench_api.check(conn.getresponse(), 200)
+        return (time.perf_counter() - started) * 1000
+    finally:
+        conn.close()
+
+
+def _wait_done(conn: psycopg.Connection[Any], workflow: str, tasks: int, timeout_s: float) -> None:
+    """Wait until ``tasks`` tasks of ``workflow``'s runs SUCCEEDED."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
+            " WHERE r.workflow = %s AND t.state = 'SUCCEEDED'",
+            (workflow,),
+        ).fetchone()
+        if row and row[0] >= tasks:
+            return
+        time.sleep(bench.POLL_S)
+    raise RuntimeError(f"{workflow}: not done in {timeout_s} s")
+
+
+def engine(
+    repo: Triggers, conn: psycopg.Connection[Any], tasks: int, runs: int, timeout_s: float
+) -> dict[str, float]:
+    """Trigger rate, tasks/s, dispatch and claim latency (see the module docstring) of
+    workflows of their own (so the store's other rows are not counted)."""
+    suffix = uuid.uuid4().hex[:8]
+    many = WorkflowDef(f"stored-many-{suffix}", (TaskDef("t", "bench.noop"),))
+    started = time.perf_counter()
+    for offset in range(0, tasks, bench.TRIGGER_BATCH):
+        repo.trigger_many(many, [{"i": i} for i in range(offset, min(tasks, offset + 500))])
+    triggered = time.perf_counter() - started
+    _wait_done(conn, many.name, tasks, timeout_s)
+    row = conn.execute(
+        "SELECT extract(epoch FROM max(t.finished_at) - min(r.created_at))"
+        " FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id WHERE r.workflow = %s",
+        (many.name,),
+    ).fetchone()
+    one = WorkflowDef(f"stored-one-{suffix}", (TaskDef("t", "bench.noop"),))
+    for i in range(runs):
+        repo.trigger(one, {"i": i})
+        _wait_done(conn, one.name, i + 1, timeout_s)
+    found = conn.execute(
+        "SELECT extract(epoch FROM t.started_at - r.created_at) * 1000,"
+        "       extract(epoch FROM a.started_at - o.published_at) * 1000"
+        "  FROM workflow_runs r JOIN task_runs t ON t.run_id = r.id"
+        "  JOIN task_attempts a ON a.task_run_id = t.id AND a.attempt = 1"
+        "  JOIN outbox o ON o.task_run_id = t.id AND o.fencing_token = a.fencing_token - 1"
+        " WHERE r.workflow = %s",
+        (one.name,),
+    ).fetchall()
+    dispatch = sorted(float(r[0]) for r in found)
+    claim = sorted(float(r[1]) for r in found)
+    return {
+        "trigger rate": tasks / triggered,
+        "tasks/s": tasks / float(row[0]) if row and row[0] else float("nan"),
+        "dispatch p50": bench._pct(dispatch, 50),
+        "dispatch p99": bench._pct(dispatch, 99),
+        "claim p50": bench._pct(claim, 50),
+        "claim p99": bench._pct(claim, 99),
+    }
+
+
+def reads(port: int, store: Reads) -> dict[str, float]:
+    """The median of :data:`READS` calls of each read (ms)."""
+    found: dict[str, float] = {}
+    for name, path in PAGES.items():
+        found[name] = statistics.median(_get_ms(port, path) for _ in range(READS))
+    timed = []
+    for _ in range(READS):
+        started = time.perf_counter()
+        store.stats(3)
+        timed.append((time.perf_counter() - started) * 1000)
+    found["stats"] = statistics.median(timed)
+    return found
+
+
+def phase(
+    url: str, broker_url: str, workers: int, tasks: int, runs: int, timeout_s: float
+) -> dict[str, float]:
+    """The engine's figures and the reads' with a tree of ``workers`` on ``url`` as it is."""
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp).chmod(0o755)
+        tree = bench.Tree(Path(tmp), url, broker_url, workers)
+        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
+        db.open()
+        try:
+            tree.start()
+            bench_api.wait_live(tree.api_port, bench.READY_TIMEOUT_S)
+            with psycopg.connect(url, autocommit=True) as conn:
+                figures = engine(Triggers(db), conn, tasks, runs, timeout_s)
+            return figures | reads(tree.api_port, Reads(db))
+        finally:
+            tree.stop()
+            db.close()
+
+
+def measure(
+    server_url: str,
+    broker_url: str,
+    rows: int,
+    workers: int,
+    tasks: int,
+    runs: int,
+    progress: Callable[[str], None],
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Both phases on one fresh database (see the module docstring): per figure its unit,
+    ``empty``, ``loaded`` and ``ratio``; the fill's timings and the bytes per task run."""
+    with bench.fresh_database(server_url) as url:
+        progress("stored: empty database")
+        empty = phase(url, broker_url, workers, tasks, runs, timeout_s)
+        progress(f"stored: filling {rows:,} READY tasks and {rows:,} finished runs")
+        fill = stored_fill.fill(url, rows, rows, progress)
+        size = stored_fill.bytes_per_task_run(url)
+        progress("stored: loaded database")
+        loaded = phase(url, broker_url, workers, tasks, runs, timeout_s)
+    figures = {
+        name: {
+            "unit": "runs/s"
+            if name == "trigger rate"
+            else "tasks/s"
+            if name == "tasks/s"
+            else "ms",
+            "empty": round(empty[name], 3),
+            "loaded": round(loaded[name], 3),
+            "ratio": round(_cost(name, empty[name], loaded[name]), 3),
+        }
+        for name in empty
+    }
+    return {"rows": rows, "figures": figures, "fill_s": fill, "size": size}
+
+
+def _cost(name: str, empty: float, loaded: float) -> float:
+    """How many times worse loaded is than empty (a rate's inverse: above 1 is worse)."""
+    if name in ("trigger rate", "tasks/s"):
+        return empty / loaded if loaded else float("inf")
+    return loaded / empty if empty else float("inf")
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f"stored: {report['rows']:,} READY tasks + {report['rows']:,} finished runs")
+    print(f"{'figure':<16} {'empty':>10} {'loaded':>10} {'cost':>7}  unit  target")
+    for name, f in report["figures"].items():
+        target = "<= 1.5x" if name in ENGINE else "< 200 ms loaded"
+        print(
+            f"{name:<16} {f['empty']:>10.1f} {f['loaded']:>10.1f} {f['ratio']:>6.2f}x"
+            f"  {f['unit']}  {target}"
+        )
+    size = report["size"]
+    print(
+        f"database: {size['database_bytes'] / 2**20:,.0f} MiB, "
+        f"{size['bytes_per_task_run']:,.0f} bytes per task run "
+        f"({', '.join(f'{k} {v:,.0f}' for k, v in size['tables'].items())})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_stored", description=__doc__)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--latency-runs", type=int, default=100)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--broker-url", required=True)
+    parser.add_argument("--json", type=Path, help="where to merge the report (under 'stored')")
+    args = parser.parse_args(argv)
+    report = measure(
+        args.database_url,
+        args.broker_url,
+        args.rows,
+        args.workers,
+        args.tasks,
+        args.latency_runs,
+        lambda m: print(m, file=sys.stderr),
+    )
+    if args.json:
+        bench.merge_json(args.json, "stored", report)
+    print_report(report)
+    print(json.dumps(report["figures"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
