@@ -746,9 +746,30 @@ def main(argv: list[str] | None = None) -> int:
         help="tree counts (e.g. 1,2,3): that many trees on one database and queue, --workers each,"
         " instead of the other workloads",
     )
+    parser.add_argument(
+        "--soak",
+        type=float,
+        metavar="MINUTES",
+        help="a tree fed at a fixed rate for MINUTES, sampled; verdicts (RSS, p99, bloat,"
+        " connections) instead of the other workloads",
+    )
+    parser.add_argument("--soak-rate", type=float, help="chains/s (default: half the most)")
+    parser.add_argument(
+        "--payloads",
+        action="store_true",
+        help="throughput and bytes per task with 100 B, 10 KB and 100 KB inputs and results",
+    )
     args = parser.parse_args(argv)
     if args.trees:
         return run_trees(args)
+    if args.soak is not None:
+        from tests.harness import bench_soak  # it builds on this module
+
+        return bench_soak.run(args)
+    if args.payloads:
+        from tests.harness import bench_payloads  # it builds on this module
+
+        return bench_payloads.run(args)
     if args.fanout is None:
         args.fanout = 1000 if args.compare else 5000
     settings = Settings(
