@@ -798,11 +798,32 @@ def main(argv: list[str] | None = None) -> int:
         help="ROWS READY tasks and ROWS finished runs stored, against an empty database,"
         " instead of the other workloads",
     )
+    parser.add_argument(
+        "--soak",
+        type=float,
+        metavar="MINUTES",
+        help="a tree fed at a fixed rate for MINUTES, sampled; verdicts (RSS, p99, bloat,"
+        " connections) instead of the other workloads",
+    )
+    parser.add_argument("--soak-rate", type=float, help="chains/s (default: half the most)")
+    parser.add_argument(
+        "--payloads",
+        action="store_true",
+        help="throughput and bytes per task with 100 B, 10 KB and 100 KB inputs and results",
+    )
     args = parser.parse_args(argv)
     if args.trees:
         return run_trees(args)
     if args.stored:
         return run_stored(args)
+    if args.soak is not None:
+        from tests.harness import bench_soak  # it builds on this module
+
+        return bench_soak.run(args)
+    if args.payloads:
+        from tests.harness import bench_payloads  # it builds on this module
+
+        return bench_payloads.run(args)
     if args.fanout is None:
         args.fanout = 1000 if args.compare else 5000
     settings = Settings(

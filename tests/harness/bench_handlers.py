@@ -42,3 +42,9 @@ def sleep(ctx: Any) -> None:
     """A handler that spends ``input.ms`` milliseconds away from the CPU, as one that waits
     on a remote service does."""
     time.sleep(float(ctx.input["ms"]) / 1000)
+
+
+@task("bench.echo")
+def echo(ctx: Any) -> dict[str, Any]:
+    """Returns its input's ``blob``: a result as large as the input (scripts/bench --payloads)."""
+    return {"blob": ctx.input["blob"]}

@@ -1,0 +1,165 @@
+"""The verdicts of ``scripts/bench --soak`` (:mod:`tests.harness.bench_soak`), from its samples.
+
+Pure: a list of samples in, a dict of verdicts out, nothing read or measured here, so that each
+rule is unit-tested (tests/unit/test_bench_soak.py). A sample is a dict:
+
+* ``t_s``: seconds since the soak's feed started;
+* ``rss_kb``: RSS (kB) by process label (``title [pid]``: a restarted process is a new label);
+* ``dispatch_p99_ms`` / ``hop_p99_ms``: p99 over the runs seen finished in the interval before
+  the sample (None: none finished);
+* ``tables``: by table, ``live`` and ``dead`` tuples, ``bytes`` (heap) and ``index_bytes``;
+* ``connections``: the bench database's open connections.
+
+Each verdict is ``{"ok": True | False | None, "why": str, ...figures}``; ``ok`` None means not
+judged (too few samples, or, for bloat, autovacuum off: dead tuples then only grow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Sample = dict[str, Any]
+
+#: The steady state starts at minute 5, or at a sixth of a shorter soak.
+STEADY_AFTER_S = 300.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the verdicts allow. ``rss_growth``: RSS of every process at the end over its RSS at
+    the steady start, minus one (0.05: +5%); ``p99_ratio`` and ``p99_slack_ms``: the last
+    interval's p99 may be up to ``ratio`` times the first steady interval's, or ``slack_ms``
+    more (whichever is larger: a few ms are noise on a loaded machine); ``dead_floor`` +
+    ``dead_per_live`` * live tuples: the dead tuples a table may hold at the end (autovacuum
+    starts at 50 + 0.2 * rows by default); ``connections_slack``: open connections after the
+    steady start may exceed the count at it by this many."""
+
+    rss_growth: float = 0.05
+    p99_ratio: float = 1.5
+    p99_slack_ms: float = 5.0
+    dead_floor: int = 1000
+    dead_per_live: float = 0.5
+    connections_slack: int = 0
+
+
+def steady_start_s(duration_s: float) -> float:
+    """When the steady state starts (s): minute 5, or a sixth of a soak shorter than 30 min."""
+    return min(STEADY_AFTER_S, duration_s / 6)
+
+
+def _steady(samples: Sequence[Sample], steady_s: float) -> list[Sample]:
+    """The samples taken at or after ``steady_s``."""
+    return [s for s in samples if s["t_s"] >= steady_s]
+
+
+def rss_flat(samples: Sequence[Sample], steady_s: float, limits: Limits) -> dict[str, Any]:
+    """Every process's RSS at the end within ``limits.rss_growth`` of its RSS at the first
+    steady sample; a process there that is gone at the end (it exited or restarted) fails."""
+    steady = _steady(samples, steady_s)
+    if len(steady) < 2:
+        return {"ok": None, "why": "fewer than two samples after the steady start"}
+    first, last = steady[0]["rss_kb"], steady[-1]["rss_kb"]
+    growth = {
+        label: round(last[label] / kb - 1, 4) for label, kb in first.items() if label in last and kb
+    }
+    gone = sorted(label for label in first if label not in last)
+    total_first, total_last = sum(first.values()), sum(last.values())
+    worst = max(growth.items(), key=lambda item: item[1], default=("", 0.0))
+    ok = not gone and all(g <= limits.rss_growth for g in growth.values())
+    why = (
+        f"processes gone: {', '.join(gone)}"
+        if gone
+        else f"largest growth {worst[1]:+.1%} ({worst[0]}), limit {limits.rss_growth:+.0%}"
+    )
+    return {
+        "ok": ok,
+        "why": why,
+        "growth": growth,
+        "gone": gone,
+        "total_kb": [total_first, total_last],
+        "from_s": steady[0]["t_s"],
+    }
+
+
+def p99_stable(
+    samples: Sequence[Sample], steady_s: float, key: str, limits: Limits
+) -> dict[str, Any]:
+    """The p99 ``key`` of the last interval with one, against the first steady interval's."""
+    values = [(s["t_s"], s[key]) for s in _steady(samples, steady_s) if s.get(key) is not None]
+    if len(values) < 2:
+        return {"ok": None, "why": f"fewer than two steady intervals with a {key}"}
+    (first_t, first), (last_t, last) = values[0], values[-1]
+    allowed = max(first * limits.p99_ratio, first + limits.p99_slack_ms)
+    return {
+        "ok": last <= allowed,
+        "why": f"{last:.1f} ms at {last_t:.0f}s against {first:.1f} ms at {first_t:.0f}s"
+        f" (allowed {allowed:.1f})",
+        "first_ms": first,
+        "last_ms": last,
+        "max_ms": max(v for _, v in values),
+    }
+
+
+def bloat_bounded(samples: Sequence[Sample], autovacuum: bool, limits: Limits) -> dict[str, Any]:
+    """Every table's dead tuples at the end within ``dead_floor + dead_per_live * live``; its
+    bytes (heap and indexes) at the end are reported, not judged (a table of the runs kept
+    grows with them). Not judged with autovacuum off: dead tuples then only grow."""
+    if not samples:
+        return {"ok": None, "why": "no samples"}
+    last = samples[-1]["tables"]
+    tables: dict[str, Any] = {}
+    over = []
+    for name, t in last.items():
+        allowed = limits.dead_floor + limits.dead_per_live * t["live"]
+        tables[name] = {
+            "dead": t["dead"],
+            "live": t["live"],
+            "allowed_dead": round(allowed),
+            "bytes": t["bytes"] + t["index_bytes"],
+            "max_dead": max(s["tables"].get(name, {}).get("dead", 0) for s in samples),
+        }
+        if t["dead"] > allowed:
+            over.append(name)
+    if not autovacuum:
+        return {
+            "ok": None,
+            "why": "not judged: autovacuum is off on this server",
+            "tables": tables,
+        }
+    why = f"dead tuples over the bound: {', '.join(over)}" if over else "every table within"
+    return {"ok": not over, "why": why, "tables": tables}
+
+
+def connections_flat(samples: Sequence[Sample], steady_s: float, limits: Limits) -> dict[str, Any]:
+    """No more open connections after the steady start than at it (plus the slack)."""
+    steady = _steady(samples, steady_s)
+    if len(steady) < 2:
+        return {"ok": None, "why": "fewer than two samples after the steady start"}
+    first = steady[0]["connections"]
+    peak = max(s["connections"] for s in steady)
+    return {
+        "ok": peak <= first + limits.connections_slack,
+        "why": f"{first} at the steady start, {peak} at most after, {steady[-1]['connections']}"
+        " at the end",
+        "first": first,
+        "max": peak,
+        "last": steady[-1]["connections"],
+    }
+
+
+def verdicts(
+    samples: Sequence[Sample], duration_s: float, autovacuum: bool, limits: Limits | None = None
+) -> dict[str, Any]:
+    """Every verdict of a soak of ``duration_s`` seconds."""
+    limits = limits or Limits()
+    steady_s = steady_start_s(duration_s)
+    return {
+        "steady_from_s": steady_s,
+        "rss": rss_flat(samples, steady_s, limits),
+        "dispatch_p99": p99_stable(samples, steady_s, "dispatch_p99_ms", limits),
+        "hop_p99": p99_stable(samples, steady_s, "hop_p99_ms", limits),
+        "bloat": bloat_bounded(samples, autovacuum, limits),
+        "connections": connections_flat(samples, steady_s, limits),
+    }
