@@ -263,11 +263,16 @@ class Continuation:
 class Finished:
     """What a batch of finishes did: the task runs that committed (the rest were stale), the
     dependents made READY, as (task run, token) pairs a worker may claim itself, and those of
-    them a :class:`Continuation` already claimed (their READY token is in ``ready`` too)."""
+    them a :class:`Continuation` already claimed (their READY token is in ``ready`` too).
+    ``queued``: the outbox rows the finish wrote (one per dependent made READY, on any queue);
+    ``unpublished``: how many of them no notification told the publisher of yet (the caller
+    that claims them in the same transaction tells it of the rest)."""
 
     committed: frozenset[UUID]
     ready: tuple[tuple[UUID, int], ...] = ()
     claimed: tuple[Claim, ...] = ()
+    queued: int = 0
+    unpublished: int = 0
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from flowforge.domain import transitions
 from flowforge.domain.breakers import COUNTED_FAILURES
 from flowforge.domain.model import (
     DEFAULT_UPSTREAM_INLINE,
+    Claim,
     ClaimOutcome,
     ClaimResult,
     Continuation,
@@ -175,6 +176,8 @@ class Claims(Part):
             return rows.finished(self._query("finish", params))
         if then is not None and then.limit > 0:
             transitions.check(TaskState.READY, TaskState.RUNNING)
+            # the publisher hears only of what the continuation leaves (_finish_then_claim)
+            params["publish"] = False
         return self._transaction(_finish_then_claim, params, then, broke, self.upstream_inline)
 
 
@@ -216,10 +219,15 @@ def _finish_then_claim(
     if then is None or then.limit <= 0:
         return finished
     wanted = finished.ready[: then.limit]
-    if not wanted:
-        return finished
-    found = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, True, inline))
-    return replace(finished, claimed=tuple(rows.claim(row) for row in found))
+    claimed: tuple[Claim, ...] = ()
+    if wanted:
+        found = tx.all("claim", rows.claim_params(wanted, then.worker, then.lease_s, True, inline))
+        claimed = tuple(rows.claim(row) for row in found)
+    # a dependent this worker did not take (another queue, a key, past the limit, held by the
+    # gate) goes out as a message: the publisher is told, in this transaction
+    if finished.unpublished > len(claimed):
+        tx.all("notify_outbox")
+    return replace(finished, claimed=claimed, unpublished=0)
 
 
 def _finish_params(
@@ -242,4 +250,10 @@ def _finish_params(
         if finish.state is TaskState.FAILED and finish.reason is None:
             raise ValueError("a failure needs a reason")
     columns = rows.finish_columns(outcomes, label)
-    return {**columns, "offer": offer, "queue": queue, "min_priority": min_priority}
+    return {
+        **columns,
+        "offer": offer,
+        "queue": queue,
+        "min_priority": min_priority,
+        "publish": True,
+    }

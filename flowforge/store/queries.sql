@@ -31,7 +31,12 @@ released AS (
              GROUP BY e.downstream_id) AS x
      WHERE t.id = x.id AND (t.state = 'PENDING') IS TRUE  -- by primary key (see claim)
     RETURNING t.id, t.state, t.fencing_token, t.queue, t.priority,
-              t.idempotency_key IS NULL AS keyless
+              t.idempotency_key IS NULL AS keyless,
+              -- left PENDING with nothing to wait for but a scheduler pass (admission, a timer,
+              -- a map, an event, a child run, a run_if gate: its last count is the gate)
+              t.state = 'PENDING' AND (t.pending_deps = 0
+                                       OR (t.pending_deps = 1 AND t.run_if <> 'all_succeeded'))
+                  AS for_pass
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
     SELECT id, fencing_token, queue, priority FROM released WHERE state = 'READY'
@@ -1011,7 +1016,12 @@ WITH outcome AS (
      -- (… IS TRUE): the primary key is the only way in (see claim)
      WHERE t.id = o.id AND (t.state = 'RUNNING') IS TRUE AND t.fencing_token = o.token
     RETURNING t.id, t.attempt, t.idempotency_key, o.token, o.state, o.result, o.reason,
-              o.error, o.traceback, o.outcome, o.output, o.dropped
+              o.error, o.traceback, o.outcome, o.output, o.dropped,
+              -- its end frees what a scheduler pass hands on: a concurrency slot, an ordering
+              -- stream, a map's item (settle, open a slot); or its run asked it to stop (a rate
+              -- window counts starts, not ends: a rate key needs no pass here)
+              (t.concurrency_key IS NOT NULL OR t.ordering_key IS NOT NULL
+               OR t.map_id IS NOT NULL OR t.cancel_requested) AS for_pass
 ), closed AS (
     -- with the attempt's captured output (NULL: it wrote nothing, or kept what was written)
     UPDATE task_attempts a
@@ -1043,16 +1053,37 @@ WITH outcome AS (
 -- Success releases the dependents here rather than in a scheduler pass (one hop fewer per DAG
 -- level).
 -- use: release_dependents(done)
+, woken AS (
+    -- The scheduler is woken only when its pass has work from this finish: an outcome other
+    -- than success (route a failure, propagate a cancellation), an end that frees something
+    -- (done.for_pass), a dependent left for a pass (released.for_pass), a gate held (a probe's
+    -- verdict, a parked task), or a success that released no dependent: its run may be over.
+    -- A success that released one leaves its run an unfinished task, so the run's state
+    -- cannot change: its propagation (marking it) waits for whichever pass comes next.
+    SELECT pg_notify('flowforge_scheduler', '')
+     WHERE EXISTS (SELECT 1 FROM done d
+                    WHERE d.state <> 'SUCCEEDED' OR d.for_pass
+                       OR NOT EXISTS (SELECT 1 FROM task_edges e
+                                        JOIN released r ON r.id = e.downstream_id
+                                       WHERE e.upstream_id = d.id))
+        OR EXISTS (SELECT 1 FROM released WHERE for_pass)
+        OR (SELECT flowforge_gates_closed())
+)
 -- one row per finished task (ready_token NULL), then up to %(offer)s of the dependents made
 -- READY (NULL: all) on the finishing worker's queue %(queue)s (or on none: see migration
 -- 0014) and of at least its %(min_priority)s (a reserved worker's), which it may claim itself;
 -- the rest go out as messages, to their own queues and bands. Keyless ones first: a
--- continuation claims only those (finish_many), and up to its limit of them.
-SELECT id, NULL::bigint AS ready_token, pg_notify('flowforge_scheduler', '')::text AS notified,
-       (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued) AS queued
+-- continuation claims only those (finish_many), and up to its limit of them. With
+-- %(publish)s false the publisher is not notified here: the caller claims the dependents in
+-- this transaction and notifies it (notify_outbox) only for those it did not claim (queued
+-- counts the outbox rows written either way).
+SELECT id, NULL::bigint AS ready_token, (SELECT count(*) FROM woken) AS woken,
+       (SELECT count(*) FROM queued) AS queued,
+       (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued WHERE %(publish)s::bool)
+           AS published
   FROM done
 UNION ALL
-(SELECT id, fencing_token, NULL, NULL FROM released
+(SELECT id, fencing_token, NULL, NULL, NULL FROM released
   WHERE state = 'READY' AND (queue IS NULL OR queue = %(queue)s)
     AND priority >= %(min_priority)s
   ORDER BY keyless DESC LIMIT %(offer)s);

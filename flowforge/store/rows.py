@@ -284,12 +284,18 @@ def large_upstream(ref: Mapping[str, Any]) -> LargeUpstream:
 
 
 def finished(found: Sequence[Row]) -> Finished:
-    """The ``finish`` query's rows: finished ids (no ready token), then released dependents."""
+    """The ``finish`` query's rows: finished ids (no ready token; each also carries the
+    statement's outbox counts), then released dependents."""
+    head = next((row for row in found if row["ready_token"] is None), None)
+    queued = int(head["queued"]) if head is not None else 0
+    published = int(head["published"]) if head is not None else 0
     return Finished(
         committed=frozenset(row["id"] for row in found if row["ready_token"] is None),
         ready=tuple(
             (row["id"], row["ready_token"]) for row in found if row["ready_token"] is not None
         ),
+        queued=queued,
+        unpublished=queued - published,
     )
 
 

@@ -127,6 +127,7 @@ def test_finish_releasing_a_wide_fanout_reads_tasks_by_primary_key(
         "offer": 16,
         "queue": None,
         "min_priority": 0,
+        "publish": True,
     }
     assert _bad_scans(sql, queries.load()["finish"], params) == []
     # and the statement really releases the whole fan-out

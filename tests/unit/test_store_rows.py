@@ -101,7 +101,7 @@ def test_finish_and_claim_parameters_are_those_of_their_queries() -> None:
     tid = uuid.uuid4()
     failed = Finish(TaskState.FAILED, reason=FailureReason.HANDLER_ERROR, error="x\x00y")
     finish = rows.finish_columns([(tid, 3, failed)])
-    assert set(finish) | {"offer", "queue", "min_priority"} == placeholders("finish")
+    assert set(finish) | {"offer", "queue", "min_priority", "publish"} == placeholders("finish")
     assert finish["outcomes"] == ["failed"] and finish["errors"] == ["x\ufffdy"]
     claim = rows.claim_params([(tid, 3)], "w1", 30.0, local=False)
     assert set(claim) == placeholders("claim")
