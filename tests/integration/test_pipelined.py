@@ -177,7 +177,8 @@ class Probe(Part):
                 {"names": ["probe"], "digests": [definition.digest], "definitions": [Jsonb({})]},
             )
             if fail == "statement":  # a foreign key no task satisfies: fails at the commit
-                tx.send("insert_edges", {"upstream": [uuid.uuid4()], "downstream": [uuid.uuid4()]})
+                edge = {"upstream": [uuid.uuid4()], "downstream": [uuid.uuid4()], "names": ["up"]}
+                tx.send("insert_edges", edge)
             if fail == "work":
                 raise RuntimeError("the work failed after sending")
             row = tx.one("trigger_clock")
@@ -215,7 +216,8 @@ class Sender(Part):
 
     def send_bad(self, pipelined: bool) -> None:
         def work(tx: Tx) -> None:
-            tx.send("insert_edges", {"upstream": [uuid.uuid4()], "downstream": [uuid.uuid4()]})
+            edge = {"upstream": [uuid.uuid4()], "downstream": [uuid.uuid4()], "names": ["up"]}
+            tx.send("insert_edges", edge)  # no such tasks: refused by the foreign key
             self.went_on = True
 
         if pipelined:
