@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from flowforge import up
-from flowforge.config import MAX_API_PROCESSES, Config, ConfigError, load_config
+from flowforge.config import MAX_API_PROCESSES, Config, load_config
+from flowforge.errors import ConfigError
 from tests.unit.test_supervisor_loop import Loop, logged
 
 __all__ = ["logged"]  # the fixture: the supervisor's log records by action

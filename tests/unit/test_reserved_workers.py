@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from flowforge.broker.consume import RESERVED_PRIORITY, Consumer
-from flowforge.config import BrokerConfig, ConfigError, load_config
+from flowforge.config import BrokerConfig, load_config
 from flowforge.domain.names import BANDS, band
+from flowforge.errors import ConfigError
 from flowforge.up import build_specs
 
 # every value that is not a band's lowest priority, by class
