@@ -132,7 +132,7 @@ def print_table(results: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``scripts/bench --payloads``: the report merged into ``--json`` under ``"payloads"``."""
-    tasks = 200 if args.quick else 1000
+    tasks = 50 if args.quick else 1000
     repeat = 1 if args.quick else args.repeat
     with bench.service_urls(args) as (server_url, broker_url):
         report: dict[str, Any] = {
