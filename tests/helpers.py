@@ -322,3 +322,31 @@ def query_count(sql: psycopg.Connection[tuple[Any, ...]], query: str, *args: Any
     row = sql.execute(query, args).fetchone()
     assert row is not None
     return int(row[0])
+
+
+# ------------------------------------------------------------------ harness modules
+# Imports for this block live here so it could be appended without touching the lines above.
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+#: The checkout a harness module runs from (its working directory, as scripts/bench's).
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def run_harness_json(
+    module: str, json_path: Path, *args: str, timeout_s: float = 300.0
+) -> tuple[dict[str, Any], str]:
+    """Run ``python -m module --json json_path *args`` from the checkout, as scripts/bench does
+    (no ``FLOWFORGE_*`` variable leaks into its trees), and return the JSON it wrote and its
+    stdout; an AssertionError with the tail of its stderr if it did not exit 0."""
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--json", str(json_path), *args],
+        cwd=CHECKOUT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(json_path.read_text()), result.stdout

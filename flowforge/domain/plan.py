@@ -95,7 +95,7 @@ class RunPlan:
     run_ids: list[UUID] = field(default_factory=list)
     inputs: list[JsonText] = field(default_factory=list)
     keys: list[str | None] = field(default_factory=list)
-    digests: list[str] = field(default_factory=list)
+    digests: list[str | None] = field(default_factory=list)
     tasks: list[PlannedTask] = field(default_factory=list)
     upstream: list[UUID] = field(default_factory=list)
     downstream: list[UUID] = field(default_factory=list)
@@ -210,7 +210,9 @@ def plan_runs(
         plan.run_ids.append(run_id)
         plan.inputs.append(stored)
         plan.keys.append(key)
-        plan.digests.append(request_digest(workflow.name, stored))
+        # only a key is compared with a digest: without one, the input is not parsed, dumped
+        # and hashed once more (a third of a 100 KB trigger's Python; docs/performance.md)
+        plan.digests.append(None if key is None else request_digest(workflow.name, stored))
         ids = {t.name: uuid.uuid4() for t in ordered}
         for task in ordered:
             label = f"{where}task {task.name!r}"

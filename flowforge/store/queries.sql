@@ -85,18 +85,24 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 -- (deadline_s, NULL for none) counts from its start, else from now(): the database's clock.
 -- A child run (sub-workflows) carries its parent task and attempt, and its nesting depth.
 -- priority: the one the runs were triggered with (NULL: none; a child run inherits it).
+-- The inputs come as one jsonb array (rows.jsonb_array), read back by position: as a jsonb[]
+-- psycopg escaped every byte of every input for the array literal (100 KB inputs: most of a
+-- trigger's time; docs/performance.md "Soak and payloads"). ORDER BY n: written in the
+-- caller's order, as the arrays of unnest were.
 INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
                            request_digest, state, start_at, deadline_at, parent_run_id,
                            parent_task_id, parent_attempt, depth, priority)
-SELECT r.id, %(workflow)s, %(digest)s, r.input, %(fail_fast)s, r.key, r.request_digest,
+SELECT r.id, %(workflow)s, %(digest)s, i.input, %(fail_fast)s, r.key, r.request_digest,
        CASE WHEN s.start_at IS NULL THEN 'PENDING' ELSE 'SCHEDULED' END, s.start_at,
        coalesce(s.start_at, now()) + make_interval(secs => %(deadline_s)s::float8),
        %(parent_run_id)s::uuid, %(parent_task_id)s::uuid, %(parent_attempt)s::int,
        %(depth)s::int, %(priority)s::smallint
-  FROM unnest(%(ids)s::uuid[], %(inputs)s::jsonb[], %(keys)s::text[], %(digests)s::text[])
-       AS r(id, input, key, request_digest),
-       (SELECT coalesce(%(start_at)s::timestamptz,
-                        now() + make_interval(secs => %(delay_s)s::float8)) AS start_at) AS s
+  FROM unnest(%(ids)s::uuid[], %(keys)s::text[], %(digests)s::text[]) WITH ORDINALITY
+       AS r(id, key, request_digest, n)
+  JOIN jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n) USING (n)
+ CROSS JOIN (SELECT coalesce(%(start_at)s::timestamptz,
+                             now() + make_interval(secs => %(delay_s)s::float8)) AS start_at) AS s
+ ORDER BY n
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -981,14 +987,22 @@ SELECT id, state,
 -- 'operator' where its stop would have ended it CANCELLED. Attempts are closed, idempotency keys settled,
 -- dependents released (PENDING → READY with an outbox row when nothing else holds them) and
 -- the scheduler and publisher notified in the same statement: one round trip for a batch.
+-- The results come as one jsonb array (rows.jsonb_array, as insert_runs' inputs), each a
+-- one-element array or null: a stored JSON null stays apart from no result (SQL NULL).
 WITH outcome AS (
-    SELECT *
+    -- (a scalar's -> 0 is itself: the type, not the operator, tells null from [null])
+    SELECT o.id, o.token, o.state,
+           CASE WHEN jsonb_typeof(r.wrapped) = 'array' THEN r.wrapped -> 0 END AS result,
+           o.reason, o.error, o.traceback, o.outcome, o.output, o.dropped, o.progress, o.message
       FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(states)s::text[],
-                  %(results)s::jsonb[], %(reasons)s::text[], %(errors)s::text[],
+                  %(reasons)s::text[], %(errors)s::text[],
                   %(tracebacks)s::text[], %(outcomes)s::text[], %(outputs)s::text[],
                   %(dropped)s::bigint[], %(progress)s::float8[], %(messages)s::text[])
-           AS o(id, token, state, result, reason, error, traceback, outcome, output, dropped,
-                progress, message)
+           WITH ORDINALITY
+           AS o(id, token, state, reason, error, traceback, outcome, output, dropped,
+                progress, message, n)
+      JOIN jsonb_array_elements(%(results)s::jsonb) WITH ORDINALITY AS r(wrapped, n)
+           USING (n)
 ), done AS (
     UPDATE task_runs t
        SET state = CASE WHEN o.state = 'CANCELLED' AND t.bury_requested THEN 'DEAD'

@@ -7,7 +7,7 @@ mapping returns columns: ``{parameter name: [value per object]}``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 from uuid import UUID
@@ -466,11 +466,21 @@ def jsonb(text: JsonText) -> Jsonb:
     return Jsonb(text, dumps=str)
 
 
-def stored_result(result: Any) -> Jsonb | None:
-    """A finish's result as a parameter: checked here unless the worker has (a JsonText)."""
-    if result is None:
-        return None
-    return jsonb(result if isinstance(result, JsonText) else to_json(result, "the result"))
+def jsonb_array(texts: Iterable[str]) -> Jsonb:
+    """JSON texts as one ``jsonb`` parameter, the array of them (a query reads it back with
+    ``jsonb_array_elements ... WITH ORDINALITY``). Not a ``jsonb[]``: psycopg dumps an array
+    element by element, escaping each one's quotes and backslashes for the array literal, a
+    pass of Python over every byte of every payload; this text goes to the server as is."""
+    return jsonb(JsonText("[" + ",".join(texts) + "]"))
+
+
+def stored_results(results: Iterable[Any]) -> Jsonb:
+    """The ``finish`` query's ``results``: each result (checked here unless the worker has: a
+    JsonText) as a one-element array, or null for none (:func:`jsonb_array`)."""
+    return jsonb_array(
+        "null" if r is None else f"[{r if isinstance(r, JsonText) else to_json(r, 'the result')}]"
+        for r in results
+    )
 
 
 def task_records(
@@ -550,8 +560,9 @@ def pair_params(claims: Sequence[tuple[UUID, int]]) -> dict[str, Any]:
 
 def finish_columns(
     outcomes: Sequence[tuple[UUID, int, Finish]], label: str | None = None
-) -> dict[str, list[Any]]:
-    """The ``finish`` query's parameter arrays (the transitions are the caller's to check).
+) -> dict[str, Any]:
+    """The ``finish`` query's parameters: arrays, and the results as one jsonb
+    (:func:`stored_results`); the transitions are the caller's to check.
 
     ``label`` overrides the attempt outcome written (``reused`` for a stored result).
     """
@@ -561,7 +572,6 @@ def finish_columns(
             "ids",
             "tokens",
             "states",
-            "results",
             "reasons",
             "errors",
             "tracebacks",
@@ -574,7 +584,6 @@ def finish_columns(
         columns["ids"].append(task_run_id)
         columns["tokens"].append(token)
         columns["states"].append(str(finish.state))
-        columns["results"].append(stored_result(finish.result))
         columns["reasons"].append(None if reason is None else str(reason))
         # free text from handlers: cleaned (NUL, lone surrogates → U+FFFD) and cut, never refused
         error, tb = finish.error, finish.traceback
@@ -584,7 +593,7 @@ def finish_columns(
         )
         columns["outcomes"].append(label or OUTCOMES[finish.state])
         _add_captured(columns, finish.captured)
-    return columns
+    return {**columns, "results": stored_results(f.result for _, _, f in outcomes)}
 
 
 #: The parameter arrays of an attempt's captured output and progress (``finish``,

@@ -251,7 +251,7 @@ def _insert_plan(
         "ids": plan.run_ids,
         "workflow": workflow.name,
         "digest": workflow.digest,
-        "inputs": [rows.jsonb(i) for i in plan.inputs],
+        "inputs": rows.jsonb_array(plan.inputs),
         "fail_fast": workflow.fail_fast,
         "keys": plan.keys,
         "digests": plan.digests,

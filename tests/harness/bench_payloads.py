@@ -9,7 +9,7 @@ payload of that size costs. Per size, on tables emptied first:
 
 * tasks/s (database timestamps: first run created → last task finished) and the trigger's
   runs/s (the caller's clock, batches of :data:`BATCH`);
-* bytes per task each hot table grew by (``pg_total_relation_size``: heap, TOAST and indexes),
+* bytes per task each hot table grew by, in all and by heap, TOAST and indexes,
   and the stored (compressed) size of an input and of a result (``pg_column_size``);
 * WAL bytes per task (``pg_current_wal_lsn``: the server's, every database's — run it on a
   server nothing else writes to).
@@ -44,9 +44,13 @@ ECHO = WorkflowDef("payload", (TaskDef("t", "bench.echo"),))
 #: The JSON around the blob: ``{"blob": "..."}``.
 _ENVELOPE = len('{"blob":""}')
 
-SIZES_SQL = (
-    "SELECT relname::text, pg_total_relation_size(oid) FROM pg_class WHERE relname = ANY(%(t)s)"
-)
+#: Per table: heap, TOAST (with its index) and indexes, bytes.
+SIZES_SQL = """
+SELECT relname::text, pg_relation_size(oid),
+       coalesce(pg_total_relation_size(nullif(reltoastrelid, 0)), 0), pg_indexes_size(oid)
+  FROM pg_class WHERE relname = ANY(%(t)s)
+"""
+PARTS = ("heap", "toast", "indexes")
 STORED_SQL = (
     "SELECT (SELECT avg(pg_column_size(input)) FROM workflow_runs),"
     " (SELECT avg(pg_column_size(result)) FROM task_runs)"
@@ -64,8 +68,13 @@ def _wal(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def _sizes(conn: psycopg.Connection[Any]) -> dict[str, int]:
-    return {name: int(n) for name, n in conn.execute(SIZES_SQL, {"t": list(TABLES)}).fetchall()}
+def _sizes(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], int]:
+    """Bytes by (table, part of :data:`PARTS`)."""
+    return {
+        (row[0], part): int(n)
+        for row in conn.execute(SIZES_SQL, {"t": list(TABLES)}).fetchall()
+        for part, n in zip(PARTS, row[1:], strict=True)
+    }
 
 
 def measure_size(
@@ -104,8 +113,11 @@ def measure_size(
     record(f"{label}: trigger", "runs/s", tasks / triggered)
     record(f"{label}: WAL per task", "bytes/task", wal / tasks)
     for name in TABLES:
-        grown = after_sizes.get(name, 0) - before_sizes.get(name, 0)
-        record(f"{label}: {name} per task", "bytes/task", grown / tasks)
+        grown = {p: after_sizes.get((name, p), 0) - before_sizes.get((name, p), 0) for p in PARTS}
+        record(f"{label}: {name} per task", "bytes/task", sum(grown.values()) / tasks)
+        for part, n in grown.items():
+            if n:
+                record(f"{label}: {name} {part} per task", "bytes/task", n / tasks)
     if stored and stored[0] is not None:
         record(f"{label}: stored input", "bytes", float(stored[0]))
     if stored and stored[1] is not None:
@@ -132,7 +144,7 @@ def print_table(results: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``scripts/bench --payloads``: the report merged into ``--json`` under ``"payloads"``."""
-    tasks = 200 if args.quick else 1000
+    tasks = 50 if args.quick else 1000
     repeat = 1 if args.quick else args.repeat
     with bench.service_urls(args) as (server_url, broker_url):
         report: dict[str, Any] = {

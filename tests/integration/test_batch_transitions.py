@@ -24,6 +24,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Claim, ClaimOutcome, Continuation, Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
+from flowforge.domain.values import JsonText
 from tests.helpers import (
     FAST_RETRY,
     chain,
@@ -720,3 +721,39 @@ def test_a_continuation_claims_at_most_its_limit_and_no_keyed_dependent(
         then=Continuation("w-next", LEASE_S, 2),
     )
     assert len(limited.claimed) == 2 and len(limited.ready) == 5
+
+
+# ------------------------------------------------------------------ payloads as one jsonb array
+
+
+def test_a_batch_s_inputs_and_results_reach_their_own_rows_with_null_apart_from_none(
+    repo: Store, sql: Sql
+) -> None:
+    """insert_runs' inputs and finish's results travel as one jsonb array each, read back by
+    position (rows.jsonb_array): each lands on its own row, and a result
+    that is JSON null is stored as such where no result is stored as SQL NULL."""
+    inputs = [{"n": n, "text": 'quote " and \\ backslash ' * n} for n in range(6)]
+    results = repo.trigger_many(single("payloads", retry=FAST_RETRY), inputs)
+    stored_inputs = dict(
+        sql.execute("SELECT id, input FROM workflow_runs WHERE workflow = 'payloads'").fetchall()
+    )
+    assert [stored_inputs[r.run_id] for r in results] == inputs
+    drain(repo)
+    tasks = [task_ids(repo, r.run_id)["only"] for r in results]
+    claims = claims_of(repo.claim_many([dispatched(sql, t) for t in tasks], "w", LEASE_S))
+    stored: list[Any] = [None, JsonText("null"), {"n": 2}, 'a "quoted" \\ string', [3], 5]
+    finished = repo.finish_many(
+        [
+            (c.task_run_id, c.fencing_token, Finish(TaskState.SUCCEEDED, value))
+            for c, value in zip(claims, stored, strict=True)
+        ]
+    )
+    assert finished.committed == set(tasks)
+    by_task = dict(
+        sql.execute(
+            "SELECT id, result IS NULL FROM task_runs WHERE id = ANY(%s)", (tasks,)
+        ).fetchall()
+    )
+    assert [by_task[c.task_run_id] for c in claims] == [True] + [False] * 5
+    got = {c.task_run_id: repo.get_task(c.task_run_id).result for c in claims}
+    assert [got[c.task_run_id] for c in claims] == [None, None, *stored[2:]]

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_harness_json
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 FIGURES = {
     "throughput",
     "trigger rate",
@@ -45,31 +42,17 @@ FIGURES = {
 def test_a_quick_bench_run_reports_every_figure(
     tmp_path: Path, pg_server_url: str, broker_url: str
 ) -> None:
-    out = tmp_path / "bench.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.harness.bench",
-            "--quick",
-            "--workers",
-            "2",
-            "--json",
-            str(out),
-            "--database-url",
-            pg_server_url,
-            "--broker-url",
-            broker_url,
-        ],
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if not k.startswith("FLOWFORGE_")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    report, stdout = run_harness_json(
+        "tests.harness.bench",
+        tmp_path / "bench.json",
+        "--quick",
+        "--workers",
+        "2",
+        "--database-url",
+        pg_server_url,
+        "--broker-url",
+        broker_url,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(out.read_text())
     assert set(report["results"]) >= FIGURES
     for name in FIGURES:
         figure = report["results"][name]
@@ -80,4 +63,4 @@ def test_a_quick_bench_run_reports_every_figure(
     floors = report["floors"]
     assert floors["postgresql_commits_per_s"] > 0 and floors["postgresql_round_trip_ms"] > 0
     assert floors["python_loop_ms"] > 0
-    assert "throughput" in result.stdout and "machine floors" in result.stdout  # the table
+    assert "throughput" in stdout and "machine floors" in stdout  # the table

@@ -13,7 +13,7 @@ from flowforge.cli.statements import CliStatements
 from flowforge.client import ClientStatements
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Finish
-from flowforge.domain.plan import plan_runs
+from flowforge.domain.plan import plan_runs, request_digest
 from flowforge.domain.policy import RetryPolicy
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
@@ -148,3 +148,9 @@ def test_a_callers_statements_compose_parts_and_add_no_statement(statements: typ
     own = [name for name, value in vars(statements).items() if callable(value)]
     assert own == []
     assert not set(PARTS) <= set(statements.__mro__)
+
+
+def test_only_a_run_with_an_idempotency_key_carries_a_request_digest() -> None:
+    workflow = diamond()
+    plan = plan_runs(workflow, [{"n": 1}, {"n": 1}], ["k", None])
+    assert plan.digests == [request_digest(workflow.name, plan.inputs[0]), None]
