@@ -19,12 +19,14 @@ and a worker's claim and finish through the store, and prints each captured stat
 whether its generic plan has the custom plan's shape — on those tables, and made on the
 freshly migrated (empty) tables then run on the full ones: a connection that prepared it
 right after an install keeps that plan until an ANALYZE of its tables invalidates it.
+``--cost RUNS`` instead prints the CPU per run of that hot path (:func:`hot_path_cost`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -47,6 +49,7 @@ from flowforge.store.db import Database
 from flowforge.store.outbox import Outbox
 from flowforge.store.reads import Reads
 from flowforge.store.triggers import Triggers
+from tests.harness import cpuprobe
 
 PLACEHOLDER = re.compile(rb"%\((\w+)\)s|%%")
 #: What a plan node keeps in its shape: what it does, not what it estimates.
@@ -209,6 +212,39 @@ def exercise(url: str) -> list[Captured]:
         db.close()
 
 
+def hot_path_cost(url: str, runs: int) -> dict[str, float]:
+    """CPU (ms) per run of the store's hot path, in this process and in its one backend: for
+    each run a trigger, its read back, a publisher's sweep, the claim of its first task and a
+    finish that claims the second, then the second's finish — every statement on one pooled
+    connection, so the backend's CPU is theirs alone (nothing polls meanwhile)."""
+    db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "flowforge-plans")
+    db.open()
+    try:
+        (backend,) = db.execute(b"SELECT pg_backend_pid() AS pid")
+        triggers, reads, outbox, claims = Triggers(db), Reads(db), Outbox(db), Claims(db)
+        probe = cpuprobe.Probe(
+            {"client": lambda: [os.getpid()], "backend": lambda: [backend["pid"]]}
+        )
+        done = Finish(TaskState.SUCCEEDED, {})
+        for warm in (True, False):
+            probe.start()
+            for n in range(10 if warm else runs):
+                run = reads.get_run(triggers.trigger(FLOW, {"n": n}).run_id)
+                outbox.publish_outbox(10, lambda batch: [d.outbox_id for d in batch])
+                first = next(t for t in run.tasks if t.name == "a")
+                (claimed,) = claims.claim_many([(first.id, first.fencing_token)], "plans/1", 30.0)
+                assert claimed.claim is not None, claimed
+                then = Continuation("plans/1", 30.0, 1)
+                token = claimed.claim.fencing_token
+                found = claims.finish_many([(first.id, token, done)], 1, then)
+                for claim in found.claimed:
+                    claims.finish_many([(claim.task_run_id, claim.fencing_token, done)])
+            spent = probe.stop()
+        return {group: 1000 * seconds / runs for group, seconds in spent.items()}
+    finally:
+        db.close()
+
+
 def compare(
     made_on: psycopg.Connection[Any], run_on: psycopg.Connection[Any], found: list[Captured]
 ) -> list[tuple[str, bool, bool]]:
@@ -233,7 +269,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--backlog", type=int, default=10_000)
+    parser.add_argument(
+        "--cost", type=int, metavar="RUNS", help="instead: CPU per run of the hot path (ms)"
+    )
     args = parser.parse_args(argv)
+    if args.cost is not None:
+        with bench.fresh_database(args.database_url) as url:
+            fill(url, args.runs, args.backlog)
+            print(json.dumps(hot_path_cost(url, args.cost)))
+        return 0
     with (
         bench.fresh_database(args.database_url) as empty,
         bench.fresh_database(args.database_url) as full,
