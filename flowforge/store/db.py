@@ -58,11 +58,18 @@ def session_options(config: DatabaseConfig) -> str:
     """libpq ``options`` that make the server clean up after a killed client, and no JIT
     compilation: every statement here is short, and the planner's estimates for the admission
     pass over a map's 10,000 waiting items cross ``jit_above_cost``, where compiling costs
-    several times what running does (docs/performance.md, "A map's items under limits")."""
+    several times what running does (docs/performance.md, "A map's items under limits").
+
+    ``plan_cache_mode=force_custom_plan``: a statement prepared to save its parsing (store/
+    part.py ``PREPARED``) is still planned for its values each time, never given the generic
+    plan PostgreSQL would make once from the statistics of that moment — made on a table still
+    small, that plan scans whole tables until the next ANALYZE (docs/performance.md, "Several
+    api processes and prepared statements"). A transaction whose statements' plans read no
+    statistics opts in (``generic_plans``)."""
     return (
         f"-c statement_timeout={config.statement_timeout_ms} "
         f"-c idle_in_transaction_session_timeout={config.idle_in_transaction_timeout_ms} "
-        "-c jit=off"
+        "-c jit=off -c plan_cache_mode=force_custom_plan"
     )
 
 
@@ -138,12 +145,10 @@ class Database:
                 # never prepared server-side by count: a prepared statement soon runs a
                 # generic plan made once, and one made while a table was small (a fresh
                 # install, a burst after a quiet spell) scanned the whole table per row of a
-                # 10,000-task fan-out until autovacuum's next ANALYZE. Planning each execution
-                # for its own values costs about 0.4 ms a statement (chain hop p50 1.1 → 2.0
-                # ms), a bounded price; the worker's statements carry whole batches. Only the
-                # statements a caller asks for (``prepare=True``: the trigger's inserts, fed
-                # by unnest, whose plans read no table statistics; store/part.py PREPARED)
-                # are prepared, so the threshold is one no statement reaches.
+                # 10,000-task fan-out until autovacuum's next ANALYZE. Only the statements a
+                # caller asks for (``prepare=True``: store/part.py PREPARED) are prepared, so
+                # the threshold is one no statement reaches; and even those are planned for
+                # their values (session_options) unless a transaction opts in.
                 "prepare_threshold": NEVER_BY_COUNT,
             },
             timeout=self._config.connect_timeout_s,
@@ -254,14 +259,18 @@ class Database:
                 raise
             sync()
 
-    def execute(self, query: bytes, params: Mapping[str, Any] | None = None) -> list[Row]:
+    def execute(
+        self, query: bytes, params: Mapping[str, Any] | None = None, prepare: bool = False
+    ) -> list[Row]:
         """One statement as its own transaction (one round trip); returns its rows, if any.
+        ``prepare``: prepared server-side on its connection (parsed once; planned for its
+        values each time: :func:`session_options`).
 
         Deadlocks and serialization failures are retried like :meth:`run`; nothing else is.
         """
 
         def one(cur: Cursor) -> list[Row]:
-            cur.execute(query, params)
+            cur.execute(query, params, prepare=prepare)
             return cur.fetchall() if cur.description is not None else []
 
         return self._retrying(self._statement, one)

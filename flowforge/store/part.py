@@ -13,11 +13,15 @@ from :class:`Part` and runs its statements through two helpers and nothing else:
   :meth:`Part._pipelined_read` a read of several statements in one round trip, with no
   explicit transaction (:meth:`Tx.later` queues each, :meth:`Tx.sync` sends them).
 
-The statements of :data:`PREPARED` are prepared server-side once per connection: planning
-them was a third of the server's work for a trigger of one run (docs/performance.md,
-"Submitting work"), and their plans read no table statistics (inserts fed by unnest), so the
-generic plan PostgreSQL switches to is the one it would make each time. Every other statement
-is planned for its own values (flowforge/store/db.py says why).
+The statements of :data:`PREPARED` are prepared server-side once per connection: each
+execution skips parsing and analysis (a third of the server's CPU for a claim) but is still
+planned for its values — the session forces custom plans (``store/db.py`` ``session_options``
+says why). Those of :data:`GENERIC_PLANS` run PostgreSQL's generic plan too: inserts fed by
+arrays, whose plans read no table statistics, so the generic plan is the one it would make each
+time, even made on empty tables (``tests/harness/plans.py`` checks it); a transaction opts in
+before the first of them (``generic_plans``). Every other statement is parsed and planned at
+each execution. docs/performance.md ("Submitting work"; "Several api processes and prepared
+statements") has the measurements.
 
 Both retry a deadlock or serialization failure (``Database.run`` / ``Database.execute``), a
 transaction as a whole, so ``work`` must not have effects outside it that a retry would repeat
@@ -36,8 +40,20 @@ from flowforge.store import queries
 from flowforge.store.db import Cursor, Database, Pipelined, Row
 
 T = TypeVar("T")
-#: Statements prepared server-side (module docstring): inserts whose rows come from arrays.
-PREPARED = frozenset({"insert_runs", "insert_tasks", "insert_edges", "register_definitions"})
+#: Statements whose generic plan is the custom one wherever it is made (module docstring):
+#: inserts whose rows come from arrays.
+GENERIC_PLANS = frozenset({"insert_runs", "insert_tasks", "insert_edges", "register_definitions"})
+#: Statements prepared server-side (module docstring), by name — the hot path's: the trigger's
+#: inserts, the worker's claim and finish, the publisher's sweep, the api's read of a run.
+PREPARED = GENERIC_PLANS | {
+    "claim",
+    "finish",
+    "lock_outbox",
+    "stamp_outbox",
+    "get_run",
+    "get_run_tasks",
+    "run_children",
+}
 #: Whether the libpq psycopg runs on has pipeline mode (14 and later; psycopg[binary] bundles
 #: a recent one).
 PIPELINES = psycopg.Pipeline.is_supported()
@@ -53,7 +69,7 @@ class Tx:
     at once.
     """
 
-    __slots__ = ("_cur", "_pipelined", "_queries")
+    __slots__ = ("_cur", "_generic", "_pipelined", "_queries")
 
     def __init__(
         self, cur: Cursor, named: Mapping[str, bytes], pipelined: Pipelined | None = None
@@ -62,6 +78,7 @@ class Tx:
         self._cur = cur
         self._queries = named
         self._pipelined = pipelined
+        self._generic = False  # generic_plans sent in this transaction
 
     def all(self, name: str, params: Params = None) -> list[Row]:
         """Run ``name``; its rows (none for a statement that returns no rows)."""
@@ -107,6 +124,9 @@ class Tx:
             self._pipelined.after_commit(self._queries[name], params)
 
     def _execute(self, cur: Cursor, name: str, params: Params) -> Cursor:
+        if name in GENERIC_PLANS and not self._generic:
+            self._generic = True  # with the statement, in a pipeline: no round trip of its own
+            cur.execute(self._queries["generic_plans"])
         if name in PREPARED:
             return cur.execute(self._queries[name], params, prepare=True)
         return cur.execute(self._queries[name], params)
@@ -132,7 +152,7 @@ class Part:
 
     def _query(self, name: str, params: Params = None) -> list[Row]:
         """One named statement as its own transaction (one round trip); its rows, if any."""
-        return self._db.execute(self._q[name], params)
+        return self._db.execute(self._q[name], params, name in PREPARED)
 
     def _transaction(self, work: Callable[..., T], *args: Any) -> T:
         """``work(tx, *args)`` in one transaction, retried whole on a conflict."""

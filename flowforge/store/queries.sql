@@ -106,6 +106,12 @@ SELECT r.id, %(workflow)s, %(digest)s, i.input, %(fail_fast)s, r.key, r.request_
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id;
 
+-- name: generic_plans
+-- Lets this transaction's prepared statements run PostgreSQL's generic plan (the session plans
+-- every statement for its values: store/db.py session_options). Sent before the first of
+-- store/part.py GENERIC_PLANS, whose plans read no table statistics.
+SET LOCAL plan_cache_mode = auto;
+
 -- name: trigger_clock
 -- The trigger transaction's now(): an explicit start time is judged against it, never
 -- against the caller's clock.

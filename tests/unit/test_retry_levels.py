@@ -90,7 +90,7 @@ class FakePool:
     def cursor(self) -> Iterator[FakePool]:
         yield self
 
-    def execute(self, query: bytes, params: object = None) -> FakePool:
+    def execute(self, query: bytes, params: object = None, prepare: bool | None = None) -> FakePool:
         self.executed += 1
         step = self.script.pop(0)
         if isinstance(step, Exception):

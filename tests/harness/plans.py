@@ -1,0 +1,301 @@
+"""Whether a named statement's generic plan is the plan PostgreSQL makes for its values.
+
+A statement prepared server-side (``store/part.py`` ``PREPARED``) runs a generic plan after
+five executions, made once per connection from the statistics of that moment, unless its
+estimated cost is above the custom plans'. That is only safe for a statement whose plan does
+not depend on its values: inserts fed by arrays, lookups by key, joins driven by ``unnest``.
+This module checks it on real data, for the parameters the store itself sends:
+
+* :func:`capture` records the parameters of the named statements the store runs meanwhile (in
+  this process, through psycopg's cursor);
+* :func:`plans` prepares a statement (its ``%(name)s`` placeholders numbered) and explains it
+  twice, ``plan_cache_mode`` forced to the generic plan and to a custom one for those values;
+* :func:`shape` is a plan without its estimates: node types, relations, indexes, join types
+  and strategies — what differs when a plan does.
+
+``python -m tests.harness.plans --database-url URL`` fills a fresh database (``--runs`` finished
+two-task runs and a backlog of READY ones), runs a trigger, a read back, a publisher's sweep
+and a worker's claim and finish through the store, and prints each captured statement with
+whether its generic plan has the custom plan's shape — on those tables, and made on the
+freshly migrated (empty) tables then run on the full ones: a connection that prepared it
+right after an install keeps that plan until an ANALYZE of its tables invalidates it.
+``--cost RUNS`` instead prints the CPU per run of that hot path (:func:`hot_path_cost`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from flowforge.config import DatabaseConfig
+from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.model import Continuation, Finish
+from flowforge.domain.states import TaskState
+from flowforge.store import queries
+from flowforge.store.claims import Claims
+from flowforge.store.db import Database
+from flowforge.store.outbox import Outbox
+from flowforge.store.reads import Reads
+from flowforge.store.triggers import Triggers
+from tests.harness import cpuprobe
+
+PLACEHOLDER = re.compile(rb"%\((\w+)\)s|%%")
+#: What a plan node keeps in its shape: what it does, not what it estimates.
+SHAPE_KEYS = (
+    "Node Type",
+    "Strategy",
+    "Partial Mode",
+    "Operation",
+    "Relation Name",
+    "Index Name",
+    "Join Type",
+    "Scan Direction",
+    "Parent Relationship",
+    "Subplan Name",
+    "CTE Name",
+)
+Shape = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Captured:
+    name: str
+    query: bytes
+    params: Mapping[str, Any]
+
+
+@contextmanager
+def capture(names: Sequence[str]) -> Iterator[list[Captured]]:
+    """Record (in order) every execution of the named statements by a psycopg cursor of this
+    process while the block runs."""
+    texts = {queries.load()[n]: n for n in names}
+    found: list[Captured] = []
+    original = psycopg.Cursor.execute
+
+    def execute(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        name = texts.get(query) if isinstance(query, bytes) else None
+        if name is not None:
+            found.append(Captured(name, query, dict(params or {})))
+        return original(self, query, params, **kwargs)
+
+    psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    try:
+        yield found
+    finally:
+        psycopg.Cursor.execute = original  # type: ignore[method-assign]
+
+
+def numbered(query: bytes) -> tuple[bytes, list[str]]:
+    """``query`` with its ``%(name)s`` placeholders as ``$1, $2, ...`` (one per name, in the
+    order each first appears) and ``%%`` as ``%``; the names in that order."""
+    order: list[str] = []
+
+    def number(match: re.Match[bytes]) -> bytes:
+        if match.group(0) == b"%%":
+            return b"%"
+        name = match.group(1).decode()
+        if name not in order:
+            order.append(name)
+        return b"$%d" % (order.index(name) + 1)
+
+    return PLACEHOLDER.sub(number, query), order
+
+
+def shape(node: Mapping[str, Any]) -> Shape:
+    """A plan node (EXPLAIN's JSON) and its children without estimates."""
+    own = tuple(node.get(k) for k in SHAPE_KEYS)
+    return (own, tuple(shape(child) for child in node.get("Plans", ())))
+
+
+def plans(conn: psycopg.Connection[Any], captured: Captured) -> dict[str, Shape]:
+    """The generic and the custom plan's shapes of ``captured`` on ``conn`` (autocommit)."""
+    text, order = numbered(captured.query)
+    name = f"probe_{uuid.uuid4().hex[:12]}"
+    conn.execute(sql.SQL("PREPARE {} AS ").format(sql.Identifier(name)).as_bytes(conn) + text)
+    args = sql.SQL(", ").join(sql.Literal(captured.params[n]) for n in order)
+    found: dict[str, Shape] = {}
+    try:
+        for mode in ("generic", "custom"):
+            conn.execute(f"SET plan_cache_mode = force_{mode}_plan")
+            explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {} ({})").format(
+                sql.Identifier(name), args
+            )
+            row = conn.execute(explain).fetchone()
+            assert row is not None
+            plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+            found[mode] = shape(plan[0]["Plan"])
+    finally:
+        conn.execute("RESET plan_cache_mode")
+        conn.execute(sql.SQL("DEALLOCATE {}").format(sql.Identifier(name)))
+    return found
+
+
+#: A two-task workflow (an edge, a dependent made READY by the finish).
+FLOW = WorkflowDef("plans", (TaskDef("a", "plans.noop"), TaskDef("b", "plans.noop", ("a",))))
+NAMES = (
+    "insert_runs",
+    "insert_tasks",
+    "insert_edges",
+    "register_definitions",
+    "get_run",
+    "get_run_tasks",
+    "run_children",
+    "lock_outbox",
+    "stamp_outbox",
+    "claim",
+    "finish",
+)
+
+
+def fill(url: str, runs: int, backlog: int) -> None:
+    """``runs`` finished runs of :data:`FLOW` (their outbox published) and ``backlog`` runs
+    whose first task is READY with its outbox row pending; then ANALYZE."""
+    db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "flowforge-plans")
+    db.open()
+    try:
+        triggers = Triggers(db)
+        for offset in range(0, runs + backlog, 1000):
+            triggers.trigger_many(FLOW, [{"i": i} for i in range(offset, offset + 1000)])
+    finally:
+        db.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "WITH done AS (SELECT id FROM workflow_runs ORDER BY created_at, id LIMIT %s)"
+            " UPDATE task_runs SET state = 'SUCCEEDED', attempt = 1, started_at = now(),"
+            " finished_at = now(), result = '{}'::jsonb, pending_deps = 0"
+            " WHERE run_id IN (SELECT id FROM done)",
+            (runs,),
+        )
+        conn.execute(
+            "UPDATE workflow_runs SET state = 'SUCCEEDED', started_at = now(),"
+            " finished_at = now() WHERE id IN (SELECT run_id FROM task_runs"
+            " WHERE state = 'SUCCEEDED' AND name = 'b')"
+        )
+        conn.execute(
+            "UPDATE outbox SET published_at = now() WHERE task_run_id IN"
+            " (SELECT id FROM task_runs WHERE state = 'SUCCEEDED')"
+        )
+        conn.execute("ANALYZE")
+
+
+def exercise(url: str) -> list[Captured]:
+    """A trigger, its run read back, a publisher's sweep, a claim of the new run's first task
+    and its finish (claiming the dependent it makes READY), through the store."""
+    db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "flowforge-plans")
+    db.open()
+    try:
+        with capture(NAMES) as found:
+            run_id = Triggers(db).trigger(FLOW, {"probe": True}).run_id
+            run = Reads(db).get_run(run_id)
+            Outbox(db).publish_outbox(10, lambda batch: [d.outbox_id for d in batch])
+            first = next(t for t in run.tasks if t.name == "a")
+            claims = Claims(db)
+            (claimed,) = claims.claim_many([(first.id, first.fencing_token)], "plans/1", 30.0)
+            assert claimed.claim is not None, claimed
+            token = claimed.claim.fencing_token
+            then = Continuation("plans/1", 30.0, 1)
+            claims.finish_many([(first.id, token, Finish(TaskState.SUCCEEDED, {}))], 1, then)
+        return found
+    finally:
+        db.close()
+
+
+def hot_path_cost(url: str, runs: int) -> dict[str, float]:
+    """CPU (ms) per run of the store's hot path, in this process and in its one backend: for
+    each run a trigger, its read back, a publisher's sweep, the claim of its first task and a
+    finish that claims the second, then the second's finish — every statement on one pooled
+    connection, so the backend's CPU is theirs alone (nothing polls meanwhile)."""
+    db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "flowforge-plans")
+    db.open()
+    try:
+        (backend,) = db.execute(b"SELECT pg_backend_pid() AS pid")
+        triggers, reads, outbox, claims = Triggers(db), Reads(db), Outbox(db), Claims(db)
+        probe = cpuprobe.Probe(
+            {"client": lambda: [os.getpid()], "backend": lambda: [backend["pid"]]}
+        )
+        done = Finish(TaskState.SUCCEEDED, {})
+        for warm in (True, False):
+            probe.start()
+            for n in range(10 if warm else runs):
+                run = reads.get_run(triggers.trigger(FLOW, {"n": n}).run_id)
+                outbox.publish_outbox(10, lambda batch: [d.outbox_id for d in batch])
+                first = next(t for t in run.tasks if t.name == "a")
+                (claimed,) = claims.claim_many([(first.id, first.fencing_token)], "plans/1", 30.0)
+                assert claimed.claim is not None, claimed
+                then = Continuation("plans/1", 30.0, 1)
+                token = claimed.claim.fencing_token
+                found = claims.finish_many([(first.id, token, done)], 1, then)
+                for claim in found.claimed:
+                    claims.finish_many([(claim.task_run_id, claim.fencing_token, done)])
+            spent = probe.stop()
+        return {group: 1000 * seconds / runs for group, seconds in spent.items()}
+    finally:
+        db.close()
+
+
+def compare(
+    made_on: psycopg.Connection[Any], run_on: psycopg.Connection[Any], found: list[Captured]
+) -> list[tuple[str, bool, bool]]:
+    """For each statement: (name, generic == custom on ``run_on``, the generic plan made on
+    ``made_on`` == the custom one on ``run_on``)."""
+    seen: dict[str, tuple[str, bool, bool]] = {}
+    for captured in found:
+        at_size = plans(run_on, captured)
+        early = plans(made_on, captured)["generic"]
+        same = at_size["generic"] == at_size["custom"]
+        verdict = (captured.name, same, early == at_size["custom"])
+        # a statement run twice (a claim alone and in a finish) must hold for both
+        old = seen.get(captured.name, verdict)
+        seen[captured.name] = (verdict[0], old[1] and same, old[2] and verdict[2])
+    return list(seen.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tests.harness import bench
+
+    parser = argparse.ArgumentParser(prog="plans", description=__doc__)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--runs", type=int, default=100_000)
+    parser.add_argument("--backlog", type=int, default=10_000)
+    parser.add_argument(
+        "--cost", type=int, metavar="RUNS", help="instead: CPU per run of the hot path (ms)"
+    )
+    args = parser.parse_args(argv)
+    if args.cost is not None:
+        with bench.fresh_database(args.database_url) as url:
+            fill(url, args.runs, args.backlog)
+            print(json.dumps(hot_path_cost(url, args.cost)))
+        return 0
+    with (
+        bench.fresh_database(args.database_url) as empty,
+        bench.fresh_database(args.database_url) as full,
+    ):
+        started = time.monotonic()
+        fill(full, args.runs, args.backlog)
+        print(f"filled in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        found = exercise(full)
+        exercise(empty)  # the empty tables' definitions and rows, as a fresh install has
+        with (
+            psycopg.connect(empty, autocommit=True) as early,
+            psycopg.connect(full, autocommit=True) as late,
+        ):
+            early.execute("ANALYZE")
+            for name, same, early_same in compare(early, late, found):
+                print(f"{name:24} generic = custom: {same!s:5}  made empty: {early_same}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
