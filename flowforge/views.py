@@ -149,6 +149,11 @@ def overview_dict(overview: Overview) -> dict[str, Any]:
         "outbox": {"pending": overview.outbox.pending, "oldest_s": overview.outbox.oldest_s},
         "processes": [{"host": p.host, "role": p.role, "n": p.n} for p in overview.processes],
         **queues_dict(overview.queues),
+        # the states whose count is PostgreSQL's estimate: more than 100,000 of them
+        "estimated": {
+            "runs": sorted(overview.estimated_runs),
+            "tasks": sorted(overview.estimated_tasks),
+        },
     }
 
 
@@ -156,7 +161,10 @@ def queues_dict(queues: Sequence[QueueLoad]) -> dict[str, Any]:
     """``queues``: READY tasks and live consumers per queue; ``unserved_queues``: the named
     queues among them with READY tasks and no live consumer (a warning, not an error)."""
     return {
-        "queues": [{"queue": q.queue, "ready": q.ready, "consumers": q.consumers} for q in queues],
+        "queues": [
+            {"queue": q.queue, "ready": q.ready, "consumers": q.consumers, "estimated": q.estimated}
+            for q in queues
+        ],
         "unserved_queues": [q.queue for q in queues if q.unserved],
     }
 
@@ -165,6 +173,7 @@ def stats_dict(stats: Stats) -> dict[str, Any]:
     """The ``flowforge stats --json`` shape."""
     return {
         "attempts": dict(stats.attempts),
+        "attempts_estimated": stats.attempts_estimated,
         "failure_reasons": dict(stats.failure_reasons),
         "retry_backlog": retry_backlog_dict(stats.retry_backlog),
         "poison_candidates": [poison_dict(p) for p in stats.poison_candidates],

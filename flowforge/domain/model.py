@@ -496,6 +496,8 @@ class QueueLoad:
     queue: str | None
     ready: int
     consumers: int
+    # ready is more than the caller's count cap: it reads cap + 1 (migration 0023)
+    estimated: bool = False
 
     @property
     def unserved(self) -> bool:
@@ -541,6 +543,10 @@ class Overview:
     outbox: OutboxBacklog
     processes: tuple[LiveProcesses, ...]
     queues: tuple[QueueLoad, ...] = ()  # READY tasks and live consumers per queue
+    # the states of ``runs`` and ``tasks`` whose count is PostgreSQL's estimate, not a count:
+    # more than the caller's cap (docs/operations.md "Counts above 100,000")
+    estimated_runs: frozenset[str] = frozenset()
+    estimated_tasks: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -554,6 +560,7 @@ class Stats:
     poison_candidates: tuple[PoisonCandidate, ...]
     dead: tuple[DeadCount, ...]
     queues: tuple[QueueLoad, ...] = ()  # READY tasks and live consumers per queue
+    attempts_estimated: bool = False  # ``attempts`` is PostgreSQL's estimate (a big table)
 
 
 @dataclass(frozen=True)

@@ -1476,10 +1476,23 @@ SELECT id, host, pid, role, started_at, last_seen_at,
 SELECT 1 AS ok;
 
 -- name: task_state_counts
-SELECT state, count(*) AS n FROM task_runs GROUP BY state;
+-- Task runs by state, exact up to %(cap)s each, else PostgreSQL's estimate with estimated true
+-- (migration 0023): SUCCEEDED and CANCELLED — no index of unsettled rows holds them — are
+-- estimated whenever the table has more than %(cap)s rows.
+SELECT state, n, estimated
+  FROM flowforge_state_counts(
+       'task_runs',
+       ARRAY['PENDING', 'READY', 'RUNNING', 'SUCCEEDED', 'FAILED', 'RETRYING', 'DEAD', 'CANCELLED'],
+       ARRAY['SUCCEEDED', 'CANCELLED'], %(cap)s);
 
 -- name: run_state_counts
-SELECT state, count(*) AS n FROM workflow_runs GROUP BY state;
+-- Runs by state, exact up to %(cap)s each, else estimated (workflow_runs_state_created_idx
+-- holds every state: each is counted up to the cap).
+SELECT state, n, estimated
+  FROM flowforge_state_counts(
+       'workflow_runs',
+       ARRAY['SCHEDULED', 'PENDING', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'],
+       ARRAY[]::text[], %(cap)s);
 
 -- name: finished_per_minute
 -- Task runs that reached a final state, per minute of the last hour (oldest first, every
@@ -1530,8 +1543,22 @@ SELECT role, count(*) AS n
  GROUP BY role;
 
 -- name: stats_attempts
--- How many attempts task runs needed (or have used so far).
-SELECT attempt, count(*) AS n FROM task_runs GROUP BY attempt ORDER BY attempt;
+-- How many attempts task runs needed (or have used so far): counted while the table has at
+-- most %(cap)s rows, else PostgreSQL's estimate from its statistics (estimated true; the most
+-- common attempt counts only — a rare one is left out). One of the two branches runs.
+SELECT attempt, count(*) AS n, false AS estimated
+  FROM task_runs
+ WHERE (SELECT reltuples FROM pg_class WHERE oid = 'task_runs'::regclass) <= %(cap)s
+ GROUP BY attempt
+UNION ALL
+SELECT f.val::integer, round(c.reltuples * f.freq)::bigint, true
+  FROM pg_class c
+  JOIN pg_namespace ns ON ns.oid = c.relnamespace
+  JOIN pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname
+                 AND s.attname = 'attempt'
+ CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS f(val, freq)
+ WHERE c.oid = 'task_runs'::regclass AND c.reltuples > %(cap)s
+ ORDER BY 1;
 
 -- name: stats_failure_reasons
 SELECT failure_reason AS reason, count(*) AS n
@@ -2438,11 +2465,12 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
 -- ------------------------------------------------------------------ queues (issue 20)
 
 -- name: queue_load
--- READY task runs per queue and the live workers consuming each (seen within %(fresh_s)s
--- seconds), every queue that has either; NULL: task runs on no queue and workers that record
+-- READY task runs per queue (up to %(cap)s each, else cap + 1 and estimated: migration 0023)
+-- and the live workers consuming each (seen within %(fresh_s)s seconds), every queue that has
+-- either; NULL: task runs on no queue and workers that record
 -- none (migration 0014). '' stands for NULL in the join: no queue may be named ''.
 WITH ready AS (
-    SELECT queue, count(*) AS n FROM task_runs WHERE state = 'READY' GROUP BY queue
+    SELECT queue, n, estimated FROM flowforge_ready_by_queue(%(cap)s)
 ), consumers AS (
     SELECT queue, count(*) AS n
       FROM processes
@@ -2450,7 +2478,7 @@ WITH ready AS (
      GROUP BY queue
 )
 SELECT coalesce(r.queue, c.queue) AS queue, coalesce(r.n, 0) AS ready,
-       coalesce(c.n, 0) AS consumers
+       coalesce(r.estimated, false) AS estimated, coalesce(c.n, 0) AS consumers
   FROM ready r
   FULL JOIN consumers c ON coalesce(r.queue, '') = coalesce(c.queue, '')
  ORDER BY 1 NULLS FIRST;

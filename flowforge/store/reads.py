@@ -35,6 +35,10 @@ from flowforge.store.part import Part, Tx
 #: A registered process seen within this many seconds counts as alive (the api's probes and
 #: gauges use the same).
 LIVE_S = 15.0
+#: Above this many rows a count of runs or tasks by state, of READY tasks per queue or of
+#: attempts is PostgreSQL's estimate, and says so (migration 0023): every read of the overview,
+#: /metrics, /health/ready and `stats` stays cheap with millions of rows stored.
+COUNT_CAP = 100_000
 
 
 class Reads(Part):
@@ -127,31 +131,44 @@ class Reads(Part):
         history, read in one transaction; :class:`NotFoundError` if there is none."""
         return self._transaction(_task_detail, parse_id(task_run_id, "task run id"))
 
-    def overview(self, poison_threshold: int, fresh_s: float, limit: int = 20) -> Overview:
+    def overview(
+        self, poison_threshold: int, fresh_s: float, limit: int = 20, cap: int = COUNT_CAP
+    ) -> Overview:
         """The dashboard's overview, read in one transaction: counts of runs and tasks by
         state, the last hour's finishes per minute, the retry backlog, at most ``limit``
         poison candidates (unfinished tasks with ``poison_threshold`` attempts or more), dead
         tasks by reason, the outbox backlog and the processes seen within ``fresh_s`` seconds.
+        A count above ``cap`` is an estimate (``estimated_runs``, ``estimated_tasks``).
         """
-        return self._transaction(_overview, poison_threshold, fresh_s, limit)
+        return self._transaction(_overview, poison_threshold, fresh_s, limit, cap)
 
-    def stats(self, poison_threshold: int, limit: int = 20, fresh_s: float = LIVE_S) -> Stats:
+    def stats(
+        self,
+        poison_threshold: int,
+        limit: int = 20,
+        fresh_s: float = LIVE_S,
+        cap: int = COUNT_CAP,
+    ) -> Stats:
         """Retry distribution, failure reasons, retry backlog, poison candidates (as in
         :meth:`overview`), dead tasks by workflow, handler and reason, and READY tasks and
-        live consumers (seen within ``fresh_s`` seconds) per queue, in one transaction."""
-        return self._transaction(_stats, poison_threshold, limit, fresh_s)
+        live consumers (seen within ``fresh_s`` seconds) per queue, in one transaction. Above
+        ``cap`` task runs the retry distribution is an estimate (``attempts_estimated``), and
+        so is a queue's READY count above ``cap``."""
+        return self._transaction(_stats, poison_threshold, limit, fresh_s, cap)
 
-    def queue_loads(self, fresh_s: float = LIVE_S) -> tuple[QueueLoad, ...]:
-        """READY task runs and live consumers (seen within ``fresh_s`` seconds) per queue."""
-        return rows.queue_loads(self._query("queue_load", {"fresh_s": fresh_s}))
+    def queue_loads(self, fresh_s: float = LIVE_S, cap: int = COUNT_CAP) -> tuple[QueueLoad, ...]:
+        """READY task runs (up to ``cap``, else ``cap`` + 1 and ``estimated``) and live
+        consumers (seen within ``fresh_s`` seconds) per queue."""
+        return rows.queue_loads(self._query("queue_load", {"fresh_s": fresh_s, "cap": cap}))
 
     def ping(self) -> None:
         """Raise :class:`DatabaseUnavailableError` unless PostgreSQL answers."""
         self._query("ping")
 
-    def task_state_counts(self) -> dict[str, int]:
-        """Task runs by state (states with none are absent)."""
-        return rows.tally(self._query("task_state_counts"), "state")
+    def task_state_counts(self, cap: int = COUNT_CAP) -> dict[str, int]:
+        """Task runs by state (states with none are absent); a count above ``cap`` is
+        PostgreSQL's estimate."""
+        return rows.tally(self._query("task_state_counts", {"cap": cap}), "state")
 
     def outbox_backlog(self) -> OutboxBacklog:
         """Pending outbox rows and the age in seconds of the oldest one (0 when none)."""
@@ -219,28 +236,28 @@ def _task_detail(tx: Tx, tid: UUID) -> TaskDetail:
     )
 
 
-def _overview(tx: Tx, poison_threshold: int, fresh_s: float, limit: int) -> Overview:
+def _overview(tx: Tx, poison_threshold: int, fresh_s: float, limit: int, cap: int) -> Overview:
     return rows.overview(
-        runs=tx.all("run_state_counts"),
-        tasks=tx.all("task_state_counts"),
+        runs=tx.all("run_state_counts", {"cap": cap}),
+        tasks=tx.all("task_state_counts", {"cap": cap}),
         minutes=tx.all("finished_per_minute"),
         backlog=tx.one("stats_retry_backlog"),
         poison=tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit}),
         dead=tx.all("dead_by_reason"),
         outbox=tx.one("outbox_backlog"),
         processes=tx.all("live_processes_by_host", {"fresh_s": fresh_s}),
-        queues=tx.all("queue_load", {"fresh_s": fresh_s}),
+        queues=tx.all("queue_load", {"fresh_s": fresh_s, "cap": cap}),
     )
 
 
-def _stats(tx: Tx, poison_threshold: int, limit: int, fresh_s: float) -> Stats:
+def _stats(tx: Tx, poison_threshold: int, limit: int, fresh_s: float, cap: int) -> Stats:
     return rows.stats(
-        attempts=tx.all("stats_attempts"),
+        attempts=tx.all("stats_attempts", {"cap": cap}),
         reasons=tx.all("stats_failure_reasons"),
         backlog=tx.one("stats_retry_backlog"),
         poison=tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit}),
         dead=tx.all("stats_dead_by_workflow"),
-        queues=tx.all("queue_load", {"fresh_s": fresh_s}),
+        queues=tx.all("queue_load", {"fresh_s": fresh_s, "cap": cap}),
     )
 
 

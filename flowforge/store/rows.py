@@ -427,12 +427,22 @@ def overview(
         outbox=outbox_backlog(outbox),
         processes=tuple(LiveProcesses(r["host"], r["role"], int(r["n"])) for r in processes),
         queues=queue_loads(queues),
+        estimated_runs=estimated(runs),
+        estimated_tasks=estimated(tasks),
     )
+
+
+def estimated(found: Sequence[Row]) -> frozenset[str]:
+    """The states of a ``*_state_counts`` result whose count is an estimate."""
+    return frozenset(str(r["state"]) for r in found if r["estimated"])
 
 
 def queue_loads(found: Sequence[Row]) -> tuple[QueueLoad, ...]:
     """``queue_load`` rows."""
-    return tuple(QueueLoad(r["queue"], int(r["ready"]), int(r["consumers"])) for r in found)
+    return tuple(
+        QueueLoad(r["queue"], int(r["ready"]), int(r["consumers"]), bool(r["estimated"]))
+        for r in found
+    )
 
 
 def stats(
@@ -455,6 +465,7 @@ def stats(
             DeadCount(r["workflow"], r["handler"], _reason(r["reason"]), int(r["n"])) for r in dead
         ),
         queues=queue_loads(queues),
+        attempts_estimated=any(r["estimated"] for r in attempts),
     )
 
 

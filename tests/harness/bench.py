@@ -755,6 +755,7 @@ def run_stored(args: argparse.Namespace) -> int:
             tasks,
             runs,
             lambda m: print(m, file=sys.stderr),
+            5.0 if args.quick else 60.0,
         )
     merge_json(args.json, "stored", report)
     bench_stored.print_report(report)

@@ -15,6 +15,10 @@ worker consumes and ``ROWS`` finished runs. Each time:
   (:meth:`~flowforge.store.reads.Reads.stats`, in this process): the median of
   :data:`READS` calls each, ms.
 
+Then a tree whose retention (one day) finds every finished run due works: the purge's rate,
+the tree's tasks/s against the loaded phase's (the cost, target 10% at most) and the lock waits
+seen meanwhile (``pg_locks`` sampled every 10 ms: the longest wait and how often one was seen).
+
 Loaded over empty is printed for each figure (the target: 1.5 times at most for the engine's
 figures, :data:`ENGINE`, and 200 ms loaded for the reads), and the database's bytes per task
 run after the fill. Nothing here asserts a figure. Run alone::
@@ -30,6 +34,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -56,6 +61,8 @@ PAGES = {
     "/metrics": "/metrics",
     "/health/ready": "/health/ready",
 }
+#: How often :class:`LockWaits` looks at pg_locks (seconds).
+LOCK_SAMPLE_S = 0.01
 #: Figures whose loaded/empty ratio has the 1.5x target (the rest: 200 ms loaded).
 ENGINE = ("trigger rate", "tasks/s", "dispatch p50", "dispatch p99", "claim p50", "claim p99")
 
@@ -87,16 +94,16 @@ def _wait_done(conn: psycopg.Connection[Any], workflow: str, tasks: int, timeout
     raise RuntimeError(f"{workflow}: not done in {timeout_s} s")
 
 
-def engine(
-    repo: Triggers, conn: psycopg.Connection[Any], tasks: int, runs: int, timeout_s: float
+def throughput(
+    repo: Triggers, conn: psycopg.Connection[Any], tasks: int, timeout_s: float
 ) -> dict[str, float]:
-    """Trigger rate, tasks/s, dispatch and claim latency (see the module docstring) of
-    workflows of their own (so the store's other rows are not counted)."""
-    suffix = uuid.uuid4().hex[:8]
-    many = WorkflowDef(f"stored-many-{suffix}", (TaskDef("t", "bench.noop"),))
+    """Trigger rate and tasks/s of ``tasks`` one-task runs of a workflow of their own (so the
+    store's other rows are not counted)."""
+    many = WorkflowDef(f"stored-many-{uuid.uuid4().hex[:8]}", (TaskDef("t", "bench.noop"),))
     started = time.perf_counter()
     for offset in range(0, tasks, bench.TRIGGER_BATCH):
-        repo.trigger_many(many, [{"i": i} for i in range(offset, min(tasks, offset + 500))])
+        inputs = [{"i": i} for i in range(offset, min(tasks, offset + bench.TRIGGER_BATCH))]
+        repo.trigger_many(many, inputs)
     triggered = time.perf_counter() - started
     _wait_done(conn, many.name, tasks, timeout_s)
     row = conn.execute(
@@ -104,7 +111,19 @@ def engine(
         " FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id WHERE r.workflow = %s",
         (many.name,),
     ).fetchone()
-    one = WorkflowDef(f"stored-one-{suffix}", (TaskDef("t", "bench.noop"),))
+    return {
+        "trigger rate": tasks / triggered,
+        "tasks/s": tasks / float(row[0]) if row and row[0] else float("nan"),
+    }
+
+
+def engine(
+    repo: Triggers, conn: psycopg.Connection[Any], tasks: int, runs: int, timeout_s: float
+) -> dict[str, float]:
+    """:func:`throughput`, then dispatch and claim latency (see the module docstring) of
+    ``runs`` runs triggered one at a time."""
+    figures = throughput(repo, conn, tasks, timeout_s)
+    one = WorkflowDef(f"stored-one-{uuid.uuid4().hex[:8]}", (TaskDef("t", "bench.noop"),))
     for i in range(runs):
         repo.trigger(one, {"i": i})
         _wait_done(conn, one.name, i + 1, timeout_s)
@@ -119,14 +138,90 @@ def engine(
     ).fetchall()
     dispatch = sorted(float(r[0]) for r in found)
     claim = sorted(float(r[1]) for r in found)
-    return {
-        "trigger rate": tasks / triggered,
-        "tasks/s": tasks / float(row[0]) if row and row[0] else float("nan"),
+    return figures | {
         "dispatch p50": bench._pct(dispatch, 50),
         "dispatch p99": bench._pct(dispatch, 99),
         "claim p50": bench._pct(claim, 50),
         "claim p99": bench._pct(claim, 99),
     }
+
+
+class LockWaits:
+    """Samples ``pg_locks`` every :data:`LOCK_SAMPLE_S` on a connection of its own, in a thread:
+    the longest wait for a lock seen (``waitstart``, PostgreSQL 14+) and how many samples saw
+    a session waiting."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self.longest_ms = 0.0
+        self.samples = 0
+        self.waiting = 0
+
+    def __enter__(self) -> LockWaits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+
+    def _sample(self) -> None:
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            while not self._stop.wait(LOCK_SAMPLE_S):
+                row = conn.execute(
+                    "SELECT extract(epoch FROM max(clock_timestamp() - waitstart)) * 1000"
+                    " FROM pg_locks WHERE NOT granted AND database = ("
+                    "   SELECT oid FROM pg_database WHERE datname = current_database())"
+                ).fetchone()
+                self.samples += 1
+                if row and row[0] is not None:
+                    self.waiting += 1
+                    self.longest_ms = max(self.longest_ms, float(row[0]))
+
+
+def _finished_left(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM workflow_runs WHERE workflow = %s",
+        (stored_fill.FINISHED_WORKFLOW.name,),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def retention(
+    url: str, broker_url: str, workers: int, tasks: int, window_s: float, timeout_s: float
+) -> dict[str, float]:
+    """A tree whose retention (1 day) finds every filled finished run due works: its
+    throughput (as :func:`throughput`) while the purge runs, the purge's rate over
+    ``window_s`` seconds (at least the throughput's time) and the lock waits seen meanwhile."""
+    scheduler = {"retention_days": 1, "idempotency_retention_days": 2}
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp).chmod(0o755)
+        tree = bench.Tree(Path(tmp), url, broker_url, workers, scheduler=scheduler)
+        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
+        db.open()
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                before = _finished_left(conn)
+                started = time.monotonic()
+                tree.start()
+                with LockWaits(url) as locks:
+                    figures = throughput(Triggers(db), conn, tasks, timeout_s)
+                    rest = window_s - (time.monotonic() - started)
+                    if rest > 0:
+                        time.sleep(rest)  # the purge's rate over the whole window
+                    after = _finished_left(conn)
+                    wall = time.monotonic() - started
+            return {
+                "tasks/s while purging": figures["tasks/s"],
+                "purge rate": (before - after) / wall,
+                "longest lock wait": locks.longest_ms,
+                "samples with a lock wait": 100 * locks.waiting / max(1, locks.samples),
+            }
+        finally:
+            tree.stop()
+            db.close()
 
 
 def reads(port: int, store: Reads) -> dict[str, float]:
@@ -171,10 +266,12 @@ def measure(
     tasks: int,
     runs: int,
     progress: Callable[[str], None],
+    window_s: float = 30.0,
     timeout_s: float = 600.0,
 ) -> dict[str, Any]:
     """Both phases on one fresh database (see the module docstring): per figure its unit,
-    ``empty``, ``loaded`` and ``ratio``; the fill's timings and the bytes per task run."""
+    ``empty``, ``loaded`` and ``ratio``; the fill's timings and the bytes per task run; then
+    :func:`retention` over ``window_s`` seconds, its throughput against the loaded phase's."""
     with bench.fresh_database(server_url) as url:
         progress("stored: empty database")
         empty = phase(url, broker_url, workers, tasks, runs, timeout_s)
@@ -183,6 +280,10 @@ def measure(
         size = stored_fill.bytes_per_task_run(url)
         progress("stored: loaded database")
         loaded = phase(url, broker_url, workers, tasks, runs, timeout_s)
+        progress(f"stored: retention purging the finished runs for {window_s:g} s")
+        purging = retention(url, broker_url, workers, tasks, window_s, timeout_s)
+    purging["tasks/s loaded, no purge"] = loaded["tasks/s"]
+    purging["throughput cost"] = 100 * (1 - purging["tasks/s while purging"] / loaded["tasks/s"])
     figures = {
         name: {
             "unit": "runs/s"
@@ -196,7 +297,13 @@ def measure(
         }
         for name in empty
     }
-    return {"rows": rows, "figures": figures, "fill_s": fill, "size": size}
+    return {
+        "rows": rows,
+        "figures": figures,
+        "fill_s": fill,
+        "size": size,
+        "retention": {name: round(value, 3) for name, value in purging.items()},
+    }
 
 
 def _cost(name: str, empty: float, loaded: float) -> float:
@@ -221,6 +328,15 @@ def print_report(report: dict[str, Any]) -> None:
         f"{size['bytes_per_task_run']:,.0f} bytes per task run "
         f"({', '.join(f'{k} {v:,.0f}' for k, v in size['tables'].items())})"
     )
+    r = report["retention"]
+    print(
+        f"retention: {r['purge rate']:,.1f} runs/s purged;"
+        f" tasks/s {r['tasks/s while purging']:,.0f} purging against"
+        f" {r['tasks/s loaded, no purge']:,.0f} not (cost"
+        f" {r['throughput cost']:.1f}%, target <= 10%); longest lock wait"
+        f" {r['longest lock wait']:.1f} ms, {r['samples with a lock wait']:.1f}% of samples"
+        " with a session waiting for a lock"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--latency-runs", type=int, default=100)
+    parser.add_argument("--window", type=float, default=30.0, help="retention window (s)")
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--broker-url", required=True)
     parser.add_argument("--json", type=Path, help="where to merge the report (under 'stored')")
@@ -241,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks,
         args.latency_runs,
         lambda m: print(m, file=sys.stderr),
+        args.window,
     )
     if args.json:
         bench.merge_json(args.json, "stored", report)

@@ -58,3 +58,6 @@ def test_a_small_stored_bench_reports_every_figure_empty_and_loaded(
     assert stored["size"]["task_runs"] >= 4000
     assert 100 < stored["size"]["bytes_per_task_run"] < 100_000
     assert "bytes per task run" in result.stdout
+    purge = stored["retention"]
+    assert purge["purge rate"] > 0  # the tree's retention found the filled runs due
+    assert purge["tasks/s while purging"] > 0 and purge["longest lock wait"] >= 0

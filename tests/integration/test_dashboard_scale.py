@@ -9,8 +9,11 @@ runs it (the named query from queries.sql, parameters bound, unprepared) under
 - the overview's per-minute throughput, retry backlog, poison candidates and dead tasks by
   reason, and every dead-task list, count and bulk-requeue selection, read task_runs through
   an index (never a Seq Scan), touching only the rows they report on;
-- the run and task counts by state are the one full read (an aggregate, no row leaves the
-  database) and add up to every run and task;
+- the run and task counts by state add up to every run and task while the tables hold fewer
+  rows than the cap; above it (lowered here to a few thousand rather than 100,000 rows
+  inserted), the overview, ``stats``, /metrics' and /health/ready's counts read no table
+  sequentially: each unsettled state is counted through an index up to the cap, a count above
+  it and the settled states are PostgreSQL's estimate and say so (migration 0023);
 - the repository's pages walk the 100,000 runs newest first through cursors.
 """
 
@@ -218,8 +221,9 @@ def test_the_overview_and_dead_task_queries_read_task_runs_through_indexes(big: 
         assert all(n["Node Type"] != "Seq Scan" for n in scans(plan, "workflow_runs")), name
 
 
-def test_the_state_counts_are_the_one_full_read_and_add_up(big: Sql, big_repo: Store) -> None:
-    overview = big_repo.overview(poison_threshold=3, fresh_s=15.0)
+def test_the_state_counts_below_the_cap_are_exact_and_add_up(big: Sql, big_repo: Store) -> None:
+    overview = big_repo.overview(poison_threshold=3, fresh_s=15.0, cap=RUNS * TASKS_PER_RUN)
+    assert not overview.estimated_runs and not overview.estimated_tasks
     assert sum(overview.runs.values()) == RUNS
     assert sum(overview.tasks.values()) == RUNS * TASKS_PER_RUN
     assert overview.runs["FAILED"] == RUNS // 100
@@ -259,3 +263,94 @@ def test_the_repository_walks_the_runs_newest_first_through_cursors(
     assert dead and all(
         (t.failure_reason, t.workflow) == (FailureReason.CRASH_LOOP, "wf-3") for t in dead
     )
+
+
+#: The cap the capped-count tests lower COUNT_CAP to: below the SUCCEEDED runs and task runs
+#: (94,000 and 191,000 or so), above every other state's.
+CAP = 5_000
+
+
+def xact_reads(conn: psycopg.Connection[Any], table: str) -> tuple[int, int]:
+    """Sequential scans of ``table`` begun and the rows they read, in this transaction so far."""
+    row = conn.execute(
+        "SELECT seq_scan, seq_tup_read FROM pg_stat_xact_user_tables WHERE relname = %s",
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_counts_above_the_cap_are_estimated_and_read_about_the_cap_at_most(
+    big: Sql, scale_url: str
+) -> None:
+    from flowforge.store.reads import Reads
+
+    truth = dict(big.execute("SELECT state, count(*) FROM task_runs GROUP BY state").fetchall())
+    runs_truth = dict(
+        big.execute("SELECT state, count(*) FROM workflow_runs GROUP BY state").fetchall()
+    )
+    with psycopg.connect(scale_url) as conn:  # one transaction: its own table statistics
+        database = Database(DatabaseConfig(url=scale_url, pool_min=1, pool_max=1))
+        database.open()
+        try:
+            reads = Reads(database)
+            overview = reads.overview(3, 15.0, cap=CAP)
+            stats = reads.stats(3, cap=CAP)
+            tasks = reads.task_state_counts(cap=CAP)
+            loads = reads.queue_loads(cap=CAP)
+        finally:
+            database.close()
+        # the same statements again, in this transaction, to count what they read
+        for name, params in (
+            ("run_state_counts", {"cap": CAP}),
+            ("task_state_counts", {"cap": CAP}),
+            ("queue_load", {"cap": CAP, "fresh_s": 15.0}),
+            ("stats_attempts", {"cap": CAP}),
+        ):
+            conn.execute(queries.load()[name], params, prepare=False).fetchall()
+        # stats_attempts' exact branch is a sequential scan that never runs (a one-time
+        # filter); a count of a common state may scan the table, but stops after the cap
+        assert xact_reads(conn, "task_runs")[1] == 0
+        assert xact_reads(conn, "workflow_runs")[1] <= 2 * CAP
+    # settled task states and the SUCCEEDED runs are estimated (within the sample's error)
+    assert overview.estimated_tasks == {"SUCCEEDED", "CANCELLED"}
+    assert overview.estimated_runs == {"SUCCEEDED"}
+    for state in ("SUCCEEDED", "CANCELLED"):
+        assert abs(overview.tasks[state] - truth[state]) <= 0.1 * truth[state], state
+        assert tasks[state] == overview.tasks[state]
+    assert (
+        abs(overview.runs["SUCCEEDED"] - runs_truth["SUCCEEDED"]) <= 0.1 * runs_truth["SUCCEEDED"]
+    )
+    # the unsettled states, below the cap, are exact
+    for state in ("DEAD", "RUNNING", "RETRYING", "PENDING"):
+        assert overview.tasks[state] == truth[state] < CAP, state
+    assert overview.runs["FAILED"] == runs_truth["FAILED"] == RUNS // 100
+    # the retry distribution is the statistics' (attempt 1 is most of the rows)
+    assert stats.attempts_estimated
+    assert abs(stats.attempts[1] - RUNS * TASKS_PER_RUN) <= 0.1 * RUNS * TASKS_PER_RUN
+    assert loads == ()  # no READY task, no worker
+
+
+def test_a_queue_with_more_ready_tasks_than_the_cap_reads_cap_plus_one_estimated(
+    big: Sql, big_repo: Store
+) -> None:
+    big.execute(
+        "UPDATE task_runs SET state = 'READY', queue = 'bulk', ready_at = now()"
+        " WHERE id IN (SELECT id FROM task_runs WHERE state = 'SUCCEEDED' LIMIT %s)",
+        (CAP + 10,),
+    )
+    try:
+        (bulk,) = big_repo.queue_loads(cap=CAP)
+        assert (bulk.queue, bulk.ready, bulk.estimated, bulk.unserved) == (
+            "bulk",
+            CAP + 1,
+            True,
+            True,
+        )
+        (exact,) = big_repo.queue_loads(cap=2 * CAP)
+        assert (exact.ready, exact.estimated) == (CAP + 10, False)
+    finally:
+        big.execute(
+            "UPDATE task_runs SET state = 'SUCCEEDED', queue = NULL, ready_at = NULL"
+            " WHERE state = 'READY' AND queue = 'bulk'"
+        )

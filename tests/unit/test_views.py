@@ -37,12 +37,13 @@ POISON_JSON = (
     '"RETRYING", "attempt": 5, "failure_reason": "handler_error", "workflow": "golden"}]'
 )
 QUEUE_ROWS = [
-    {"queue": None, "ready": 1, "consumers": 0},
-    {"queue": "partner", "ready": 3, "consumers": 0},
+    {"queue": None, "ready": 1, "estimated": False, "consumers": 0},
+    {"queue": "partner", "ready": 3, "estimated": False, "consumers": 0},
 ]
 QUEUES_JSON = (
-    '"queues": [{"queue": null, "ready": 1, "consumers": 0}, '
-    '{"queue": "partner", "ready": 3, "consumers": 0}], "unserved_queues": ["partner"]'
+    '"queues": [{"queue": null, "ready": 1, "consumers": 0, "estimated": false}, '
+    '{"queue": "partner", "ready": 3, "consumers": 0, "estimated": false}], '
+    '"unserved_queues": ["partner"]'
 )
 BACKLOG_JSON = (
     '{"n": 1, "next_at": "2026-12-01T18:32:42.826314+00:00", '
@@ -52,8 +53,14 @@ BACKLOG_JSON = (
 
 def overview(**changed: object) -> Overview:
     found: dict[str, object] = {
-        "runs": [{"state": "RUNNING", "n": 1}, {"state": "FAILED", "n": 1}],
-        "tasks": [{"state": "DEAD", "n": 1}, {"state": "RETRYING", "n": 1}],
+        "runs": [
+            {"state": "RUNNING", "n": 1, "estimated": False},
+            {"state": "FAILED", "n": 1, "estimated": False},
+        ],
+        "tasks": [
+            {"state": "DEAD", "n": 1, "estimated": False},
+            {"state": "RETRYING", "n": 1, "estimated": False},
+        ],
         "minutes": [{"minute": MINUTE, "succeeded": 2, "dead": 1, "cancelled": 0}],
         "backlog": BACKLOG_ROW,
         "poison": [POISON_ROW],
@@ -88,8 +95,24 @@ def test_the_overview_json_keeps_its_fields_in_order() -> None:
         '"dead_by_reason": {"permanent_error": 1, "unknown": 2}, '
         '"outbox": {"pending": 9, "oldest_s": 47.5}, '
         '"processes": [{"host": "host-a", "role": "worker", "n": 2}], '
-        f"{QUEUES_JSON}}}"
+        f'{QUEUES_JSON}, "estimated": {{"runs": [], "tasks": []}}}}'
     )
+
+
+def test_a_count_above_the_cap_is_marked_estimated() -> None:
+    made = overview(
+        tasks=[
+            {"state": "SUCCEEDED", "n": 2_000_000, "estimated": True},
+            {"state": "READY", "n": 7, "estimated": False},
+        ],
+        queues=[{"queue": "bulk", "ready": 100_001, "estimated": True, "consumers": 1}],
+    )
+    data = overview_dict(made)
+    assert data["tasks"]["SUCCEEDED"] == 2_000_000 and data["tasks"]["READY"] == 7
+    assert data["estimated"] == {"runs": [], "tasks": ["SUCCEEDED"]}
+    assert data["queues"] == [
+        {"queue": "bulk", "ready": 100_001, "consumers": 1, "estimated": True}
+    ]
 
 
 def test_an_empty_system_has_a_zero_backlog_and_outbox() -> None:
@@ -106,7 +129,10 @@ def test_an_empty_system_has_a_zero_backlog_and_outbox() -> None:
 
 def stats() -> Stats:
     return rows.stats(
-        attempts=[{"attempt": 0, "n": 3}, {"attempt": 5, "n": 1}],
+        attempts=[
+            {"attempt": 0, "n": 3, "estimated": False},
+            {"attempt": 5, "n": 1, "estimated": False},
+        ],
         reasons=[{"reason": "handler_error", "n": 5}],
         backlog=BACKLOG_ROW,
         poison=[POISON_ROW],
@@ -118,7 +144,8 @@ def stats() -> Stats:
 def test_the_stats_json_keeps_its_fields_in_order() -> None:
     assert stats().dead[0].reason is FailureReason.PERMANENT_ERROR
     assert dumps(stats_dict(stats())) == (
-        '{"attempts": {"0": 3, "5": 1}, "failure_reasons": {"handler_error": 5}, '
+        '{"attempts": {"0": 3, "5": 1}, "attempts_estimated": false, '
+        '"failure_reasons": {"handler_error": 5}, '
         f'"retry_backlog": {BACKLOG_JSON}, "poison_candidates": {POISON_JSON}, '
         '"dead": [{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}], '
         f"{QUEUES_JSON}}}"

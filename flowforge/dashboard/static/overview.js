@@ -11,10 +11,15 @@ const SERIES = [
   ["cancelled", "CANCELLED"],
 ];
 
-function setCounts(kind, counts) {
+// A count above 100,000 is PostgreSQL's estimate (migration 0023): shown as "≈ n", with a title
+// that says so; the api lists those states under "estimated".
+function setCounts(kind, counts, estimated = []) {
   for (const [state, n] of Object.entries(counts)) {
     const cell = $(`[data-testid="${kind}-count-${CSS.escape(state)}"]`);
-    if (cell) cell.textContent = String(n);
+    if (!cell) continue;
+    const rough = estimated.includes(state);
+    cell.textContent = rough ? `≈ ${n.toLocaleString("en")}` : String(n);
+    cell.title = rough ? "more than 100,000: PostgreSQL's estimate, not a count" : "";
   }
 }
 
@@ -136,7 +141,7 @@ function drawQueues(queues, unserved) {
       "tr",
       { "data-queue": q.queue ?? "", class: unserved.includes(q.queue) ? "warn" : null },
       el("td", {}, q.queue ?? "(none)"),
-      el("td", { class: "num" }, String(q.ready)),
+      el("td", { class: "num" }, q.estimated ? `more than ${(q.ready - 1).toLocaleString("en")}` : String(q.ready)),
       el("td", { class: "num" }, String(q.consumers)),
       el("td", {}, unserved.includes(q.queue) ? "no live consumer" : ""),
     ),
@@ -148,8 +153,9 @@ function drawQueues(queues, unserved) {
 
 async function refresh() {
   const data = await getJSON("/api/v1/overview");
-  setCounts("run", data.runs);
-  setCounts("task", data.tasks);
+  const estimated = data.estimated || { runs: [], tasks: [] };
+  setCounts("run", data.runs, estimated.runs);
+  setCounts("task", data.tasks, estimated.tasks);
   drawThroughput(data.finished_per_minute);
   const backlog = data.retry_backlog;
   $("[data-testid=retry-backlog]").textContent = String(backlog.n);
