@@ -496,7 +496,7 @@ class QueueLoad:
     queue: str | None
     ready: int
     consumers: int
-    # ready is more than the caller's count cap: it reads cap + 1 (migration 0023)
+    # ready is more than the caller's count cap: it reads cap + 1 (migration 0024)
     estimated: bool = False
 
     @property

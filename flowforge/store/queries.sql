@@ -1477,7 +1477,7 @@ SELECT 1 AS ok;
 
 -- name: task_state_counts
 -- Task runs by state, exact up to %(cap)s each, else PostgreSQL's estimate with estimated true
--- (migration 0023): SUCCEEDED and CANCELLED — no index of unsettled rows holds them — are
+-- (migration 0024): SUCCEEDED and CANCELLED — no index of unsettled rows holds them — are
 -- estimated whenever the table has more than %(cap)s rows.
 SELECT state, n, estimated
   FROM flowforge_state_counts(
@@ -2465,7 +2465,7 @@ SELECT t.id, t.run_id, r.workflow, t.name, t.state, t.failure_reason, t.on_dead,
 -- ------------------------------------------------------------------ queues (issue 20)
 
 -- name: queue_load
--- READY task runs per queue (up to %(cap)s each, else cap + 1 and estimated: migration 0023)
+-- READY task runs per queue (up to %(cap)s each, else cap + 1 and estimated: migration 0024)
 -- and the live workers consuming each (seen within %(fresh_s)s seconds), every queue that has
 -- either; NULL: task runs on no queue and workers that record
 -- none (migration 0014). '' stands for NULL in the join: no queue may be named ''.

@@ -36,7 +36,7 @@ from flowforge.store.part import Part, Tx
 #: gauges use the same).
 LIVE_S = 15.0
 #: Above this many rows a count of runs or tasks by state, of READY tasks per queue or of
-#: attempts is PostgreSQL's estimate, and says so (migration 0023): every read of the overview,
+#: attempts is PostgreSQL's estimate, and says so (migration 0024): every read of the overview,
 #: /metrics, /health/ready and `stats` stays cheap with millions of rows stored.
 COUNT_CAP = 100_000
 

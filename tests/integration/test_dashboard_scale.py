@@ -13,7 +13,7 @@ runs it (the named query from queries.sql, parameters bound, unprepared) under
   rows than the cap; above it (lowered here to a few thousand rather than 100,000 rows
   inserted), the overview, ``stats``, /metrics' and /health/ready's counts read no table
   sequentially: each unsettled state is counted through an index up to the cap, a count above
-  it and the settled states are PostgreSQL's estimate and say so (migration 0023);
+  it and the settled states are PostgreSQL's estimate and say so (migration 0024);
 - the repository's pages walk the 100,000 runs newest first through cursors.
 """
 
