@@ -7,10 +7,12 @@ release of a finished task's dependents, say). A query uses one with a line
 and after dropped) with ``{<param>}`` replaced by ``<cte>``. Queries are returned as bytes so
 psycopg receives them verbatim; parameters are always passed separately.
 
-The comment lines a query starts with document it here and are not sent: psycopg caches its
-parse of a query's text only up to 4,096 bytes, and the trigger's ``insert_tasks`` was over
-that by its documentation alone (docs/performance.md, "Submitting work"). Comments inside the
-SQL are kept.
+Comments and layout are for this file only: a query is sent compacted (:func:`compact`: no
+comments, one space where there was any run of whitespace, none after a comma or an opening or
+before a closing parenthesis). psycopg caches its parse of a query's text (the ``%(name)s`` to
+``$n`` conversion) only up to 4,096 bytes, and re-parses a longer one at every execution on
+the client's CPU; the server parses fewer bytes too (docs/performance.md, "Submitting work"
+and "Chain hop and CPU per task").
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ _USE_LINE = re.compile(
 )
 
 
-def parse(text: str) -> Mapping[str, bytes]:
-    """Split a SQL file into its named queries, fragments expanded.
+def parse(text: str, *, compacted: bool = True) -> Mapping[str, bytes]:
+    """Split a SQL file into its named queries, fragments expanded; each :func:`compact` (as
+    sent) unless ``compacted`` is false (as written, comments inside the SQL kept).
 
     A duplicate name, a fragment without its parameter, or a use of an unknown fragment is a
     programming error (ValueError).
@@ -63,8 +66,36 @@ def parse(text: str) -> Mapping[str, bytes]:
         return _USE_LINE.sub(lambda m: expand(m, inner), sql.replace("{" + param + "}", cte))
 
     return MappingProxyType(
-        {name: _USE_LINE.sub(expand, body).encode() for name, body in bodies.items()}
+        {
+            name: (compact(sql) if compacted else sql).encode()
+            for name, sql in ((name, _USE_LINE.sub(expand, body)) for name, body in bodies.items())
+        }
     )
+
+
+def compact(sql: str) -> str:
+    """``sql`` as sent: ``--`` comments dropped, each run of whitespace one space, none at
+    either end, none beside a comma or a parenthesis, none around a comparison (``=``,
+    ``<>``, ``<=``, ...), a ``+`` or a ``-`` between operands (a name, a number, a
+    parenthesis, a quote or a placeholder: the operator cannot run into another, nor a ``-``
+    into a comment, then). Text inside single quotes is kept
+    as it is (the file quotes nothing else: no dollar quotes, no quoted identifiers)."""
+    bare = _COMMENT.sub(lambda m: m.group(1) or " ", sql)
+    pieces = _QUOTED.split(bare)  # odd pieces are quoted texts, left alone
+    for k in range(0, len(pieces), 2):
+        piece = _NEEDLESS_SPACE.sub("", _SPACES.sub(" ", pieces[k]))
+        pieces[k] = _SPACED_COMPARISON.sub(r"\1", piece)
+    return "".join(pieces).strip()
+
+
+#: A quoted text (kept, with its '' escapes) or a comment (dropped).
+_COMMENT = re.compile(r"('(?:[^']|'')*')|--[^\n]*")
+_QUOTED = re.compile(r"('(?:[^']|'')*')")
+_SPACES = re.compile(r"\s+")
+#: (a parenthesis or a comma is a token of its own: a space beside one separates nothing)
+_NEEDLESS_SPACE = re.compile(r" (?=[(),])|(?<=[(),]) ")
+#: (a piece's start or end borders a quoted text: an operand too)
+_SPACED_COMPARISON = re.compile(r"(?:(?<=[\w)])|^) ?([<>=]+|[-+]) ?(?=[\w(%]|$)")
 
 
 def _without_leading_comments(body: str) -> str:
@@ -93,5 +124,16 @@ def _prose(line: str) -> bool:
 
 @functools.cache
 def load() -> Mapping[str, bytes]:
-    """The package's named queries (parsed on first use, then cached)."""
-    return parse((resources.files("flowforge.store") / "queries.sql").read_text(encoding="utf-8"))
+    """The package's named queries as sent (parsed on first use, then cached)."""
+    return parse(_text())
+
+
+@functools.cache
+def readable() -> Mapping[str, bytes]:
+    """The package's named queries as written (not compacted), for reading: a test that
+    checks what a query says, a person."""
+    return parse(_text(), compacted=False)
+
+
+def _text() -> str:
+    return (resources.files("flowforge.store") / "queries.sql").read_text(encoding="utf-8")

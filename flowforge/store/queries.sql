@@ -33,9 +33,8 @@ released AS (
     RETURNING t.id, t.state, t.fencing_token, t.queue, t.priority,
               t.idempotency_key IS NULL AS keyless,
               -- left PENDING with nothing to wait for but a scheduler pass (admission, a timer,
-              -- a map, an event, a child run, a run_if gate: its last count is the gate)
-              t.state = 'PENDING' AND (t.pending_deps = 0
-                                       OR (t.pending_deps = 1 AND t.run_if <> 'all_succeeded'))
+              -- a map, an event, a child run; a run_if task's last count is its gate, so 1)
+              t.state = 'PENDING' AND t.pending_deps <= (t.run_if <> 'all_succeeded')::int
                   AS for_pass
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
@@ -749,6 +748,16 @@ WITH wanted AS (
             WHERE q.published_at IS NULL
               FOR UPDATE OF q SKIP LOCKED)
 )
+, counted AS (
+    -- every claimed task's upstream tasks, counted on the edges' index in one grouped read (a
+    -- lateral subquery per claimed task cost more to plan than the rest of the claim:
+    -- docs/performance.md "Chain hop and CPU per task"); a map's item has its map's but the
+    -- list it maps over, which is always one of them (dag.py makes for_each a dependency)
+    SELECT c.id, count(*) - CASE WHEN c.map_id IS NULL THEN 0 ELSE 1 END AS n
+      FROM claimed c
+      JOIN task_edges e ON e.downstream_id = coalesce(c.map_id, c.id)
+     GROUP BY c.id, c.map_id
+)
 -- (a map's item sees its map's upstream results but the list it maps over, which it has as its
 -- item: 10,000 items each given the 10,000-element list would move it 10,000 times)
 -- The upstream results travel inline only within %(inline)s (worker.upstream_inline_items,
@@ -757,20 +766,12 @@ WITH wanted AS (
 -- than the bound is left out of upstream and named in upstream_large with its length (the
 -- handler pages its elements: upstream_items_page), so no claim carries more than the bound's
 -- worth of results whatever the fan-in or the map's width.
-SELECT c.*, r.input, r.workflow, k.n AS upstream_n,
-       CASE WHEN k.n <= %(inline)s THEN v.upstream END AS upstream, v.large AS upstream_large
+SELECT c.*, r.input, r.workflow, coalesce(k.n, 0) AS upstream_n,
+       CASE WHEN coalesce(k.n, 0) <= %(inline)s THEN v.upstream END AS upstream,
+       v.large AS upstream_large
   FROM claimed c
   JOIN workflow_runs r ON r.id = c.run_id
-  CROSS JOIN LATERAL (
-      -- (a plain task's edges are counted on their index alone; a map item's are its map's
-      -- but the one to the list it maps over, found by name)
-      SELECT CASE WHEN c.map_id IS NULL
-                  THEN (SELECT count(*) FROM task_edges e WHERE e.downstream_id = c.id)
-                  ELSE (SELECT count(*)
-                          FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
-                          JOIN task_runs m ON m.id = c.map_id
-                         WHERE e.downstream_id = c.map_id
-                           AND u.name IS DISTINCT FROM m.for_each) END AS n) k
+  LEFT JOIN counted k ON k.id = c.id  -- (a task without upstream tasks has no row)
   CROSS JOIN LATERAL (
       -- (the WHERE on k.n is a one-time filter: a wide fan-in reads no result here at all)
       SELECT coalesce(jsonb_object_agg(w.name, w.result) FILTER (WHERE w.n IS NULL),
@@ -788,7 +789,7 @@ SELECT c.*, r.input, r.workflow, k.n AS upstream_n,
                     AS n OFFSET 0) l
                WHERE e.downstream_id = coalesce(c.map_id, c.id)
                  AND u.name IS DISTINCT FROM m.for_each
-                 AND k.n <= %(inline)s) w) v;
+                 AND coalesce(k.n, 0) <= %(inline)s) w) v;
 
 -- fragment: upstream_length(task)
 -- The length of an upstream task's result when it is a list, else NULL: a SUCCEEDED map's
@@ -1040,8 +1041,8 @@ WITH outcome AS (
               -- its end frees what a scheduler pass hands on: a concurrency slot, an ordering
               -- stream, a map's item (settle, open a slot); or its run asked it to stop (a rate
               -- window counts starts, not ends: a rate key needs no pass here)
-              (t.concurrency_key IS NOT NULL OR t.ordering_key IS NOT NULL
-               OR t.map_id IS NOT NULL OR t.cancel_requested) AS for_pass
+              num_nonnulls(t.concurrency_key, t.ordering_key, t.map_id) > 0
+                  OR t.cancel_requested AS for_pass
 ), closed AS (
     -- with the attempt's captured output (NULL: it wrote nothing, or kept what was written)
     UPDATE task_attempts a
@@ -1099,7 +1100,7 @@ WITH outcome AS (
 -- counts the outbox rows written either way).
 SELECT id, NULL::bigint AS ready_token, (SELECT count(*) FROM woken) AS woken,
        (SELECT count(*) FROM queued) AS queued,
-       (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued WHERE %(publish)s::bool)
+       (SELECT count(pg_notify('flowforge_outbox', '')) FROM queued WHERE %(publish)s)
            AS published
   FROM done
 UNION ALL

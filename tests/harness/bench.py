@@ -426,6 +426,8 @@ def fresh_database(server_url: str) -> Iterator[str]:
 def measure(
     settings: Settings, server_url: str, broker_url: str, log: Callable[[str], None]
 ) -> dict[str, Any]:
+    from tests.harness import bench_cost  # it builds on this module
+
     results: dict[str, Result] = {}
     memory: dict[str, Any] = {}
 
@@ -456,7 +458,18 @@ def measure(
                     log(f"repetition {rep + 1}/{settings.repeat}")
                     # the scheduler may still be settling the last workload: retried on deadlock
                     bench_maps.truncate(conn, TABLES.replace("processes, ", ""))
-                    t = throughput(repo, conn, settings)
+                    # what the tree, PostgreSQL and RabbitMQ spend per task (bench_cost.py)
+                    probe = bench_cost.Probe(
+                        conn,
+                        [tree.proc.pid if tree.proc else None],
+                        bench_cost.amqp_port(broker_url),
+                    )
+                    t, cost = bench_cost.costed(
+                        probe, settings.tasks, lambda: throughput(repo, conn, settings)
+                    )
+                    record("cpu per task", "ms/task", cost["cpu ms"])
+                    record("wal bytes per task", "bytes/task", cost["wal bytes"])
+                    bench_cost.record_cost(record, "throughput", cost)
                     memory["load"] = max(
                         memory.get("load", {}), tree.memory_kb(), key=lambda m: m.get("rss_kb", 0)
                     )
@@ -472,8 +485,13 @@ def measure(
                     f = fanout(repo, conn, settings.fanout, settings.timeout_s)
                     record("fan-out", "tasks/s", f["tasks_per_s"], width=settings.fanout)
                     record("fan-out wall", "s", f["wall_s"])
-                    c = chain(repo, conn, settings.chain, settings.timeout_s)
+                    c, cost = bench_cost.costed(
+                        probe,
+                        settings.chain,
+                        lambda: chain(repo, conn, settings.chain, settings.timeout_s),
+                    )
                     record("chain p50", "ms/hop", c["p50_ms"], length=settings.chain)
+                    bench_cost.record_cost(record, "chain", cost)
                     record("chain p99", "ms/hop", c["p99_ms"])
                     record("chain start gap p50", "ms", c["start_gap_p50_ms"])
                     d = dispatch(repo, conn, settings.latency_runs, settings.timeout_s)

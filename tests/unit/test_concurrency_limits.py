@@ -118,7 +118,7 @@ def test_nothing_but_the_admission_pass_makes_a_limited_task_ready() -> None:
     """Every statement that sets a task READY by itself either leaves a task with a
     concurrency key alone or is a path that keeps a held slot (a claim handed back keeps its
     task READY-or-RUNNING; redispatch_lost re-sends a READY one)."""
-    named = queries.load()
+    named = queries.readable()
     for name in ("promote_ready", "retry_task_now", "finish", "wake_timers"):
         assert "ready_by_itself" in named[name].decode(), name
     # insert_tasks repeats ready_by_itself's expression (tests/unit/test_queries.py checks it)
@@ -146,7 +146,7 @@ def test_nothing_but_the_admission_pass_makes_a_limited_task_ready() -> None:
 
 
 def test_the_admission_locks_keys_in_order_and_counts_after_the_lock() -> None:
-    named = queries.load()
+    named = queries.readable()
     assert "ORDER BY k" in named["lock_concurrency_keys"].decode()
     assert "ORDER BY 1" in named["concurrency_keys_waiting"].decode()
     admit = named["admit_gated"].decode()

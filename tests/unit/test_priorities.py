@@ -109,9 +109,9 @@ def test_three_bands_0_then_1_to_4_then_5_to_9_named_after_the_queue() -> None:
 
 
 def test_the_publisher_takes_the_highest_priority_first_and_lost_dispatches_stay_in_band() -> None:
-    lock = queries.load()["lock_outbox"].decode()
+    lock = queries.readable()["lock_outbox"].decode()
     assert re.search(r"ORDER BY priority DESC, id\s+LIMIT", lock)
-    lost = queries.load()["redispatch_lost"].decode()
+    lost = queries.readable()["redispatch_lost"].decode()
     assert "(later.priority > 0) = (c.priority > 0)" in lost
     assert "(later.priority >= 5) = (c.priority >= 5)" in lost
 

@@ -52,11 +52,13 @@ def test_parse_splits_named_queries_and_drops_the_header() -> None:
         "-- name: first\nSELECT 1;\n\n"
         "--name:second  \n-- what it does\nSELECT %(x)s\n-- comment inside\n  FROM t;\n"
     )
-    parsed = queries.parse(text)
+    parsed = queries.parse(text, compacted=False)
     assert list(parsed) == ["first", "second"]
     assert parsed["first"] == b"SELECT 1;"
-    # the comment that documents a query stays in the file; one inside its SQL is sent
+    # the comment that documents a query stays in the file; one inside its SQL is readable
     assert parsed["second"] == b"SELECT %(x)s\n-- comment inside\n  FROM t;"
+    # and neither is sent
+    assert queries.parse(text)["second"] == b"SELECT %(x)s FROM t;"
 
 
 def test_parse_returns_bytes_in_read_only_mapping() -> None:
@@ -79,7 +81,7 @@ def test_parse_expands_a_fragment_with_its_parameter_without_its_comments() -> N
         "-- ------------ next section\n\n"
         "-- name: q\nWITH a AS (SELECT 1 AS id),\n-- use: pick(a)\nSELECT * FROM x;\n"
     )
-    parsed = queries.parse(text)
+    parsed = queries.parse(text, compacted=False)
     assert list(parsed) == ["q"]
     assert parsed["q"] == b"WITH a AS (SELECT 1 AS id),\nx AS (SELECT id FROM a)\nSELECT * FROM x;"
 
@@ -123,7 +125,7 @@ def test_insert_tasks_decides_ready_by_the_expression_of_the_ready_by_itself_col
     assert generated is not None
     columns = re.findall(r"([a-z_]+) IS NULL", generated.group(1))
     assert {"sleep_s", "concurrency_key", "rate_key"} <= set(columns), generated.group(1)
-    insert = queries.load()["insert_tasks"].decode()
+    insert = queries.readable()["insert_tasks"].decode()
     ready = re.search(
         r"SELECT t\.pending_deps = 0 AND t\.ordering_key IS NULL\s+AND \(t\.admitted OR \((.*?)\)\)"
         r"\s+\) AS k\(ready\)",
@@ -347,10 +349,45 @@ def test_a_fragment_may_use_another_with_its_own_parameter_in_place() -> None:
         "-- fragment: outer(y)\n{y}.b = 2 AND\n-- use: inner({y})\n"
         "-- name: q\nSELECT 1 FROM t WHERE\n-- use: outer(t)\n;\n"
     )
-    assert queries.parse(text)["q"] == b"SELECT 1 FROM t WHERE\nt.b = 2 AND\nt.a = 1\n;"
+    assert (
+        queries.parse(text, compacted=False)["q"]
+        == b"SELECT 1 FROM t WHERE\nt.b = 2 AND\nt.a = 1\n;"
+    )
+    assert queries.parse(text)["q"] == b"SELECT 1 FROM t WHERE t.b=2 AND t.a=1 ;"
 
 
 def test_a_fragment_that_uses_itself_is_refused() -> None:
     text = "-- fragment: loop(x)\n-- use: loop({x})\n-- name: q\n-- use: loop(t)\n"
     with pytest.raises(ValueError, match="fragment 'loop' uses itself"):
         queries.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("written", "sent"),
+    [
+        ("SELECT a  =  1 -- why\n  FROM t", "SELECT a=1 FROM t"),
+        ("WHERE x IN ( 1, 2 ) AND y <= %(y)s", "WHERE x IN(1,2)AND y<=%(y)s"),
+        # quoted text is kept whole, comment marks and spaces in it too
+        ("SELECT 'a -- b''s  c' AS q, 'x' = y", "SELECT 'a -- b''s  c' AS q,'x'=y"),
+        # a minus before a minus keeps its space (no comment made), as does a named argument
+        ("SELECT a - -1, b - 1, f(x => 2)", "SELECT a - -1,b-1,f(x=>2)"),
+        ("SELECT a = -1, n <> 'x'", "SELECT a = -1,n<>'x'"),
+    ],
+)
+def test_compact_drops_comments_and_needless_spaces_only(written: str, sent: str) -> None:
+    assert queries.compact(written) == sent
+
+
+def test_the_claim_fits_psycopgs_cache_of_parsed_queries() -> None:
+    """psycopg caches its parse of a query's text (``%(name)s`` to ``$n``) only up to 4,096
+    bytes (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); a longer one is parsed again at
+    every execution, on the worker's CPU (``finish`` is at the limit: docs/performance.md
+    "Chain hop and CPU per task")."""
+    assert len(queries.load()["claim"]) <= 4096
+
+
+def test_every_query_is_sent_as_its_readable_text_compacted() -> None:
+    readable = queries.readable()
+    assert {n: queries.compact(sql.decode()).encode() for n, sql in readable.items()} == dict(
+        queries.load()
+    )

@@ -67,7 +67,7 @@ def test_every_insert_into_task_runs_carries_a_queue() -> None:
 
 
 def test_a_worker_is_offered_only_the_dependents_of_its_own_queue_and_band() -> None:
-    finish = queries.load()["finish"].decode()
+    finish = queries.readable()["finish"].decode()
     offered = (
         "AND (queue IS NULL OR queue = %(queue)s)\n    AND priority >= %(min_priority)s\n"
         "  ORDER BY keyless DESC LIMIT %(offer)s"
@@ -76,7 +76,7 @@ def test_a_worker_is_offered_only_the_dependents_of_its_own_queue_and_band() -> 
 
 
 def test_lost_dispatches_are_judged_within_their_own_queue() -> None:
-    lost = queries.load()["redispatch_lost"].decode()
+    lost = queries.readable()["redispatch_lost"].decode()
     assert "coalesce(later.queue, '') = c.queue" in lost
     assert "coalesce(o.queue, '') AS queue" in lost
 

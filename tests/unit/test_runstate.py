@@ -226,7 +226,7 @@ def test_finished_matches_final_states(f: RunFacts) -> None:
 def test_the_sql_that_picks_runs_to_derive_agrees_on_what_can_still_change() -> None:
     """``runs_to_derive`` re-derives a run once none of its tasks is in these states: the same
     set that :attr:`RunFacts.finished` (and so a terminal run state) is defined by."""
-    sql = queries.load()["runs_to_derive"].decode()
+    sql = queries.readable()["runs_to_derive"].decode()
     found = re.search(r"t\.state IN \(([^)]*)\)", sql)
     assert found is not None
     unfinished = {S(name.strip().strip("'")) for name in found.group(1).split(",")}

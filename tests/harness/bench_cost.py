@@ -1,0 +1,305 @@
+"""CPU, writing transactions and WAL per task of one tree (issue 22, "Efficiency";
+docs/performance.md "Chain hop and CPU per task").
+
+Two workloads, each between two readings of :class:`Probe`:
+
+* ``throughput``: ``--tasks`` one-task runs (:func:`tests.harness.bench.throughput`);
+* ``chain``: one run of a ``--chain``-step chain (:func:`tests.harness.bench.chain`), whose
+  hop (finish → next finish) p50 is reported beside its cost.
+
+Per workload: CPU per task in ms summed over every process of the tree, PostgreSQL's and
+RabbitMQ's (and each group's), the same less the idle rate watched for ``IDLE_S`` before it
+(``busy``: a chain's tasks are few and its wall long, so the roles' idle polls weigh), the
+server's writing transactions and WAL bytes per task, and the load average when it ended.
+``scripts/bench`` records the throughput's as ``cpu per task`` and ``wal bytes per task``.
+The services are the PostgreSQL server the harness is connected to and the RabbitMQ node on
+the broker URL's port: run on services nothing else uses. Run alone::
+
+    python -m tests.harness.bench_cost --database-url URL --broker-url URL [--chain 200]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import psycopg
+
+from flowforge.config import DatabaseConfig
+from flowforge.store.db import Database
+from flowforge.store.triggers import Triggers
+from tests.harness import bench, bench_maps
+from tests.harness.resources import child_pids
+
+Record = Callable[..., None]
+T = TypeVar("T")
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def stat_cpu_s(stat: str, ticks: int = _TICKS) -> float:
+    """User + system CPU (s) in the text of a ``/proc/<pid>/stat``: fields 14 and 15, counted
+    after the command name's closing parenthesis (the name may hold spaces and parentheses)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def cpu_seconds(pids: Iterable[int]) -> dict[int, float]:
+    """User + system CPU (s) of each of ``pids`` as /proc says now (a process gone is left
+    out)."""
+    found: dict[int, float] = {}
+    for pid in pids:
+        try:
+            found[pid] = stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU (s) spent between two readings by the processes of the second: a process that
+    started between them counts whole, one that ended between them is not seen."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def listening_socket_inodes(table: str, port: int) -> set[str]:
+    """The inodes of the sockets listening on ``port`` in the text of a ``/proc/net/tcp``
+    (or ``tcp6``) table: local address ``hex_ip:hex_port``, state ``0A`` (LISTEN)."""
+    found = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            found.add(fields[9])
+    return found
+
+
+def listener_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` on this machine (one it can see), or None."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            inodes |= listening_socket_inodes(Path(table).read_text(), port)
+        except OSError:
+            continue
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not wanted:
+            continue
+        try:
+            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def server_pids(conn: psycopg.Connection[Any]) -> list[int]:
+    """Every process of the PostgreSQL server ``conn`` is connected to: its postmaster (the
+    parent of ``conn``'s backend) and the postmaster's children, as they are now."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    status = Path(f"/proc/{row[0]}/status").read_text()
+    postmaster = int(status.split("PPid:", 1)[1].split()[0])
+    return process_tree(postmaster)
+
+
+def process_tree(pid: int | None) -> list[int]:
+    """``pid`` (a tree's supervisor) and every process under it; none for None."""
+    if pid is None:
+        return []
+    return [pid, *child_pids(pid, recursive=True)]
+
+
+def server_counters(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """(transaction ids assigned so far, WAL position in bytes), both the server's: the writing
+    transactions and WAL of every database on it."""
+    row = conn.execute(
+        "SELECT pg_current_xact_id()::text::bigint, pg_current_wal_lsn() - '0/0'::pg_lsn"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@dataclass(frozen=True)
+class Reading:
+    """CPU (s) of each tree's processes and of each service's, and the server's counters."""
+
+    trees: list[dict[int, float]]
+    services: dict[str, dict[int, float]]
+    counters: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What happened between two readings: CPU (s) of every tree (one figure per tree) and of
+    each service, writing transactions and WAL bytes."""
+
+    trees_s: list[float]
+    services_s: dict[str, float]
+    xacts: int
+    wal_bytes: int
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.trees_s) + sum(self.services_s.values())
+
+    def per_task(self, tasks: int) -> dict[str, float]:
+        """The cost per task: CPU in ms (trees, each service, all), transactions, WAL bytes."""
+        figures = {"trees cpu ms": 1000 * sum(self.trees_s) / tasks}
+        for name, seconds in self.services_s.items():
+            figures[f"{name} cpu ms"] = 1000 * seconds / tasks
+        figures["cpu ms"] = 1000 * self.total_s / tasks
+        figures["xacts"] = self.xacts / tasks
+        figures["wal bytes"] = self.wal_bytes / tasks
+        return figures
+
+
+class Probe:
+    """Readings of the trees whose supervisors are ``tree_pids`` (their processes found once,
+    at construction: start the trees first), of ``conn``'s PostgreSQL server and of the
+    RabbitMQ node listening on ``broker_port``, each with its children (on a machine where
+    others run servers of their own, only the ones measured), and of ``conn``'s server's
+    counters."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        tree_pids: Sequence[int | None],
+        broker_port: int,
+    ) -> None:
+        self._conn = conn
+        self.pids = [process_tree(pid) for pid in tree_pids]
+        self._broker = listener_pid(broker_port)
+
+    def services(self) -> dict[str, list[int]]:
+        """The pids of the services measured, by service, as they are now."""
+        return {"postgresql": server_pids(self._conn), "rabbitmq": process_tree(self._broker)}
+
+    def read(self) -> Reading:
+        services = {name: cpu_seconds(p) for name, p in self.services().items()}
+        return Reading([cpu_seconds(p) for p in self.pids], services, server_counters(self._conn))
+
+
+def amqp_port(url: str) -> int:
+    """The port of an ``amqp://`` or ``amqps://`` URL (the scheme's default when it names
+    none)."""
+    parsed = urlsplit(url)
+    return parsed.port or (5671 if parsed.scheme == "amqps" else 5672)
+
+
+def cost(before: Reading, after: Reading) -> Cost:
+    """What was spent between ``before`` and ``after`` (two readings of one :class:`Probe`)."""
+    xacts, wal = (a - b for a, b in zip(after.counters, before.counters, strict=True))
+    return Cost(
+        [spent(b, a) for b, a in zip(before.trees, after.trees, strict=True)],
+        {name: spent(before.services.get(name, {}), cpu) for name, cpu in after.services.items()},
+        xacts,
+        wal,
+    )
+
+
+def costed(probe: Probe, tasks: int, work: Callable[[], T]) -> tuple[T, dict[str, float]]:
+    """``work()``'s result and what it cost per task (:meth:`Cost.per_task`) over
+    ``tasks`` tasks."""
+    before = probe.read()
+    result = work()
+    return result, cost(before, probe.read()).per_task(tasks)
+
+
+def record_cost(record: Callable[..., None], label: str, per_task: dict[str, float]) -> None:
+    """Record a workload's cost per task as ``<label> <figure> per task``."""
+    units = {"xacts": "xacts/task", "wal bytes": "bytes/task"}
+    for figure, value in per_task.items():
+        record(f"{label} {figure} per task", units.get(figure, "ms/task"), value)
+    record(f"{label} load average", "1 min", os.getloadavg()[0])
+
+
+#: How long the tree is watched doing nothing before each workload (seconds).
+IDLE_S = 2.0
+
+
+def idle_cpu_rate(probe: Probe) -> float:
+    """CPU (s per s) of everything measured while the tree has nothing to do: its roles' polls,
+    heartbeats and the servers' housekeeping, which a workload's readings include for as long
+    as it lasts (most of a chain's, whose tasks are few and slow to come)."""
+    before = probe.read()
+    time.sleep(IDLE_S)  # a measuring window, not a wait for a condition
+    return cost(before, probe.read()).total_s / IDLE_S
+
+
+def record_busy_cpu(record: Record, label: str, idle: float, wall_s: float, cpu_ms: float) -> None:
+    """Record ``<label> busy cpu ms per task``: ``cpu_ms`` (the workload's CPU per task) less
+    what the idle rate ``idle`` (CPU s per s, per task) spent over its ``wall_s``."""
+    record(f"{label} busy cpu ms per task", "ms/task", cpu_ms - 1000 * idle * wall_s)
+
+
+def measure(
+    repo: Triggers,
+    conn: psycopg.Connection[Any],
+    probe: Probe,
+    tasks: int,
+    length: int,
+    record: Record,
+    timeout_s: float = 600.0,
+) -> None:
+    """One repetition of both workloads on a running tree (tables emptied before each)."""
+    bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
+    settings = bench.Settings(tasks=tasks, timeout_s=timeout_s)
+    idle = idle_cpu_rate(probe)
+    started = time.monotonic()
+    done, per_task = costed(probe, tasks, lambda: bench.throughput(repo, conn, settings))
+    wall = time.monotonic() - started
+    record("cost: throughput", "tasks/s", done["tasks_per_s"])
+    record_cost(record, "throughput", per_task)
+    record_busy_cpu(record, "throughput", idle / tasks, wall, per_task["cpu ms"])
+    bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
+    idle = idle_cpu_rate(probe)
+    started = time.monotonic()
+    hops, per_task = costed(probe, length, lambda: bench.chain(repo, conn, length, timeout_s))
+    wall = time.monotonic() - started
+    record("cost: chain p50", "ms/hop", hops["p50_ms"], length=length)
+    record_cost(record, "chain", per_task)
+    record_busy_cpu(record, "chain", idle / length, wall, per_task["cpu ms"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench.alone_parser("bench_cost", __doc__, workers=4)
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--chain", type=int, default=200)
+    args = parser.parse_args(argv)
+    results: dict[str, bench.Result] = {}
+
+    def record(name: str, unit: str, value: float, **extra: Any) -> None:
+        results.setdefault(name, bench.Result(name, unit)).samples.append(round(value, 4))
+
+    with bench.fresh_database(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
+        tree = bench.Tree(Path(tmp), url, args.broker_url, args.workers)
+        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=2), "flowforge-bench")
+        db.open()
+        try:
+            tree.start()
+            with psycopg.connect(url, autocommit=True) as conn:
+                probe = Probe(
+                    conn,
+                    [tree.proc.pid if tree.proc else None],
+                    amqp_port(args.broker_url),
+                )
+                for rep in range(args.repeat):
+                    print(f"repetition {rep + 1}/{args.repeat}", file=sys.stderr)
+                    measure(Triggers(db), conn, probe, args.tasks, args.chain, record)
+        finally:
+            tree.stop()
+            db.close()
+    print(json.dumps({name: r.summary() for name, r in results.items()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
