@@ -66,21 +66,43 @@ def rss_flat(samples: Sequence[Sample], steady_s: float, limits: Limits) -> dict
     }
     gone = sorted(label for label in first if label not in last)
     total_first, total_last = sum(first.values()), sum(last.values())
+    slopes = {
+        label: round(
+            _slope([(s["t_s"], s["rss_kb"][label]) for s in steady if label in s["rss_kb"]])
+        )
+        for label in first
+    }
     worst = max(growth.items(), key=lambda item: item[1], default=("", 0.0))
     ok = not gone and all(g <= limits.rss_growth for g in growth.values())
     why = (
         f"processes gone: {', '.join(gone)}"
         if gone
-        else f"largest growth {worst[1]:+.1%} ({worst[0]}), limit {limits.rss_growth:+.0%}"
+        else f"largest growth {worst[1]:+.1%} ({worst[0]}), limit {limits.rss_growth:+.0%};"
+        f" steepest trend {max(slopes.values(), default=0):+d} kB/h"
     )
     return {
         "ok": ok,
         "why": why,
         "growth": growth,
+        # the trend, reported and not judged: a steady climb within the limit in a short soak
+        # is a leak a longer one would fail on
+        "kb_per_hour": slopes,
         "gone": gone,
         "total_kb": [total_first, total_last],
         "from_s": steady[0]["t_s"],
     }
+
+
+def _slope(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares growth of ``(seconds, kB)`` points, in kB per hour (0 for fewer than two
+    distinct times)."""
+    if len({t for t, _ in points}) < 2:
+        return 0.0
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    return 3600 * sum((t - mean_t) * (v - mean_v) for t, v in points) / var
 
 
 def p99_stable(

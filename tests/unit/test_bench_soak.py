@@ -54,6 +54,8 @@ def test_rss_growing_after_minute_five_fails_and_growth_before_it_does_not() -> 
     found = verdicts(leaking, DURATION_S, autovacuum=True)["rss"]
     assert found["ok"] is False
     assert found["growth"]["worker [1]"] > 0.05
+    assert found["kb_per_hour"]["worker [1]"] == 36_000  # 10 kB/s
+    assert verdicts(warming, DURATION_S, autovacuum=True)["rss"]["kb_per_hour"]["worker [1]"] == 0
 
 
 def test_a_process_gone_by_the_end_fails_the_rss_verdict() -> None:
