@@ -452,7 +452,9 @@ def stats(args: argparse.Namespace) -> int:
     if args.json:
         output.emit_json(output.stats_dict(data))
         return exitcodes.OK
-    output.line("attempts used per task run:")
+    # above 100,000 task runs the distribution is PostgreSQL's estimate (migration 0023)
+    estimate = " (estimated: more than 100,000 task runs)" if data.attempts_estimated else ""
+    output.line(f"attempts used per task run{estimate}:")
     output.table(("ATTEMPTS", "TASK RUNS"), sorted(data.attempts.items()))
     print()
     output.line("failure reasons (all attempts):")
@@ -483,7 +485,12 @@ def stats(args: argparse.Namespace) -> int:
     output.table(
         ("QUEUE", "READY", "CONSUMERS", "WARNING"),
         [
-            (q.queue, q.ready, q.consumers, "no live consumer" if q.unserved else None)
+            (
+                q.queue,
+                f"more than {q.ready - 1}" if q.estimated else q.ready,
+                q.consumers,
+                "no live consumer" if q.unserved else None,
+            )
             for q in data.queues
         ],
     )

@@ -1609,18 +1609,22 @@ SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
 -- queue, migration 0014): a queue nobody consumes has moved past nothing, and its backlog —
 -- a million READY tasks waiting for a pool not started — would otherwise be compared, task by
 -- task, with every claimed dispatch. A message lost on such a queue is judged once a worker of
--- it registers (docs/failure-model.md, 17). The candidates are read first (MATERIALIZED: with
--- none, the claimed dispatches are never read) and matched to those by queue and band in a
--- hash ('' stands for NULL: no queue may be named ''), not by band alone.
+-- it registers (docs/failure-model.md, 17). The candidates are read first, through
+-- task_runs_ready_queue_idx (migration 0023; one branch per kind of queue, each an index range:
+-- a backlog on a queue nobody consumes is not read), MATERIALIZED (with none, the claimed
+-- dispatches are never read), and matched to those by queue and band in a hash ('' stands for
+-- NULL: no queue may be named ''), not by band alone.
 WITH candidates AS MATERIALIZED (
     SELECT t.id, coalesce(o.queue, '') AS queue, o.priority, o.published_at, o.id AS outbox_id
-      FROM task_runs t
+      FROM (SELECT r.id, r.fencing_token FROM task_runs r  -- two branches: each an index range
+             WHERE r.state = 'READY' AND r.ready_at < now() - make_interval(secs => %(age_s)s)
+               AND r.queue = ANY (ARRAY(SELECT p.queue FROM processes p WHERE p.role = 'worker'))
+            UNION ALL
+            SELECT r.id, r.fencing_token FROM task_runs r
+             WHERE r.state = 'READY' AND r.ready_at < now() - make_interval(secs => %(age_s)s)
+               AND r.queue IS NULL) AS t
       JOIN outbox o ON o.task_run_id = t.id AND o.fencing_token = t.fencing_token
-     WHERE t.state = 'READY'
-       AND t.ready_at < now() - make_interval(secs => %(age_s)s)
-       AND o.published_at < now() - make_interval(secs => %(age_s)s)
-       AND (t.queue IS NULL
-            OR t.queue IN (SELECT p.queue FROM processes p WHERE p.role = 'worker'))
+     WHERE o.published_at < now() - make_interval(secs => %(age_s)s)
 ), lost AS (
     SELECT t.id
       FROM task_runs t

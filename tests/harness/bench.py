@@ -763,7 +763,6 @@ def run_stored(args: argparse.Namespace) -> int:
                 "runs": runs,
             },
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "load_average": os.getloadavg(),
         }
         report |= bench_stored.measure(
             server_url,

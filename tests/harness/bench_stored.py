@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -272,6 +273,7 @@ def measure(
     """Both phases on one fresh database (see the module docstring): per figure its unit,
     ``empty``, ``loaded`` and ``ratio``; the fill's timings and the bytes per task run; then
     :func:`retention` over ``window_s`` seconds, its throughput against the loaded phase's."""
+    load_at_start = os.getloadavg()
     with bench.fresh_database(server_url) as url:
         progress("stored: empty database")
         empty = phase(url, broker_url, workers, tasks, runs, timeout_s)
@@ -299,6 +301,9 @@ def measure(
     }
     return {
         "rows": rows,
+        # the machine's load average (1, 5, 15 min) at the start and the end: the figures are
+        # only comparable between runs at a like load
+        "load_average": {"start": load_at_start, "end": os.getloadavg()},
         "figures": figures,
         "fill_s": fill,
         "size": size,
@@ -314,7 +319,12 @@ def _cost(name: str, empty: float, loaded: float) -> float:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print(f"stored: {report['rows']:,} READY tasks + {report['rows']:,} finished runs")
+    load = report.get("load_average", {})
+    print(
+        f"stored: {report['rows']:,} READY tasks + {report['rows']:,} finished runs"
+        f" (load average {load.get('start', ['?'])[0]} at the start,"
+        f" {load.get('end', ['?'])[0]} at the end)"
+    )
     print(f"{'figure':<16} {'empty':>10} {'loaded':>10} {'cost':>7}  unit  target")
     for name, f in report["figures"].items():
         target = "<= 1.5x" if name in ENGINE else "< 200 ms loaded"

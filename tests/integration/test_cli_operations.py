@@ -176,6 +176,7 @@ def stats_data(repo: Store, sql: Sql) -> dict[str, UUID]:
 def test_stats_on_an_empty_database(clean_database_url: str, config: Path) -> None:
     assert ok_json(flowforge("stats", "--json", url=clean_database_url, config=config)) == {
         "attempts": {},
+        "attempts_estimated": False,
         "failure_reasons": {},
         "retry_backlog": {"n": 0, "next_at": None, "latest_at": None},
         "poison_candidates": [],
@@ -194,6 +195,7 @@ def test_stats_reports_retries_reasons_backlog_poison_and_dead(
     data = ok_json(flowforge("stats", "--json", url=clean_database_url, config=config))
     assert set(data) == {
         "attempts",
+        "attempts_estimated",
         "failure_reasons",
         "retry_backlog",
         "poison_candidates",
