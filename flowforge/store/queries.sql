@@ -748,7 +748,9 @@ WITH wanted AS (
       JOIN claimed c ON c.id = e.downstream_id
       JOIN workflow_runs r ON r.id = c.run_id
      WHERE %(local)s::bool AND u.id = e.upstream_id
-       AND (u.state = 'SUCCEEDED') IS TRUE AND NOT u.propagated
+       -- (the state and the flag hidden from index matching: the edges and the primary key
+       -- are the only way in, as in claimed; see runs_started)
+       AND (u.state = 'SUCCEEDED') IS TRUE AND NOT coalesce(u.propagated, true)
        AND r.cancel_requested_at IS NULL
 ), counted AS (
     -- every claimed task's upstream tasks, counted on the edges' index in one grouped read (a
