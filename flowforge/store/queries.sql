@@ -748,7 +748,23 @@ WITH wanted AS (
             WHERE q.published_at IS NULL
               FOR UPDATE OF q SKIP LOCKED)
 )
-, counted AS (
+, upstream_settled AS (
+    -- With local (the worker claims what its own finish released): the upstream tasks of
+    -- what it claims that SUCCEEDED and wait for their propagation are marked propagated. Each
+    -- leaves its run a task RUNNING at this commit (the one claimed, row locked here), so the
+    -- run's state cannot change by it, and whatever ends that task later propagates it (or,
+    -- a success, passes this on): a chain's steps leave a scheduler pass nothing to do.
+    UPDATE task_runs u
+       SET propagated = true
+      FROM task_edges e
+      JOIN claimed c ON c.id = e.downstream_id
+      JOIN workflow_runs r ON r.id = c.run_id
+     WHERE %(local)s::bool AND u.id = e.upstream_id
+       -- (the state and the flag hidden from index matching: the edges and the primary key
+       -- are the only way in, as in claimed; see runs_started)
+       AND (u.state = 'SUCCEEDED') IS TRUE AND NOT coalesce(u.propagated, true)
+       AND r.cancel_requested_at IS NULL
+), counted AS (
     -- every claimed task's upstream tasks, counted on the edges' index in one grouped read (a
     -- lateral subquery per claimed task cost more to plan than the rest of the claim:
     -- docs/performance.md "Chain hop and CPU per task"); a map's item has its map's but the

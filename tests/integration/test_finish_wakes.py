@@ -99,6 +99,9 @@ def test_a_success_that_releases_a_dependent_wakes_the_publisher_only(
 
     assert wakes(heard, sql) == {OUTBOX_CHANNEL}
     assert repo.get_task(ids["t1"]).state is TaskState.READY
+    # claimed through the broker (not local): t0 is left for a pass to propagate
+    claim_task(repo, sql, ids["t1"])
+    assert propagated(sql, run_id)[0] is False
 
 
 def test_a_continuation_that_claims_the_next_step_wakes_nobody(
@@ -129,7 +132,9 @@ def test_the_last_step_wakes_the_scheduler_and_the_run_ends_with_every_task_prop
     assert wakes(heard, sql) == set()
     t2 = repo.get_task(ids["t2"])
     assert t2.state is TaskState.RUNNING
-    assert propagated(sql, run_id)[:2] == [False, False]  # no pass came for t0 and t1 yet
+    # no pass came: each step was marked propagated by the claim of the next (its run has a
+    # task RUNNING at that commit, so the run's state could not change)
+    assert propagated(sql, run_id)[:2] == [True, True]
 
     repo.finish_many([(ids["t2"], t2.fencing_token, Finish(TaskState.SUCCEEDED))], then=then)
 

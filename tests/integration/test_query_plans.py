@@ -95,7 +95,12 @@ def skewed(truncated_database_url: str, repo: Store, sql: Sql) -> uuid.UUID:
     return repo.trigger(_fanout(BURST)).run_id
 
 
-def test_claim_reads_tasks_and_runs_by_primary_key(skewed: uuid.UUID, sql: Sql) -> None:
+@pytest.mark.parametrize("local", [False, True], ids=["broker", "local"])
+def test_claim_reads_tasks_and_runs_by_primary_key(
+    skewed: uuid.UUID, sql: Sql, local: bool
+) -> None:
+    """``local`` (a worker's claim of what its finish released) also marks the claimed
+    tasks' upstream tasks propagated (upstream_settled): through the edges' index too."""
     rows = sql.execute(
         "SELECT task_run_id, fencing_token FROM outbox WHERE published_at IS NULL"
         " ORDER BY id LIMIT 16"
@@ -105,7 +110,7 @@ def test_claim_reads_tasks_and_runs_by_primary_key(skewed: uuid.UUID, sql: Sql) 
         "tokens": [r[1] for r in rows],
         "worker": "plan-test",
         "lease_s": 30.0,
-        "local": False,
+        "local": local,
         "keyless_only": True,
         "inline": DEFAULT_UPSTREAM_INLINE,
     }
