@@ -38,10 +38,9 @@ $$;
 -- Rows of table tbl per value of its `state` column, for each of states: (state, n,
 -- estimated). A table of at most cap rows (by its statistics) is counted exactly, all at once.
 -- Above, each state not in settled is counted through an index, up to cap + 1 rows: exact below
--- the cap, else the estimate (never less than cap + 1) with estimated true — not counted at
--- all when the estimate is more than twice the cap (the count would stop at the cap); each
--- state in settled — one no index of unsettled rows holds — is the estimate, estimated true.
--- States with no row are left out.
+-- the cap, else the estimate (never less than cap + 1) with estimated true; each state in
+-- settled — one no index of unsettled rows holds — is the estimate, estimated true. States
+-- with no row are left out.
 CREATE FUNCTION flowforge_state_counts(tbl regclass, states text[], settled text[], cap bigint)
 RETURNS TABLE (state text, n bigint, estimated boolean)
 LANGUAGE plpgsql STABLE AS $$
@@ -49,7 +48,6 @@ DECLARE
     total real;
     s text;
     counted bigint;
-    guess bigint;
 BEGIN
     SELECT c.reltuples INTO total FROM pg_class c WHERE c.oid = tbl;
     IF total IS NULL OR total < 0 OR total <= cap THEN
@@ -66,19 +64,11 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        -- the statistics say far more than the cap: a count would stop at the cap anyway, and
-        -- reading cap + 1 rows of each such state is most of the time these counts take
-        guess := flowforge_estimate(tbl, 'state', s);
-        IF guess > 2 * cap THEN
-            state := s; n := guess; estimated := true;
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
         -- a literal, not a parameter: the plan must see the state to use a partial index
         EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s t WHERE t.state = %L LIMIT %s) x',
                        tbl, s, cap + 1) INTO counted;
         IF counted > cap THEN
-            state := s; n := greatest(cap + 1, guess);
+            state := s; n := greatest(cap + 1, flowforge_estimate(tbl, 'state', s));
             estimated := true;
             RETURN NEXT;
         ELSIF counted > 0 THEN
