@@ -52,6 +52,7 @@ from flowforge.store.triggers import Triggers
 from tests.harness import cpuprobe
 
 PLACEHOLDER = re.compile(rb"%\((\w+)\)s|%%")
+PARAM_NUMBER = re.compile(r"\$\d+")
 #: What a plan node keeps in its shape: what it does, not what it estimates.
 SHAPE_KEYS = (
     "Node Type",
@@ -114,8 +115,13 @@ def numbered(query: bytes) -> tuple[bytes, list[str]]:
 
 
 def shape(node: Mapping[str, Any]) -> Shape:
-    """A plan node (EXPLAIN's JSON) and its children without estimates."""
-    own = tuple(node.get(k) for k in SHAPE_KEYS)
+    """A plan node (EXPLAIN's JSON) and its children without estimates. An init plan's name
+    carries the number of the parameter it returns (``InitPlan 10 (returns $21)``), which a
+    generic plan numbers after its own parameters: the number is left out."""
+    own = tuple(
+        PARAM_NUMBER.sub("$", v) if isinstance(v, str) else v
+        for v in (node.get(k) for k in SHAPE_KEYS)
+    )
     return (own, tuple(shape(child) for child in node.get("Plans", ())))
 
 
