@@ -452,7 +452,7 @@ def stats(args: argparse.Namespace) -> int:
     if args.json:
         output.emit_json(output.stats_dict(data))
         return exitcodes.OK
-    # above 100,000 task runs the distribution is PostgreSQL's estimate (migration 0023)
+    # above 100,000 task runs the distribution is PostgreSQL's estimate (migration 0024)
     estimate = " (estimated: more than 100,000 task runs)" if data.attempts_estimated else ""
     output.line(f"attempts used per task run{estimate}:")
     output.table(("ATTEMPTS", "TASK RUNS"), sorted(data.attempts.items()))

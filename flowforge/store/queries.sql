@@ -1648,7 +1648,7 @@ SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
 -- a million READY tasks waiting for a pool not started — would otherwise be compared, task by
 -- task, with every claimed dispatch. A message lost on such a queue is judged once a worker of
 -- it registers (docs/failure-model.md, 17). The candidates are read first, through
--- task_runs_ready_queue_idx (migration 0023; one branch per kind of queue, each an index range:
+-- task_runs_ready_queue_idx (migration 0024; one branch per kind of queue, each an index range:
 -- a backlog on a queue nobody consumes is not read), MATERIALIZED (with none, the claimed
 -- dispatches are never read), and matched to those by queue and band in a hash ('' stands for
 -- NULL: no queue may be named ''), not by band alone.
