@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,84 +37,10 @@ from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
 from tests.harness import bench, bench_maps
-from tests.harness.resources import child_pids
+from tests.harness.cpuprobe import cpu_seconds, listener_pid, process_tree, server_pids, spent
 
 Record = Callable[..., None]
 T = TypeVar("T")
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def stat_cpu_s(stat: str, ticks: int = _TICKS) -> float:
-    """User + system CPU (s) in the text of a ``/proc/<pid>/stat``: fields 14 and 15, counted
-    after the command name's closing parenthesis (the name may hold spaces and parentheses)."""
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def cpu_seconds(pids: Iterable[int]) -> dict[int, float]:
-    """User + system CPU (s) of each of ``pids`` as /proc says now (a process gone is left
-    out)."""
-    found: dict[int, float] = {}
-    for pid in pids:
-        try:
-            found[pid] = stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
-def spent(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU (s) spent between two readings by the processes of the second: a process that
-    started between them counts whole, one that ended between them is not seen."""
-    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
-
-
-def listening_socket_inodes(table: str, port: int) -> set[str]:
-    """The inodes of the sockets listening on ``port`` in the text of a ``/proc/net/tcp``
-    (or ``tcp6``) table: local address ``hex_ip:hex_port``, state ``0A`` (LISTEN)."""
-    found = set()
-    for line in table.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-            found.add(fields[9])
-    return found
-
-
-def listener_pid(port: int) -> int | None:
-    """The process listening on TCP ``port`` on this machine (one it can see), or None."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            inodes |= listening_socket_inodes(Path(table).read_text(), port)
-        except OSError:
-            continue
-    wanted = {f"socket:[{inode}]" for inode in inodes}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not wanted:
-            continue
-        try:
-            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
-                return int(entry.name)
-        except OSError:
-            continue
-    return None
-
-
-def server_pids(conn: psycopg.Connection[Any]) -> list[int]:
-    """Every process of the PostgreSQL server ``conn`` is connected to: its postmaster (the
-    parent of ``conn``'s backend) and the postmaster's children, as they are now."""
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    status = Path(f"/proc/{row[0]}/status").read_text()
-    postmaster = int(status.split("PPid:", 1)[1].split()[0])
-    return process_tree(postmaster)
-
-
-def process_tree(pid: int | None) -> list[int]:
-    """``pid`` (a tree's supervisor) and every process under it; none for None."""
-    if pid is None:
-        return []
-    return [pid, *child_pids(pid, recursive=True)]
 
 
 def server_counters(conn: psycopg.Connection[Any]) -> tuple[int, int]:

@@ -6,6 +6,11 @@ reading spent since the first. :class:`Probe` takes named groups of pids (each a
 group can be found afresh — a child restarted meanwhile counts whole) and answers the CPU of each
 group between :meth:`Probe.start` and :meth:`Probe.stop`. The kernel counts in clock ticks
 (``SC_CLK_TCK``, 100 a second on Linux): a figure over fewer than a few hundred ticks is noise.
+
+Finding the processes: :func:`service_pids` (every PostgreSQL and RabbitMQ process on the
+machine), :func:`backends` (one database's backends), :func:`server_pids` (every process of the
+PostgreSQL server a connection is on), :func:`listener_pid` (the process listening on a port,
+e.g. a private RabbitMQ node) and :func:`process_tree` (a process and all under it).
 """
 
 from __future__ import annotations
@@ -13,11 +18,23 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from tests.harness.resources import child_pids
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 #: The machine's service processes by ``comm``, and the service each belongs to.
 SERVICE_PROCESSES = {"postgres": "postgresql", "beam.smp": "rabbitmq"}
 Reading = dict[int, float]
+
+
+def stat_cpu_s(stat: str, ticks: int = TICKS_PER_S) -> float:
+    """User + system CPU (s) in the text of a ``/proc/<pid>/stat``: fields 14 and 15, counted
+    after the command name's closing parenthesis (the name may hold spaces and parentheses)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 def cpu_seconds(pids: Iterable[int]) -> Reading:
@@ -26,11 +43,9 @@ def cpu_seconds(pids: Iterable[int]) -> Reading:
     found: Reading = {}
     for pid in pids:
         try:
-            # the command name, in parentheses, may hold spaces: split after its last ")"
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            found[pid] = stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
+        except (OSError, IndexError, ValueError):
             continue
-        found[pid] = (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime
     return found
 
 
@@ -104,3 +119,51 @@ class Probe:
         """CPU (s) each group spent since :meth:`start`."""
         after = self.read()
         return {name: spent(self._before.get(name, {}), now) for name, now in after.items()}
+
+
+def listening_socket_inodes(table: str, port: int) -> set[str]:
+    """The inodes of the sockets listening on ``port`` in the text of a ``/proc/net/tcp``
+    (or ``tcp6``) table: local address ``hex_ip:hex_port``, state ``0A`` (LISTEN)."""
+    found = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            found.add(fields[9])
+    return found
+
+
+def listener_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` on this machine (one it can see), or None."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            inodes |= listening_socket_inodes(Path(table).read_text(), port)
+        except OSError:
+            continue
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not wanted:
+            continue
+        try:
+            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def server_pids(conn: psycopg.Connection[Any]) -> list[int]:
+    """Every process of the PostgreSQL server ``conn`` is connected to: its postmaster (the
+    parent of ``conn``'s backend) and the postmaster's children, as they are now."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    status = Path(f"/proc/{row[0]}/status").read_text()
+    postmaster = int(status.split("PPid:", 1)[1].split()[0])
+    return process_tree(postmaster)
+
+
+def process_tree(pid: int | None) -> list[int]:
+    """``pid`` (a tree's supervisor) and every process under it; none for None."""
+    if pid is None:
+        return []
+    return [pid, *child_pids(pid, recursive=True)]

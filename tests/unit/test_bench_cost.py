@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import bench_cost as cpuprobe
+from tests.harness import bench_cost, cpuprobe
 
 #: A stat line whose command name holds a space and a closing parenthesis (fields 14 and 15,
 #: utime and stime, are 250 and 50 ticks).
@@ -24,14 +24,14 @@ def test_a_truncated_stat_line_is_refused() -> None:
 
 
 def reading(trees: list[dict[int, float]], pg: dict[int, float], xid: int, lsn: int) -> Any:
-    return cpuprobe.Reading(trees, {"postgresql": pg, "rabbitmq": {9: 1.0}}, (xid, lsn))
+    return bench_cost.Reading(trees, {"postgresql": pg, "rabbitmq": {9: 1.0}}, (xid, lsn))
 
 
 def test_two_readings_give_each_groups_cpu_and_the_servers_counters_per_task() -> None:
     before = reading([{1: 1.0, 2: 2.0}], {5: 10.0}, 100, 8_000)
     after = reading([{1: 1.5, 2: 2.25, 3: 0.25}], {5: 10.5, 6: 0.5}, 300, 48_000)
 
-    spent = cpuprobe.cost(before, after)
+    spent = bench_cost.cost(before, after)
 
     assert spent.trees_s == [1.0] and spent.services_s == {"postgresql": 1.0, "rabbitmq": 0.0}
     assert spent.total_s == 2.0
@@ -58,7 +58,7 @@ class Probe:
 def test_costed_reads_before_and_after_the_work_only() -> None:
     calls: list[str] = []
     probe: Any = Probe()
-    result, per_task = cpuprobe.costed(probe, 10, lambda: calls.append("work") or "done")
+    result, per_task = bench_cost.costed(probe, 10, lambda: calls.append("work") or "done")
     assert result == "done" and calls == ["work"]
     assert per_task["cpu ms"] == pytest.approx(50.0) and per_task["wal bytes"] == 50.0
 
@@ -86,4 +86,4 @@ def test_the_sockets_listening_on_a_port_are_found_by_their_inodes() -> None:
     ],
 )
 def test_the_broker_port_is_the_urls_or_its_schemes_default(url: str, port: int) -> None:
-    assert cpuprobe.amqp_port(url) == port
+    assert bench_cost.amqp_port(url) == port
