@@ -331,10 +331,13 @@ from pathlib import Path  # noqa: E402
 
 #: The checkout a harness module runs from (its working directory, as scripts/bench's).
 CHECKOUT = Path(__file__).resolve().parents[1]
+#: How long a harness module run by a test may take (s); the test's own pytest timeout is this
+#: and a minute more, so that the subprocess's bound, which says what ran, is the one that fires.
+HARNESS_TIMEOUT_S = 300.0
 
 
 def run_harness_json(
-    module: str, json_path: Path, *args: str, timeout_s: float = 300.0
+    module: str, json_path: Path, *args: str, timeout_s: float = HARNESS_TIMEOUT_S
 ) -> tuple[dict[str, Any], str]:
     """Run ``python -m module --json json_path *args`` from the checkout, as scripts/bench does
     (no ``FLOWFORGE_*`` variable leaks into its trees), and return the JSON it wrote and its
@@ -350,3 +353,21 @@ def run_harness_json(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(json_path.read_text()), result.stdout
+
+
+def run_bench_json(
+    json_path: Path, server_url: str, broker_url: str, *args: str
+) -> tuple[dict[str, Any], str]:
+    """:func:`run_harness_json` of ``scripts/bench`` with ``args``, two workers, on the test
+    services (a database is created on ``server_url``)."""
+    return run_harness_json(
+        "tests.harness.bench",
+        json_path,
+        *args,
+        "--workers",
+        "2",
+        "--database-url",
+        server_url,
+        "--broker-url",
+        broker_url,
+    )

@@ -6,9 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_harness_json
+from tests.helpers import HARNESS_TIMEOUT_S, run_bench_json
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(HARNESS_TIMEOUT_S + 60),
+]
 
 FIGURES = {
     "throughput",
@@ -42,17 +46,7 @@ FIGURES = {
 def test_a_quick_bench_run_reports_every_figure(
     tmp_path: Path, pg_server_url: str, broker_url: str
 ) -> None:
-    report, stdout = run_harness_json(
-        "tests.harness.bench",
-        tmp_path / "bench.json",
-        "--quick",
-        "--workers",
-        "2",
-        "--database-url",
-        pg_server_url,
-        "--broker-url",
-        broker_url,
-    )
+    report, stdout = run_bench_json(tmp_path / "bench.json", pg_server_url, broker_url, "--quick")
     assert set(report["results"]) >= FIGURES
     for name in FIGURES:
         figure = report["results"][name]

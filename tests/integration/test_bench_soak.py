@@ -9,9 +9,13 @@ import pytest
 
 from tests.harness.bench_payloads import SIZES
 from tests.harness.bench_soak import HOT_TABLES
-from tests.helpers import run_harness_json
+from tests.helpers import HARNESS_TIMEOUT_S, run_bench_json
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(HARNESS_TIMEOUT_S + 60),
+]
 
 VERDICTS = {"rss", "dispatch_p99", "hop_p99", "bloat", "connections"}
 
@@ -21,18 +25,7 @@ def test_a_short_soak_samples_every_figure_and_judges_them(
 ) -> None:
     out = tmp_path / "bench.json"
     out.write_text('{"results": {"kept": 1}}')  # merged into, not replaced
-    report, stdout = run_harness_json(
-        "tests.harness.bench",
-        out,
-        "--soak",
-        "0.5",
-        "--workers",
-        "2",
-        "--database-url",
-        pg_server_url,
-        "--broker-url",
-        broker_url,
-    )
+    report, stdout = run_bench_json(out, pg_server_url, broker_url, "--soak", "0.5")
     assert report["results"] == {"kept": 1}
     soak = report["soak"]
     settings = soak["settings"]
@@ -63,17 +56,8 @@ def test_a_short_soak_samples_every_figure_and_judges_them(
 def test_a_quick_payload_run_measures_every_size(
     tmp_path: Path, pg_server_url: str, broker_url: str
 ) -> None:
-    report, stdout = run_harness_json(
-        "tests.harness.bench",
-        tmp_path / "bench.json",
-        "--payloads",
-        "--quick",
-        "--workers",
-        "2",
-        "--database-url",
-        pg_server_url,
-        "--broker-url",
-        broker_url,
+    report, stdout = run_bench_json(
+        tmp_path / "bench.json", pg_server_url, broker_url, "--payloads", "--quick"
     )
     results = report["payloads"]["results"]
     for size in SIZES:
