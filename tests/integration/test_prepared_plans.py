@@ -90,9 +90,9 @@ def test_a_generic_plan_made_on_empty_tables_is_the_custom_plan_at_size(
     pg_server_url: str,
 ) -> None:
     """Only for GENERIC_PLANS: a connection that prepares them right after an install keeps
-    that plan until an ANALYZE — it must be the plan PostgreSQL makes for 20,000 runs."""
+    that plan until an ANALYZE — it must be the plan PostgreSQL makes for 5,000 runs."""
     with bench.fresh_database(pg_server_url) as empty, bench.fresh_database(pg_server_url) as full:
-        plans.fill(full, 20_000, 2_000)
+        plans.fill(full, 5_000, 1_000)
         found = plans.exercise(full)
         plans.exercise(empty)
         with (
