@@ -47,6 +47,7 @@ from tests.harness import (
     bench_rates,
     bench_schedules,
     bench_submit,
+    cpuprobe,
     services,
 )
 from tests.harness.resources import (
@@ -180,6 +181,10 @@ class Tree:
             return None
         tail = " | ".join(self.log_path.read_text(errors="replace").splitlines()[-5:])
         return f"flowforge up exited with {self.proc.returncode}: {tail}"
+
+    def pids(self) -> list[int]:
+        """The supervisor and every process under it, as they are now (none before start)."""
+        return cpuprobe.process_tree(self.proc.pid if self.proc else None)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -37,20 +37,17 @@ from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
 from tests.harness import bench, bench_maps
-from tests.harness.cpuprobe import cpu_seconds, listener_pid, process_tree, server_pids, spent
+from tests.harness.cpuprobe import (
+    cpu_seconds,
+    listener_pid,
+    process_tree,
+    server_counters,
+    server_pids,
+    spent,
+)
 
 Record = Callable[..., None]
 T = TypeVar("T")
-
-
-def server_counters(conn: psycopg.Connection[Any]) -> tuple[int, int]:
-    """(transaction ids assigned so far, WAL position in bytes), both the server's: the writing
-    transactions and WAL of every database on it."""
-    row = conn.execute(
-        "SELECT pg_current_xact_id()::text::bigint, pg_current_wal_lsn() - '0/0'::pg_lsn"
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,6 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
 from tests.harness import bench, bench_maps, bench_soak_verdicts
-from tests.harness.bench_trees import tree_pids
 
 #: Seconds between two trigger batches of the feed.
 TICK_S = 0.1
@@ -199,7 +198,7 @@ class Soak:
             "dispatch_p99_ms": _rounded(bench._pct(dispatch, 99)) if dispatch else None,
             "hop_p50_ms": _rounded(bench._pct(hops, 50)) if hops else None,
             "hop_p99_ms": _rounded(bench._pct(hops, 99)) if hops else None,
-            "rss_kb": _rss_kb(tree_pids(self.tree)),
+            "rss_kb": _rss_kb(self.tree.pids()),
             "tables": _tables(self.conn),
             "connections": int(row[0]) if row else 0,
             "load_average": round(os.getloadavg()[0], 2),

@@ -40,25 +40,12 @@ from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
 from tests.harness import bench
-from tests.harness.cpuprobe import cpu_seconds, service_pids, spent
-from tests.harness.resources import child_pids
-
-
-def tree_pids(tree: bench.Tree) -> list[int]:
-    """The supervisor of ``tree`` and every process under it."""
-    if tree.proc is None:
-        return []
-    return [tree.proc.pid, *child_pids(tree.proc.pid, recursive=True)]
-
-
-def _database_counters(conn: psycopg.Connection[Any]) -> tuple[int, int]:
-    """(transaction ids assigned so far, WAL position in bytes), both the server's: the writing
-    transactions and WAL of every database on it."""
-    row = conn.execute(
-        "SELECT pg_current_xact_id()::text::bigint, pg_current_wal_lsn() - '0/0'::pg_lsn"
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
+from tests.harness.cpuprobe import (
+    cpu_seconds,
+    server_counters,
+    service_pids,
+    spent,
+)
 
 
 def measure_trees(
@@ -105,11 +92,11 @@ def _run(
     timeout_s: float,
 ) -> None:
     label = f"trees {count}"
-    pids = [tree_pids(t) for t in trees]
+    pids = [t.pids() for t in trees]
 
     def reading() -> tuple[list[dict[int, float]], dict[str, dict[int, float]], tuple[int, int]]:
         services = {name: cpu_seconds(p) for name, p in service_pids().items()}
-        return [cpu_seconds(p) for p in pids], services, _database_counters(conn)
+        return [cpu_seconds(p) for p in pids], services, server_counters(conn)
 
     before = reading()
     figures = bench.throughput(repo, conn, bench.Settings(tasks=tasks, timeout_s=timeout_s))

@@ -167,3 +167,13 @@ def process_tree(pid: int | None) -> list[int]:
     if pid is None:
         return []
     return [pid, *child_pids(pid, recursive=True)]
+
+
+def server_counters(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """(transaction ids assigned so far, WAL position in bytes), both the server's: the writing
+    transactions and WAL of every database on it."""
+    row = conn.execute(
+        "SELECT pg_current_xact_id()::text::bigint, pg_current_wal_lsn() - '0/0'::pg_lsn"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
