@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.store import queries
 from flowforge.store.migrate import _apply_pending, available_migrations
 from tests.harness.resources import create_database, drop_database
 from tests.store import Store
@@ -124,3 +125,36 @@ def test_the_migration_fills_the_names_of_edges_that_existed_before_it(
             "SELECT upstream_name FROM task_edges WHERE downstream_id = %s", (join,)
         ).fetchone()
     assert row == ("top",)
+
+
+def test_a_name_page_of_a_wide_join_reads_its_edges_index_range_not_every_edge(
+    repo: Store, sql: Sql
+) -> None:
+    """The page is an ordered range of task_edges_downstream_name_idx that stops at the page's
+    limit: with 2,000 upstream tasks, a page of 50 reads about 50 edges, never all of them."""
+    tops = tuple(TaskDef(f"t{i:04}", "tests.noop") for i in range(2000))
+    join = TaskDef("join", "tests.noop", depends_on=tuple(t.name for t in tops))
+    run_id = repo.trigger(WorkflowDef("wide", (*tops, join)), {}).run_id
+    sql.execute("ANALYZE task_edges")
+    sql.execute("ANALYZE task_runs")
+    row = sql.execute(
+        "SELECT id FROM task_runs WHERE run_id = %s AND name = 'join'", (run_id,)
+    ).fetchone()
+    assert row is not None
+    params = {"id": row[0], "after": "t0999", "limit": 50, "inline": 1000, "results": True}
+    plan = sql.execute(
+        b"EXPLAIN (ANALYZE, FORMAT JSON) " + queries.load()["upstream_names_page"],
+        {**params, "name": None},
+    ).fetchone()
+    assert plan is not None
+    edge_scans: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "task_edges":
+            edge_scans.append(node)
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    walk(plan[0][0]["Plan"])
+    assert [n["Index Name"] for n in edge_scans] == ["task_edges_downstream_name_idx"]
+    assert edge_scans[0]["Actual Rows"] <= 51  # the page's edges (and the one that ends it)
