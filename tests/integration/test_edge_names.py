@@ -11,9 +11,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.store import queries
-from flowforge.store.migrate import _apply_pending, available_migrations
+from flowforge.store.db import Database
+from flowforge.store.migrate import _apply_pending, available_migrations, migrate
 from tests.harness.resources import create_database, drop_database
 from tests.store import Store
 
@@ -127,25 +129,41 @@ def test_the_migration_fills_the_names_of_edges_that_existed_before_it(
     assert row == ("top",)
 
 
+@pytest.fixture
+def own_database(pg_server_url: str) -> Iterator[str]:
+    """A migrated database of this test's own: its ANALYZE leaves statistics the session
+    database's plan tests must not see."""
+    url = create_database(pg_server_url, "flowforge_edge_pages")
+    migrate(url)
+    yield url
+    drop_database(pg_server_url, url)
+
+
 def test_a_name_page_of_a_wide_join_reads_its_edges_index_range_not_every_edge(
-    repo: Store, sql: Sql
+    own_database: str,
 ) -> None:
     """The page is an ordered range of task_edges_downstream_name_idx that stops at the page's
     limit: with 2,000 upstream tasks, a page of 50 reads about 50 edges, never all of them."""
     tops = tuple(TaskDef(f"t{i:04}", "tests.noop") for i in range(2000))
     join = TaskDef("join", "tests.noop", depends_on=tuple(t.name for t in tops))
-    run_id = repo.trigger(WorkflowDef("wide", (*tops, join)), {}).run_id
-    sql.execute("ANALYZE task_edges")
-    sql.execute("ANALYZE task_runs")
-    row = sql.execute(
-        "SELECT id FROM task_runs WHERE run_id = %s AND name = 'join'", (run_id,)
-    ).fetchone()
-    assert row is not None
-    params = {"id": row[0], "after": "t0999", "limit": 50, "inline": 1000, "results": True}
-    plan = sql.execute(
-        b"EXPLAIN (ANALYZE, FORMAT JSON) " + queries.load()["upstream_names_page"],
-        {**params, "name": None},
-    ).fetchone()
+    db = Database(DatabaseConfig(url=own_database), "edge-pages")
+    db.open()
+    try:
+        run_id = Store(db).trigger(WorkflowDef("wide", (*tops, join)), {}).run_id
+    finally:
+        db.close()
+    with psycopg.connect(own_database, autocommit=True) as sql:
+        sql.execute("ANALYZE task_edges")
+        sql.execute("ANALYZE task_runs")
+        row = sql.execute(
+            "SELECT id FROM task_runs WHERE run_id = %s AND name = 'join'", (run_id,)
+        ).fetchone()
+        assert row is not None
+        params = {"id": row[0], "after": "t0999", "limit": 50, "inline": 1000, "results": True}
+        plan = sql.execute(
+            b"EXPLAIN (ANALYZE, FORMAT JSON) " + queries.load()["upstream_names_page"],
+            {**params, "name": None},
+        ).fetchone()
     assert plan is not None
     edge_scans: list[dict[str, Any]] = []
 
