@@ -268,6 +268,41 @@ def compare(
     return list(seen.values())
 
 
+def reads(plan: Shape) -> dict[str, str]:
+    """How a plan reads each table: ``whole`` where any node scans it sequentially, else
+    ``index`` (an index, index-only or bitmap heap scan). What a plan made at another size
+    must not get wrong: which tables it reads whole."""
+    found: dict[str, str] = {}
+    node_type, relation = SHAPE_KEYS.index("Node Type"), SHAPE_KEYS.index("Relation Name")
+
+    def walk(node: Shape) -> None:
+        own, children = node
+        if own[relation] is not None and own[node_type] != "ModifyTable":
+            whole = own[node_type] == "Seq Scan" or found.get(own[relation]) == "whole"
+            found[own[relation]] = "whole" if whole else "index"
+        for child in children:
+            walk(child)
+
+    walk(plan)
+    return found
+
+
+def whole_reads_beyond(
+    made_on: psycopg.Connection[Any], run_on: psycopg.Connection[Any], found: list[Captured]
+) -> dict[str, set[str]]:
+    """The statements whose generic plan made on ``made_on`` reads some table whole
+    (:func:`reads`) that the custom plan on ``run_on`` reads through an index or not at all
+    (its values turned that subtree off): {name: those tables}."""
+    beyond: dict[str, set[str]] = {}
+    for captured in found:
+        early = reads(plans(made_on, captured)["generic"])
+        at_size = reads(plans(run_on, captured)["custom"])
+        tables = {t for t, how in early.items() if how == "whole" and at_size.get(t) != "whole"}
+        if tables:
+            beyond.setdefault(captured.name, set()).update(tables)
+    return beyond
+
+
 def main(argv: list[str] | None = None) -> int:
     from tests.harness import bench
 
