@@ -38,9 +38,40 @@ from flowforge.store import queries
 from flowforge.store.db import Cursor, Database, Pipelined, Row
 
 T = TypeVar("T")
+#: The scheduler's pass (roles/scheduler.py ``run_pass``): what every pass runs, idle or not,
+#: and what a pass that propagates a finished task and settles its run adds.
+PASSES = frozenset(
+    {
+        "concurrency_keys_waiting",
+        "expire_event_waits",
+        "gate_work",
+        "lock_child_starts",
+        "lock_conditions",
+        "lock_event_starts",
+        "lock_expired_leases",
+        "lock_failed",
+        "lock_maps_to_expand",
+        "lock_unpropagated",
+        "open_item_slots",
+        "overdue_runs",
+        "promote_ready",
+        "rate_keys_waiting",
+        "settle_children",
+        "settle_maps",
+        "start_due_runs",
+        "start_timers",
+        "wake_timers",
+        "mark_propagated",
+        "runs_to_derive",
+        "lock_runs",
+        "run_facts",
+        "update_run_states",
+    }
+)
 #: Statements prepared server-side (module docstring), by name — the hot path's: the trigger's
-#: inserts, the worker's claim and finish, the publisher's sweep, the api's read of a run.
-PREPARED = frozenset(
+#: inserts, the worker's claim and finish, the publisher's sweep, the api's read of a run; and
+#: the scheduler's pass.
+PREPARED = PASSES | frozenset(
     {
         "insert_runs",
         "insert_tasks",

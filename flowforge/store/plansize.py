@@ -40,6 +40,8 @@ TABLES = (
     "idempotency_keys",
     "workflow_definitions",
     "counters",
+    "breakers",
+    "breaker_transitions",
 )
 #: Seconds between two readings of the tables' sizes by one process.
 CHECK_S = 1.0
