@@ -42,7 +42,18 @@ from flowforge.store.db import Cursor, Database, Pipelined, Row
 T = TypeVar("T")
 #: Statements whose generic plan is the custom one wherever it is made (module docstring):
 #: inserts whose rows come from arrays.
-GENERIC_PLANS = frozenset({"insert_runs", "insert_tasks", "insert_edges", "register_definitions"})
+GENERIC_PLANS = frozenset(
+    {
+        "insert_runs",
+        "insert_tasks",
+        "insert_edges",
+        "register_definitions",
+        # the same inserts answering what they wrote: their RETURNING reads no other row
+        "insert_runs_answered",
+        "insert_tasks_answered",
+        "insert_edges_answered",
+    }
+)
 #: Statements prepared server-side (module docstring), by name — the hot path's: the trigger's
 #: inserts, the worker's claim and finish, the publisher's sweep, the api's read of a run.
 PREPARED = GENERIC_PLANS | {
