@@ -125,9 +125,9 @@ class Client:
         ``priority`` (a whole number 0 to 9, higher first within a queue) replaces the
         ``priority`` of every task of the run, and of its child runs (None: each task keeps
         its workflow's, 0 by default). ``with_run``: the result's ``run`` is the run created,
-        as :meth:`get_run` would answer right after the commit, built from what the trigger
+        as :meth:`status` would answer right after the commit, built from what the trigger
         wrote, with no read (None when not created here, or when a task of it has a
-        concurrency or rate key: read it with :meth:`get_run`).
+        concurrency or rate key: read it with :meth:`status`).
         """
         definition = self._definition(workflow)
         return self._store.trigger(

@@ -9,12 +9,15 @@ of every kind of task a trigger answers — a multi-task run with edges whose na
 differently by code point and by a collation, timers, event waits, child-workflow tasks,
 ordering and idempotency keys, breakers, queues and priorities; a map; a keyed run; a delayed
 run with a deadline; an input whose keys jsonb reorders. A replayed key, and a run with a task
-under a concurrency or rate key, answer no run (the caller reads it back).
+under a concurrency or rate key, answer no run (the caller reads it back). A trigger that
+answers is still one round trip (libpq's trace, as tests/integration/test_pipelined.py counts).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +29,8 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.events import EventWait
 from flowforge.domain.limits import Concurrency, RateLimit
 from flowforge.domain.model import Run, TriggerResult
+from flowforge.store.triggers import Triggers
+from tests.integration.test_pipelined import Traced
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -121,3 +126,23 @@ def test_a_run_with_a_concurrency_or_rate_key_is_left_to_read_back(repo: Store) 
 def test_without_with_run_a_trigger_builds_no_run(repo: Store) -> None:
     result = repo.trigger(MAP, {"n": 3})
     assert result.created and result.run is None
+
+
+@pytest.fixture
+def traced(clean_database_url: str, tmp_path: Path) -> Iterator[Traced]:
+    found = Traced(clean_database_url, tmp_path / "trace")
+    yield found
+    found.close()
+
+
+def test_a_trigger_that_answers_with_its_run_is_still_one_round_trip(traced: Traced) -> None:
+    """The answered inserts' rows come back with the trigger's one round trip; nothing is read
+    after it (the api's POST was a second round trip of three statements: get_run,
+    get_run_tasks, run_children)."""
+    triggers = Triggers(traced.db)
+    triggers.trigger(MAP, {"warm": True}, with_run=True)  # the definition registered
+    got: list[TriggerResult] = []
+    assert (
+        traced.round_trips(lambda: got.append(triggers.trigger(MAP, {"n": 4}, with_run=True))) == 1
+    )
+    assert got[0].run is not None and len(got[0].run.tasks) == 3
