@@ -38,6 +38,8 @@ from tests.harness import bench, bench_maps
 from tests.harness.cpuprobe import TICKS_PER_S, cpu_seconds
 
 T = TypeVar("T")
+#: A hop over this many times the p50 counts as slow (:func:`slow_hops`).
+SLOW_HOP = 3.0
 #: py-spy's sampling rate (per second): low enough not to weigh on a 2-core machine.
 SPY_RATE = 250
 
@@ -89,6 +91,21 @@ def spent(
         },
         "worker threads user/sys ms/task": {t: v for t, v in threads.items() if sum(v) > 0},
         "load": os.getloadavg()[0],
+    }
+
+
+def slow_hops(conn: psycopg.Connection[Any], p50_ms: float) -> dict[str, float]:
+    """How many hops of the chain just run (the only run in the tables) took over
+    :data:`SLOW_HOP` times the p50, and their mean (ms): the hops that went through the
+    publisher and the broker instead of the worker's own claim."""
+    rows = conn.execute(
+        "SELECT extract(epoch FROM finished_at - lag(finished_at) OVER (ORDER BY seq)) * 1000"
+        " FROM task_runs ORDER BY seq"
+    ).fetchall()
+    slow = [float(r[0]) for r in rows if r[0] is not None and float(r[0]) > SLOW_HOP * p50_ms]
+    return {
+        "slow hops": len(slow),
+        "slow hop mean ms": round(sum(slow) / len(slow), 1) if slow else 0.0,
     }
 
 
@@ -151,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     unspy(sampler)
                     figures = {k: round(hops[k], 3) for k in ("p50_ms", "p99_ms", "mean_ms")}
-                    report["chains"].append({**figures, **cost})
+                    tail = slow_hops(conn, hops["p50_ms"])
+                    report["chains"].append({**figures, **tail, **cost})
         finally:
             tree.stop()
             db.close()
