@@ -109,6 +109,18 @@ def slow_hops(conn: psycopg.Connection[Any], p50_ms: float) -> dict[str, float]:
     }
 
 
+def broker_hops(conn: psycopg.Connection[Any]) -> int:
+    """How many steps of the chain just run (the only run in the tables) came through the
+    publisher and the broker: a step the worker's finish claimed has its outbox row stamped by
+    that transaction (``published_at`` = its ``started_at``, both the transaction's now()),
+    one the publisher sent was stamped by the publisher's sweep, before its claim."""
+    row = conn.execute(
+        "SELECT count(*) FROM outbox o JOIN task_runs t ON t.id = o.task_run_id"
+        " WHERE o.published_at IS DISTINCT FROM t.started_at"
+    ).fetchone()
+    return int(row[0]) if row else -1
+
+
 def spy(worker: int, path: str) -> subprocess.Popen[bytes]:
     """py-spy recording ``worker`` until :func:`unspy`."""
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -168,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     unspy(sampler)
                     figures = {k: round(hops[k], 3) for k in ("p50_ms", "p99_ms", "mean_ms")}
-                    tail = slow_hops(conn, hops["p50_ms"])
+                    tail = {**slow_hops(conn, hops["p50_ms"]), "broker hops": broker_hops(conn)}
                     report["chains"].append({**figures, **tail, **cost})
         finally:
             tree.stop()
