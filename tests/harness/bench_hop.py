@@ -7,7 +7,8 @@ Starts one tree (``--workers``, default 1) on a fresh database of the server giv
 a hop), per process (named by its title) and, for a chain, per thread of the first worker
 (user and system CPU, by thread id), beside the hop p50, p99 and mean.
 
-``--py-spy PATH`` samples the first worker with ``py-spy record`` (speedscope format, to PATH)
+``--py-spy PATH`` samples the first worker (or the first process whose title holds
+``--spy-role``, e.g. ``scheduler``) with ``py-spy record`` (speedscope format, to PATH)
 during the last chain, or during the throughput workload with ``--chain 0``; it samples only
 threads holding the GIL (``--gil``: Python's own CPU) unless ``SPY_FLAGS`` in the environment
 says otherwise (``SPY_FLAGS=--idle``: wall time, waits included). Run alone::
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--throughput", type=int, default=0)
     parser.add_argument("--py-spy", dest="py_spy", default=None)
+    parser.add_argument("--spy-role", dest="spy_role", default="worker")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {"chains": []}
     with bench.fresh_database(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
@@ -158,11 +160,12 @@ def main(argv: list[str] | None = None) -> int:
             tree.start()
             pids = tree.pids()
             worker = next(pid for pid in pids if "worker" in title(pid))
+            spied = next(pid for pid in pids if args.spy_role in title(pid))
             repo = Triggers(db)
             with psycopg.connect(url, autocommit=True) as conn:
                 if args.throughput:
                     settings = bench.Settings(tasks=args.throughput, timeout_s=600.0)
-                    sampler = spy(worker, args.py_spy) if args.py_spy and not args.chain else None
+                    sampler = spy(spied, args.py_spy) if args.py_spy and not args.chain else None
                     done, cost = spent(
                         pids,
                         worker,
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(args.repeat if args.chain else 0):
                     bench_maps.truncate(conn, bench.TABLES.replace("processes, ", ""))
                     last = rep == args.repeat - 1
-                    sampler = spy(worker, args.py_spy) if args.py_spy and last else None
+                    sampler = spy(spied, args.py_spy) if args.py_spy and last else None
                     hops, cost = spent(
                         pids, worker, args.chain, lambda: bench.chain(repo, conn, args.chain, 600.0)
                     )
