@@ -70,6 +70,7 @@ class StubBroker:
         self._buffers: list[collections.deque[Delivery]] = [collections.deque() for _ in BANDS]
         self._unacked: list[dict[int, bytes]] = [{} for _ in BANDS]
         self._tag = 0  # one counter for every band: a test reads acks as one sequence
+        self.wakes = 0  # wake() calls (a stop ending a take's wait)
 
     @property
     def queue(self) -> collections.deque[tuple[bytes, bool]]:
@@ -128,6 +129,10 @@ class StubBroker:
                 self._tag += 1
                 self._unacked[index][self._tag] = body
                 self._buffers[index].append(Delivery(self._tag, body, redelivered, index))
+
+    def wake(self) -> None:
+        """No take here waits (pump fills the buffers at once): count the call."""
+        self.wakes += 1
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         self._require()

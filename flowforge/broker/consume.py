@@ -83,6 +83,8 @@ class Deliveries(Protocol):
 
     def pump(self, time_limit_s: float = 0.0) -> None: ...
 
+    def wake(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -221,6 +223,14 @@ class Consumer:
         except (pika.exceptions.AMQPError, OSError) as exc:
             raise BrokerUnavailableError(f"broker connection lost: {exc!r}") from exc
 
+    def wake(self) -> None:
+        """End a :meth:`take` (or :meth:`pump`) waiting now, or the next one, at once: a stop
+        (:class:`~flowforge.roles.stopping.Stop`). The one method callable from any thread
+        (pika's ``add_callback_threadsafe``); nothing when not connected."""
+        conn = self._conn
+        if conn is not None and conn.is_open:
+            conn.add_callback_threadsafe(_nothing)
+
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Acknowledge ``deliveries`` (taken): one multiple ack per band, through the band's
         last. Exact: a band's deliveries are taken in the order they came, and a batch is
@@ -276,3 +286,7 @@ def _highest_first(buffers: Sequence[collections.deque[Delivery]], limit: int) -
         while buffer and len(taken) < limit:
             taken.append(buffer.popleft())
     return taken
+
+
+def _nothing() -> None:
+    """What a wake asks pika to call: its arrival alone ends the wait."""

@@ -134,6 +134,10 @@ class Intake:
             logger.warning("broker connection lost while handing back: %s", exc)
             self.broken = exc
 
+    def wake(self) -> None:
+        """End a :meth:`take`'s wait at once (a stop); callable from any thread."""
+        self._broker.wake()
+
     def serve(self, seconds: float = 0.0) -> None:
         """Serve the connection (heartbeats) for ``seconds``; just wait if it is broken."""
         if self.broken is not None:

@@ -57,6 +57,7 @@ from flowforge.roles.lease import CancelWatch, Leases
 from flowforge.roles.ledger import Ledger
 from flowforge.roles.presence import Presence
 from flowforge.roles.seams import Pool, WorkerStore
+from flowforge.roles.stopping import on_stop
 from flowforge.roles.upstream import UpstreamSource, bounded
 from flowforge.store.claims import Claims
 from flowforge.store.db import Database
@@ -173,6 +174,14 @@ class Worker:
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         self._beats = beat
         self._stop = stop
+        forget = on_stop(stop, self._intake.wake)  # a stop ends the take's wait at once
+        try:
+            self._serve(stop, beat)
+        finally:
+            forget()
+
+    def _serve(self, stop: threading.Event, beat: Callable[[], None]) -> None:
+        """The loop's body: batches until ``stop`` is set or the worker is due to recycle."""
         while not stop.is_set() and not self.recycle:
             # dependents the last finish claimed for this worker in its own transaction
             if self._claimed_next:

@@ -34,6 +34,7 @@ from flowforge.errors import (
     TransactionConflictError,
 )
 from flowforge.store.pgerrors import check_url, translate, translate_errors
+from flowforge.store.plansize import PlanSizes
 
 __all__ = ["Database", "connect_once", "session_options", "translate_errors"]
 
@@ -60,16 +61,14 @@ def session_options(config: DatabaseConfig) -> str:
     pass over a map's 10,000 waiting items cross ``jit_above_cost``, where compiling costs
     several times what running does (docs/performance.md, "A map's items under limits").
 
-    ``plan_cache_mode=force_custom_plan``: a statement prepared to save its parsing (store/
-    part.py ``PREPARED``) is still planned for its values each time, never given the generic
-    plan PostgreSQL would make once from the statistics of that moment — made on a table still
-    small, that plan scans whole tables until the next ANALYZE (docs/performance.md, "Several
-    api processes and prepared statements"). A transaction whose statements' plans read no
-    statistics opts in (``generic_plans``)."""
+    ``plan_cache_mode`` is left to the server (``auto`` unless an operator set it for the role
+    or database): a prepared statement (store/part.py ``PREPARED``) may then run its generic
+    plan, which :class:`~flowforge.store.plansize.PlanSizes` keeps to the tables' size, and
+    ``force_custom_plan`` for FlowForge's role turns that off (docs/operations.md)."""
     return (
         f"-c statement_timeout={config.statement_timeout_ms} "
         f"-c idle_in_transaction_session_timeout={config.idle_in_transaction_timeout_ms} "
-        "-c jit=off -c plan_cache_mode=force_custom_plan"
+        "-c jit=off"
     )
 
 
@@ -96,14 +95,18 @@ class Database:
         *,
         pool_factory: PoolFactory = ConnectionPool,
         connect: Callable[..., Any] = psycopg.connect,
+        plan_sizes: PlanSizes | None = None,
     ) -> None:
         """``pool_factory`` and ``connect`` (one connection outside the pool) are seams for
-        tests; production uses psycopg_pool's ConnectionPool and psycopg.connect."""
+        tests; production uses psycopg_pool's ConnectionPool and psycopg.connect.
+        ``plan_sizes``: what keeps each connection's generic plans to the tables' size (a seam
+        for a test's clock)."""
         self._config = config
         self._application_name = application_name
         self._pool_factory = pool_factory
         self._connect = connect
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
+        self._plans = plan_sizes or PlanSizes()
         self._checked = False  # the server has not refused this configuration (first open)
 
     @property
@@ -142,13 +145,10 @@ class Database:
                 "application_name": self._application_name,
                 "options": session_options(self._config),
                 "connect_timeout": _timeout(self._config.connect_timeout_s),
-                # never prepared server-side by count: a prepared statement soon runs a
-                # generic plan made once, and one made while a table was small (a fresh
-                # install, a burst after a quiet spell) scanned the whole table per row of a
-                # 10,000-task fan-out until autovacuum's next ANALYZE. Only the statements a
-                # caller asks for (``prepare=True``: store/part.py PREPARED) are prepared, so
-                # the threshold is one no statement reaches; and even those are planned for
-                # their values (session_options) unless a transaction opts in.
+                # never prepared server-side by count: only the statements a caller asks for
+                # (``prepare=True``: store/part.py PREPARED), whose generic plans the tables'
+                # size classes are watched for (store/plansize.py), so the threshold is one no
+                # statement reaches
                 "prepare_threshold": NEVER_BY_COUNT,
             },
             timeout=self._config.connect_timeout_s,
@@ -184,7 +184,7 @@ class Database:
             raise StoreError("database pool is not open")
         with (
             translate_errors(self._config.url, self._diagnose),
-            self._pool.connection() as conn,
+            self._connection() as conn,
             conn.transaction(),
             conn.cursor() as cur,
         ):
@@ -215,7 +215,7 @@ class Database:
             raise StoreError("database pool is not open")
         with (
             translate_errors(self._config.url, self._diagnose),
-            self._pool.connection() as conn,
+            self._connection() as conn,
             _pipelined(conn) as pipelined,
             conn.cursor() as cur,
         ):
@@ -236,7 +236,7 @@ class Database:
 
         with (
             translate_errors(self._config.url, self._diagnose),
-            self._pool.connection() as conn,
+            self._connection() as conn,
             conn.cursor() as cur,
         ):
             # leaving pipeline mode sends its Sync: one sync is the one round trip, not two
@@ -281,10 +281,18 @@ class Database:
             raise StoreError("database pool is not open")
         with (
             translate_errors(self._config.url, self._diagnose),
-            self._pool.connection() as conn,
+            self._connection() as conn,
             conn.cursor() as cur,
         ):
             yield cur
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Row]]:
+        """A pooled connection whose cached plans suit the tables' size (store/plansize.py)."""
+        assert self._pool is not None
+        with self._pool.connection() as conn:
+            self._plans.ready(conn)
+            yield conn
 
     def _diagnose(self) -> FlowForgeError:
         """Why the pool gave no connection in time: psycopg_pool's ``PoolTimeout`` hides it.

@@ -14,14 +14,12 @@ from :class:`Part` and runs its statements through two helpers and nothing else:
   explicit transaction (:meth:`Tx.later` queues each, :meth:`Tx.sync` sends them).
 
 The statements of :data:`PREPARED` are prepared server-side once per connection: each
-execution skips parsing and analysis (a third of the server's CPU for a claim) but is still
-planned for its values — the session forces custom plans (``store/db.py`` ``session_options``
-says why). Those of :data:`GENERIC_PLANS` run PostgreSQL's generic plan too: inserts fed by
-arrays, whose plans read no table statistics, so the generic plan is the one it would make each
-time, even made on empty tables (``tests/harness/plans.py`` checks it); a transaction opts in
-before the first of them (``generic_plans``). Every other statement is parsed and planned at
-each execution. docs/performance.md ("Submitting work"; "Several api processes and prepared
-statements") has the measurements.
+execution skips parsing and analysis (a third of the server's CPU for a claim) and, once
+PostgreSQL has found its generic plan no worse than five custom ones, planning too — kept only
+while the tables are about the size it was made at (``store/plansize.py`` says why and how).
+Every other statement is parsed and planned at each execution. docs/performance.md
+("Submitting work"; "Several api processes and prepared statements"; "Generic plans at the
+tables' size") has the measurements.
 
 Both retry a deadlock or serialization failure (``Database.run`` / ``Database.execute``), a
 transaction as a whole, so ``work`` must not have effects outside it that a retry would repeat
@@ -40,31 +38,58 @@ from flowforge.store import queries
 from flowforge.store.db import Cursor, Database, Pipelined, Row
 
 T = TypeVar("T")
-#: Statements whose generic plan is the custom one wherever it is made (module docstring):
-#: inserts whose rows come from arrays.
-GENERIC_PLANS = frozenset(
+#: The scheduler's pass (roles/scheduler.py ``run_pass``): what every pass runs, idle or not,
+#: and what a pass that propagates a finished task and settles its run adds.
+PASSES = frozenset(
+    {
+        "concurrency_keys_waiting",
+        "expire_event_waits",
+        "gate_work",
+        "lock_child_starts",
+        "lock_conditions",
+        "lock_event_starts",
+        "lock_expired_leases",
+        "lock_failed",
+        "lock_maps_to_expand",
+        "lock_unpropagated",
+        "open_item_slots",
+        "overdue_runs",
+        "promote_ready",
+        "rate_keys_waiting",
+        "settle_children",
+        "settle_maps",
+        "start_due_runs",
+        "start_timers",
+        "wake_timers",
+        "mark_propagated",
+        "runs_to_derive",
+        "lock_runs",
+        "run_facts",
+        "update_run_states",
+    }
+)
+#: Statements prepared server-side (module docstring), by name — the hot path's: the trigger's
+#: inserts, the worker's claim and finish, the publisher's sweep, the api's read of a run; and
+#: the scheduler's pass.
+PREPARED = PASSES | frozenset(
     {
         "insert_runs",
         "insert_tasks",
         "insert_edges",
         "register_definitions",
-        # the same inserts answering what they wrote: their RETURNING reads no other row
+        # the same inserts answering what they wrote (a POST's run: store/triggers.py Written)
         "insert_runs_answered",
         "insert_tasks_answered",
         "insert_edges_answered",
+        "claim",
+        "finish",
+        "lock_outbox",
+        "stamp_outbox",
+        "get_run",
+        "get_run_tasks",
+        "run_children",
     }
 )
-#: Statements prepared server-side (module docstring), by name — the hot path's: the trigger's
-#: inserts, the worker's claim and finish, the publisher's sweep, the api's read of a run.
-PREPARED = GENERIC_PLANS | {
-    "claim",
-    "finish",
-    "lock_outbox",
-    "stamp_outbox",
-    "get_run",
-    "get_run_tasks",
-    "run_children",
-}
 #: Whether the libpq psycopg runs on has pipeline mode (14 and later; psycopg[binary] bundles
 #: a recent one).
 PIPELINES = psycopg.Pipeline.is_supported()
@@ -80,7 +105,7 @@ class Tx:
     at once.
     """
 
-    __slots__ = ("_cur", "_generic", "_pipelined", "_queries")
+    __slots__ = ("_cur", "_pipelined", "_queries")
 
     def __init__(
         self, cur: Cursor, named: Mapping[str, bytes], pipelined: Pipelined | None = None
@@ -89,7 +114,6 @@ class Tx:
         self._cur = cur
         self._queries = named
         self._pipelined = pipelined
-        self._generic = False  # generic_plans sent in this transaction
 
     def all(self, name: str, params: Params = None) -> list[Row]:
         """Run ``name``; its rows (none for a statement that returns no rows)."""
@@ -135,9 +159,6 @@ class Tx:
             self._pipelined.after_commit(self._queries[name], params)
 
     def _execute(self, cur: Cursor, name: str, params: Params) -> Cursor:
-        if name in GENERIC_PLANS and not self._generic:
-            self._generic = True  # with the statement, in a pipeline: no round trip of its own
-            cur.execute(self._queries["generic_plans"])
         if name in PREPARED:
             return cur.execute(self._queries[name], params, prepare=True)
         return cur.execute(self._queries[name], params)

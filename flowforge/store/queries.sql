@@ -117,11 +117,17 @@ RETURNING
 -- use: run_columns(w)
 ;
 
--- name: generic_plans
--- Lets this transaction's prepared statements run PostgreSQL's generic plan (the session plans
--- every statement for its values: store/db.py session_options). Sent before the first of
--- store/part.py GENERIC_PLANS, whose plans read no table statistics.
-SET LOCAL plan_cache_mode = auto;
+-- name: plan_table_pages
+-- The pages of each table named (store/plansize.py TABLES), in their order: 0 for one not
+-- there. The file's size, not the statistics: what the planner itself reads at each planning.
+SELECT coalesce(pg_relation_size(to_regclass(t)), 0) / 8192 AS pages
+FROM unnest(%(tables)s::text[]) WITH ORDINALITY AS x(t, n)
+ORDER BY n;
+
+-- name: discard_plans
+-- Drops this session's cached plans; its prepared statements stay prepared and are planned
+-- again at their next execution (store/plansize.py: the tables changed size class).
+DISCARD PLANS;
 
 -- name: trigger_clock
 -- The trigger transaction's now(): an explicit start time is judged against it, never

@@ -39,7 +39,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from flowforge.config import DatabaseConfig
+from flowforge.config import Config, DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Continuation, Finish
 from flowforge.domain.states import TaskState
@@ -47,6 +47,7 @@ from flowforge.store import queries
 from flowforge.store.claims import Claims
 from flowforge.store.db import Database
 from flowforge.store.outbox import Outbox
+from flowforge.store.part import PREPARED
 from flowforge.store.reads import Reads
 from flowforge.store.triggers import Triggers
 from tests.harness import cpuprobe
@@ -135,8 +136,8 @@ def plans(conn: psycopg.Connection[Any], captured: Captured) -> dict[str, Shape]
     try:
         for mode in ("generic", "custom"):
             conn.execute(f"SET plan_cache_mode = force_{mode}_plan")
-            explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {} ({})").format(
-                sql.Identifier(name), args
+            explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}{}").format(
+                sql.Identifier(name), sql.SQL(" ({})").format(args) if order else sql.SQL("")
             )
             row = conn.execute(explain).fetchone()
             assert row is not None
@@ -150,22 +151,8 @@ def plans(conn: psycopg.Connection[Any], captured: Captured) -> dict[str, Shape]
 
 #: A two-task workflow (an edge, a dependent made READY by the finish).
 FLOW = WorkflowDef("plans", (TaskDef("a", "plans.noop"), TaskDef("b", "plans.noop", ("a",))))
-NAMES = (
-    "insert_runs",
-    "insert_tasks",
-    "insert_edges",
-    "insert_runs_answered",
-    "insert_tasks_answered",
-    "insert_edges_answered",
-    "register_definitions",
-    "get_run",
-    "get_run_tasks",
-    "run_children",
-    "lock_outbox",
-    "stamp_outbox",
-    "claim",
-    "finish",
-)
+#: Every statement prepared server-side: the hot path's and the scheduler's pass.
+NAMES = tuple(sorted(PREPARED))
 
 
 def fill(url: str, runs: int, backlog: int) -> None:
@@ -202,9 +189,14 @@ def fill(url: str, runs: int, backlog: int) -> None:
 def exercise(url: str) -> list[Captured]:
     """A trigger, its run read back, the api's trigger (answered from its inserts), a
     publisher's sweep, a claim of the new run's first task and its finish (claiming the
-    dependent it makes READY), through the store."""
+    dependent it makes READY), the dependent's finish, then a scheduler's pass (which
+    propagates it and settles the run), through the store."""
+    from flowforge.roles.scheduler import Scheduler  # a role: not for the --cost path
+
     db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "flowforge-plans")
     db.open()
+    scheduler = Scheduler(Config(database=DatabaseConfig(url=url, pool_min=1, pool_max=1)))
+    scheduler.initialize()
     try:
         with capture(NAMES) as found:
             run_id = Triggers(db).trigger(FLOW, {"probe": True}).run_id
@@ -218,9 +210,13 @@ def exercise(url: str) -> list[Captured]:
             assert claimed.claim is not None, claimed
             token = claimed.claim.fencing_token
             then = Continuation("plans/1", 30.0, 1)
-            claims.finish_many([(first.id, token, Finish(TaskState.SUCCEEDED, {}))], 1, then)
+            done = Finish(TaskState.SUCCEEDED, {})
+            (second,) = claims.finish_many([(first.id, token, done)], 1, then).claimed
+            claims.finish_many([(second.task_run_id, second.fencing_token, done)])
+            scheduler.run_pass()
         return found
     finally:
+        scheduler.shutdown()
         db.close()
 
 
@@ -272,6 +268,41 @@ def compare(
         old = seen.get(captured.name, verdict)
         seen[captured.name] = (verdict[0], old[1] and same, old[2] and verdict[2])
     return list(seen.values())
+
+
+def reads(plan: Shape) -> dict[str, str]:
+    """How a plan reads each table: ``whole`` where any node scans it sequentially, else
+    ``index`` (an index, index-only or bitmap heap scan). What a plan made at another size
+    must not get wrong: which tables it reads whole."""
+    found: dict[str, str] = {}
+    node_type, relation = SHAPE_KEYS.index("Node Type"), SHAPE_KEYS.index("Relation Name")
+
+    def walk(node: Shape) -> None:
+        own, children = node
+        if own[relation] is not None and own[node_type] != "ModifyTable":
+            whole = own[node_type] == "Seq Scan" or found.get(own[relation]) == "whole"
+            found[own[relation]] = "whole" if whole else "index"
+        for child in children:
+            walk(child)
+
+    walk(plan)
+    return found
+
+
+def whole_reads_beyond(
+    made_on: psycopg.Connection[Any], run_on: psycopg.Connection[Any], found: list[Captured]
+) -> dict[str, set[str]]:
+    """The statements whose generic plan made on ``made_on`` reads some table whole
+    (:func:`reads`) that the custom plan on ``run_on`` reads through an index or not at all
+    (its values turned that subtree off): {name: those tables}."""
+    beyond: dict[str, set[str]] = {}
+    for captured in found:
+        early = reads(plans(made_on, captured)["generic"])
+        at_size = reads(plans(run_on, captured)["custom"])
+        tables = {t for t, how in early.items() if how == "whole" and at_size.get(t) != "whole"}
+        if tables:
+            beyond.setdefault(captured.name, set()).update(tables)
+    return beyond
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from flowforge.errors import (
 )
 from flowforge.roles.runner import run_role
 from flowforge.store.db import TRANSACTION_ATTEMPTS, Database
+from flowforge.store.plansize import PlanSizes
 from tests.unit.test_worker_loop import Rig, make_rig
 
 NO_WAIT = RetryPolicy(max_attempts=1, base_delay=0.0, max_delay=0.0, jitter=Jitter.NONE)
@@ -106,8 +107,17 @@ class FakePool:
         return self._rows
 
 
+class NoPlanSizes(PlanSizes):
+    """The fake pool runs only the statements scripted: no reading of the tables' sizes."""
+
+    def ready(self, conn: object) -> None:
+        pass
+
+
 def open_database(pool: FakePool) -> Database:
-    db = Database(DatabaseConfig(url=URL), pool_factory=pool, connect=pool.connect)
+    db = Database(
+        DatabaseConfig(url=URL), pool_factory=pool, connect=pool.connect, plan_sizes=NoPlanSizes()
+    )
     db.open()
     return db
 

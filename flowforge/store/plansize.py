@@ -1,0 +1,101 @@
+"""Generic plans kept only while the tables are about the size they were made at.
+
+A statement prepared server-side (store/part.py ``PREPARED``) runs PostgreSQL's generic plan
+once five custom ones have shown it is no worse (``plan_cache_mode = auto``, the server's
+default): no planning at all per execution, which was 40 % of the hot path's server CPU
+(docs/performance.md, "Generic plans at the tables' size"). The danger is when the plan was
+made: PostgreSQL keeps a generic plan until something invalidates it (an ANALYZE, a VACUUM, a
+change of the table), and a plan made while a table was small is a sequential scan or a hash
+join over the whole table, which on a table grown since (a fresh install's first burst, a
+10,000-task fan-out) is run for every row until autovacuum's next ANALYZE.
+
+:class:`PlanSizes` closes that window. At most once per :data:`CHECK_S` a process reads the
+physical size of the tables the prepared statements read (:data:`TABLES`, one cheap query:
+``pg_relation_size`` asks the file system, not the statistics), as a *class* — the base-4
+logarithm of each table's pages. A connection remembers the class its plans were made at; when
+a checkout finds the class changed, it sends ``DISCARD PLANS`` before anything else, and the
+prepared statements (which stay prepared) are planned again at the size the tables have now.
+So a generic plan is only ever run on tables at most about four times larger or smaller than
+it was made for (or for the :data:`CHECK_S` after a jump), where its choices are the custom
+plan's (tests/integration/test_prepared_plans.py).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from flowforge.store import queries
+
+#: The tables the prepared statements read or write (store/part.py ``PREPARED``; a unit test
+#: checks every table their SQL names is here).
+TABLES = (
+    "workflow_runs",
+    "task_runs",
+    "task_edges",
+    "task_attempts",
+    "outbox",
+    "idempotency_keys",
+    "workflow_definitions",
+    "counters",
+    "breakers",
+    "breaker_transitions",
+)
+#: Seconds between two readings of the tables' sizes by one process.
+CHECK_S = 1.0
+#: The named queries (queries.sql) this module runs itself.
+NAMES = ("plan_table_pages", "discard_plans")
+
+SizeClass = tuple[int, ...]
+
+
+class Connection(Protocol):
+    """What :meth:`PlanSizes.ready` needs of a connection (psycopg's)."""
+
+    def execute(self, query: Any, params: Any = None) -> Any:
+        """Run ``query`` with ``params``; a cursor over its rows."""
+
+
+def size_class(pages: Sequence[int]) -> SizeClass:
+    """Each table's pages in classes of a factor of 4 (0 for an empty or one-page table, then
+    from 2, 8, 32, ... pages): a class changes when a table grows or shrinks about fourfold."""
+    return tuple(max(0, int(p)).bit_length() // 2 for p in pages)
+
+
+class PlanSizes:
+    """Per process: the tables' size class, read at most once per ``check_s`` (seconds), and
+    the class each pooled connection's plans were made at (module docstring).
+
+    ``clock`` (monotonic seconds) is a seam for tests."""
+
+    def __init__(
+        self, check_s: float = CHECK_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._check_s = check_s
+        self._clock = clock
+        self._current: SizeClass | None = None
+        self._read_at = 0.0
+        self._made: weakref.WeakKeyDictionary[Any, SizeClass] = weakref.WeakKeyDictionary()
+        named = queries.load()
+        self._pages, self._discard = (named[n] for n in NAMES)
+
+    def ready(self, conn: Connection) -> None:
+        """Before a checked-out connection's first statement (idle, autocommit): read the
+        sizes on it if the last reading is ``check_s`` old, and discard its plans if they were
+        made at another class. A connection seen for the first time has made no plan yet."""
+        now = self._clock()
+        if self._current is None or now - self._read_at >= self._check_s:
+            rows = conn.execute(self._pages, {"tables": list(TABLES)}).fetchall()
+            self._current = size_class([_pages(row) for row in rows])
+            self._read_at = now
+        made = self._made.get(conn)
+        if made != self._current:
+            if made is not None:
+                conn.execute(self._discard)
+            self._made[conn] = self._current
+
+
+def _pages(row: Any) -> int:
+    return int(row["pages"] if isinstance(row, dict) else row[0])
