@@ -121,6 +121,16 @@ class StubBroker:
             self.events.append(("take_above", (band, [d.tag for d in taken])))
         return taken
 
+    def waiting(self) -> bool:
+        """As the Consumer's: True while not consuming (what waits is not pushed here), else
+        whether a delivery is buffered once the queue pushed what the prefetch lets in."""
+        self._require()
+        self.events.append(("waiting", None))
+        if not self._consuming:
+            return True
+        self.pump(0.0)
+        return any(self._buffers)
+
     def pump(self, time_limit_s: float = 0.0) -> None:
         self._require()
         for index, queue in enumerate(self.bands):

@@ -75,6 +75,8 @@ class Deliveries(Protocol):
 
     def take_above(self, band: int, limit: int) -> list[Delivery]: ...
 
+    def waiting(self) -> bool: ...
+
     def ack(self, deliveries: Sequence[Delivery]) -> None: ...
 
     def hand_back(self) -> int: ...
@@ -198,6 +200,15 @@ class Consumer:
         still exact, as each band's deliveries are taken in the order they came)."""
         self.pump(0.0)
         return _highest_first(self._buffers[band + 1 :], limit)
+
+    def waiting(self) -> bool:
+        """Serve the connection without waiting (heartbeats; deliveries into the buffers), then
+        whether a delivery waits here — or may wait in the queue unseen: True while a band
+        consumed is not being consumed (paused: nothing of it is pushed here)."""
+        if any(self._consumer_tags[i] is None for i in self._bands):
+            return True
+        self.pump(0.0)
+        return any(self._buffers[i] for i in self._bands)
 
     def hand_back(self) -> int:
         """Stop consuming and requeue every delivery received but not taken; return how many.

@@ -285,10 +285,11 @@ class Worker:
     def _continuation(self, finishing: int) -> Continuation | None:
         """Claim the next steps inside the finish, unless the worker is stopping or due to
         recycle, its broker connection broke (the reconnect would strand the claims until
-        their leases lapsed), or the broker is due its turn: they then go out as messages."""
+        their leases lapsed), or the broker is due its turn and may have deliveries for it
+        (:meth:`~flowforge.roles.intake.Intake.owed`): they then go out as messages."""
         if self._stop.is_set() or self.recycle or self._intake.broken is not None:
             return None
-        if self._intake.due():
+        if self._intake.owed():
             return None
         limit = self._room(finishing)
         if limit <= 0:

@@ -109,14 +109,6 @@ ON CONFLICT (idempotency_key) DO NOTHING
 -- use: new_runs(w)
 RETURNING id;
 
--- name: insert_runs_answered
--- The same insert, answering each run inserted as get_run reads it (a trigger that answers with
--- its run builds the answer from what it wrote: docs/performance.md, "Submitting work, part 3").
--- use: new_runs(w)
-RETURNING
--- use: run_columns(w)
-;
-
 -- name: plan_table_pages
 -- The pages of each table named (store/plansize.py TABLES), in their order: 0 for one not
 -- there. The file's size, not the statistics: what the planner itself reads at each planning.
@@ -128,6 +120,14 @@ ORDER BY n;
 -- Drops this session's cached plans; its prepared statements stay prepared and are planned
 -- again at their next execution (store/plansize.py: the tables changed size class).
 DISCARD PLANS;
+
+-- name: insert_runs_answered
+-- The same insert, answering each run inserted as get_run reads it (a trigger that answers with
+-- its run builds the answer from what it wrote: docs/performance.md, "Submitting work, part 3").
+-- use: new_runs(w)
+RETURNING
+-- use: run_columns(w)
+;
 
 -- name: trigger_clock
 -- The trigger transaction's now(): an explicit start time is judged against it, never
