@@ -112,6 +112,7 @@ class Client:
         delay: float | timedelta | None = None,
         deadline: float | timedelta | None = None,
         priority: int | None = None,
+        with_run: bool = False,
     ) -> TriggerResult:
         """Start a run of ``workflow``; a replayed ``idempotency_key`` returns the same run.
 
@@ -123,7 +124,10 @@ class Client:
         A task whose workflow names no ``queue`` goes to this config's ``broker.queue``.
         ``priority`` (a whole number 0 to 9, higher first within a queue) replaces the
         ``priority`` of every task of the run, and of its child runs (None: each task keeps
-        its workflow's, 0 by default).
+        its workflow's, 0 by default). ``with_run``: the result's ``run`` is the run created,
+        as :meth:`status` would answer right after the commit, built from what the trigger
+        wrote, with no read (None when not created here, or when a task of it has a
+        concurrency or rate key: read it with :meth:`status`).
         """
         definition = self._definition(workflow)
         return self._store.trigger(
@@ -136,6 +140,7 @@ class Client:
             children=referenced(definition, self.workflows),
             queue=self._config.broker.queue,
             priority=priority,
+            with_run=with_run,
         )
 
     def trigger_many(

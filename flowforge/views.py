@@ -38,9 +38,13 @@ def _default(value: Any) -> Any:
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
+#: ``json.dumps(data, default=_default)``'s encoder, made once: json.dumps builds one per call.
+_ENCODER = json.JSONEncoder(default=_default)
+
+
 def dumps(data: Any) -> str:
     """JSON text of ``data`` (datetimes as ISO 8601, UUIDs and enums as strings)."""
-    return json.dumps(data, default=_default)
+    return _ENCODER.encode(data)
 
 
 def to_dict(value: Any) -> Any:
@@ -52,13 +56,34 @@ def to_dict(value: Any) -> Any:
     return value
 
 
+#: Types whose values :func:`_plain` returns as they are, tested first by exact type: most
+#: fields of a read model are one of these.
+_LEAVES = frozenset({str, int, float, bool, type(None), datetime, UUID})
+
+
+#: :func:`_field_names` by type, filled as types are met (a few dozen read models).
+_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The field names of the dataclass ``cls``, None for any other type (``fields`` and
+    ``is_dataclass`` at every value were a third of run_dict's time)."""
+    if cls not in _NAMES:
+        _NAMES[cls] = tuple(f.name for f in fields(cls)) if is_dataclass(cls) else None
+    return _NAMES[cls]
+
+
 def _plain(value: Any) -> Any:
     """What :func:`dataclasses.asdict` makes of ``value`` — dataclasses as dicts, containers
     copied — without deep-copying the values in them, every one immutable here (text, numbers,
     times, ids, enums): asdict's copies were a tenth of an api request's CPU (docs/performance.md,
     "Submitting work")."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
+    names = _field_names(kind)
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, tuple):
@@ -81,7 +106,8 @@ def task_dict(task: TaskRun) -> dict[str, Any]:
 
 def run_dict(run: Run, with_tasks: bool = True) -> dict[str, Any]:
     """The ``status --json`` / ``GET /api/v1/runs/{id}`` shape."""
-    data = {f.name: _plain(getattr(run, f.name)) for f in fields(run) if f.name != "tasks"}
+    names = _field_names(type(run)) or ()
+    data = {name: _plain(getattr(run, name)) for name in names if name != "tasks"}
     if with_tasks:
         data["tasks"] = [task_dict(t) for t in run.tasks]
         # what was compensated for a failure: run_if: any_failed steps that succeeded

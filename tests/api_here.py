@@ -1,24 +1,22 @@
 """The api role served from this process: :class:`~flowforge.api.server.ApiServer` on a thread.
 
-Starting ``flowforge role api`` costs an interpreter, its imports and a stop of up to half a
-second (the server's loop slice) per test. Tests of what the server does with requests and
-connections — tokens, hosts, body limits, deadlines, caps — get the same server object (the
-falcon app under FlowForge's waitress server, listening on a real socket) from
-:class:`ApiHere` in milliseconds. What needs the process — its log stream, ``flowforge up`` —
-is tested on a real api child (tests/api_client.py ``start_api``), and so is one
-module-wide api per module that reads the api.
+Starting ``flowforge role api`` costs an interpreter and its imports per test. Tests of what
+the server does with requests and connections — tokens, hosts, body limits, deadlines, caps —
+get the same server object (the falcon app under FlowForge's waitress server, listening on a
+real socket) from :class:`ApiHere` in milliseconds. What needs the process — its log stream,
+``flowforge up`` — is tested on a real api child (tests/api_client.py ``start_api``), and so is
+one module-wide api per module that reads the api.
 """
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 
 from flowforge.api.server import ApiServer, parse_listen
 from flowforge.config import Config
+from flowforge.roles.stopping import Stop
 
-#: A bound on the server's stop (it sees the stop event within one loop slice), not a wait.
+#: A bound on the server's stop (the stop ends its loop slice at once), not a wait.
 STOP_TIMEOUT_S = 15.0
 
 
@@ -31,9 +29,9 @@ class ApiHere:
 
     def __init__(self, config: Config) -> None:
         assert config.api is not None, "the config needs an api section"
-        self._host, self.port = parse_listen(config.api.listen)
+        _host, self.port = parse_listen(config.api.listen)
         self._server = ApiServer(config)
-        self._stop = threading.Event()
+        self._stop = Stop()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -44,11 +42,9 @@ class ApiHere:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stop.set()  # pulls the server's trigger: its poll ends now, not a slice later
         if self._thread is not None:
-            # a connection wakes the server's poll, so it sees the stop now, not a slice later
-            with contextlib.suppress(OSError):
-                socket.create_connection((self._host, self.port), 1).close()
             self._thread.join(STOP_TIMEOUT_S)
             assert not self._thread.is_alive(), "the api thread did not stop"
         self._server.shutdown()
+        self._stop.close()

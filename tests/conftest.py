@@ -32,7 +32,9 @@ from psycopg.rows import tuple_row
 from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
+from tests import shared_cluster
 from tests.e2e import Stack
+from tests.harness.cluster import PrivateRabbitCluster
 from tests.harness.resources import create_database, drop_database
 from tests.store import Store
 
@@ -292,3 +294,35 @@ def sql(
     a backend fork and cold catalog caches, for a connection tests use as a fresh one."""
     yield _sql_connection.get()
     _sql_connection.settle()
+
+
+# ------------------------------------------------------------------ the shared RabbitMQ cluster
+
+_CLUSTER = shared_cluster.SharedCluster()
+
+
+@pytest.fixture
+def rabbit_cluster() -> PrivateRabbitCluster:
+    """The private 3-node RabbitMQ cluster the tests asking for it share
+    (tests/shared_cluster.py): booted by the first, stopped after the last of them."""
+    return _CLUSTER.get()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The shared cluster's users run one after another (it boots once)."""
+    items[:] = shared_cluster.group_users(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last of a run of the cluster's users (and its fixtures' teardown), stop it."""
+    try:
+        return (yield)
+    finally:
+        if shared_cluster.last_user(item, nextitem):
+            _CLUSTER.stop()
+
+
+def pytest_sessionfinish() -> None:
+    """A run cut short still stops the cluster."""
+    _CLUSTER.stop()

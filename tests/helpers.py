@@ -278,7 +278,7 @@ def no_scheduler_session(sql: psycopg.Connection[tuple[object, ...]]) -> bool:
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
         " AND application_name LIKE 'flowforge-scheduler%%'"
     ).fetchone()
-    return bool(row) and not row[0]
+    return row is not None and not row[0]
 
 
 def kill_scheduler_while_it_waits(

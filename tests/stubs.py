@@ -70,6 +70,7 @@ class StubBroker:
         self._buffers: list[collections.deque[Delivery]] = [collections.deque() for _ in BANDS]
         self._unacked: list[dict[int, bytes]] = [{} for _ in BANDS]
         self._tag = 0  # one counter for every band: a test reads acks as one sequence
+        self.wakes = 0  # wake() calls (a stop ending a take's wait)
 
     @property
     def queue(self) -> collections.deque[tuple[bytes, bool]]:
@@ -120,6 +121,16 @@ class StubBroker:
             self.events.append(("take_above", (band, [d.tag for d in taken])))
         return taken
 
+    def waiting(self) -> bool:
+        """As the Consumer's: True while not consuming (what waits is not pushed here), else
+        whether a delivery is buffered once the queue pushed what the prefetch lets in."""
+        self._require()
+        self.events.append(("waiting", None))
+        if not self._consuming:
+            return True
+        self.pump(0.0)
+        return any(self._buffers)
+
     def pump(self, time_limit_s: float = 0.0) -> None:
         self._require()
         for index, queue in enumerate(self.bands):
@@ -128,6 +139,10 @@ class StubBroker:
                 self._tag += 1
                 self._unacked[index][self._tag] = body
                 self._buffers[index].append(Delivery(self._tag, body, redelivered, index))
+
+    def wake(self) -> None:
+        """No take here waits (pump fills the buffers at once): count the call."""
+        self.wakes += 1
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         self._require()

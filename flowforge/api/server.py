@@ -1,11 +1,12 @@
 """The api child: serves the falcon app with waitress until told to stop.
 
 Like the other roles it has ``initialize / loop / reset / shutdown``; it owns its socket map
-and drives waitress's event loop in short slices, so a stop request is seen within half a
-second. Then it stops accepting and serves the requests under way to their end (at most
-DRAIN_S), closing each connection once it waits for no answer: under ``flowforge up`` the
-next api child accepts on the same inherited socket meanwhile (flowforge/api/listener.py), so
-SIGHUP's rolling restart refuses no connection and cuts no answer.
+and drives waitress's event loop in half-second slices, and a stop ends the slice at once (it
+pulls waitress's trigger: :class:`~flowforge.roles.stopping.Stop`). Then it stops accepting
+and serves the requests under way to their end (at most DRAIN_S), closing each connection once
+it waits for no answer: under ``flowforge up`` the next api child accepts on the same
+inherited socket meanwhile (flowforge/api/listener.py), so SIGHUP's rolling restart refuses no
+connection and cuts no answer.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flowforge.client import Client
 from flowforge.config import Config, ReadAccess
 from flowforge.errors import BootError, DatabaseUnavailableError
 from flowforge.roles.presence import Presence
+from flowforge.roles.stopping import on_stop
 from flowforge.store.processes import Processes
 from flowforge.telemetry import Telemetry
 
@@ -174,13 +176,23 @@ class ApiServer:
         return server
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
-        while not stop.is_set():
-            # poll(2), not select(2): no FD_SETSIZE ceiling on the connection limit
-            wasyncore.loop(timeout=SLICE_S, map=self._map, use_poll=True, count=1)
-            beat()
-            self._register(tick=True)
+        # a stop pulls waitress's trigger (a pipe in the map): the slice ends at once
+        forget = on_stop(stop, self._wake)
+        try:
+            while not stop.is_set():
+                # poll(2), not select(2): no FD_SETSIZE ceiling on the connection limit
+                wasyncore.loop(timeout=SLICE_S, map=self._map, use_poll=True, count=1)
+                beat()
+                self._register(tick=True)
+        finally:
+            forget()
         if self._server is not None:
             serve_out(self._server, self._map, beat)
+
+    def _wake(self) -> None:
+        """End the event loop's slice (from the thread that sets the stop)."""
+        if self._server is not None:
+            self._server.pull_trigger()
 
     def _register(self, tick: bool = False) -> None:
         """Keep serving while PostgreSQL is down: readiness must be able to say so."""

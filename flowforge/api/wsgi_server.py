@@ -164,18 +164,21 @@ class JsonErrorChannel(HTTPChannel):  # type: ignore[misc]
                 self._half_closed = True
                 self._half_closed_at = time.monotonic()
                 self.will_close = False  # maintenance sets it again for a client that lingers
+                # half-closed, all that is left is to read (and drop) what still comes, and to
+                # close when maintenance says so. This channel's own answers, not the class's:
+                # the event loop asks every channel both at every turn, and an override of
+                # waitress's for all of them was a few per cent of the api's CPU under load
+                # (docs/performance.md, "Submitting work, part 3")
+                self.readable = _always
+                self.writable = self._closing
                 return
         super().handle_close()
 
+    def _closing(self) -> bool:
+        return bool(self.will_close)
+
     def lingered_too_long(self, now: float) -> bool:
         return self._half_closed and now - self._half_closed_at > LINGER_MAX_S
-
-    def writable(self) -> bool:
-        # half-closed, the only thing left to do is to close when maintenance says so
-        return bool(self.will_close) if self._half_closed else bool(super().writable())
-
-    def readable(self) -> bool:
-        return True if self._half_closed else bool(super().readable())
 
     def handle_read(self) -> None:
         if not self._half_closed:
@@ -189,6 +192,10 @@ class JsonErrorChannel(HTTPChannel):  # type: ignore[misc]
         self._dropped += len(data)
         if self._dropped > LINGER_MAX_BYTES and self.connected:
             super().handle_close()
+
+
+def _always() -> bool:
+    return True
 
 
 class JsonErrorServer(TcpWSGIServer):  # type: ignore[misc]

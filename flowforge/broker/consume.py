@@ -75,6 +75,8 @@ class Deliveries(Protocol):
 
     def take_above(self, band: int, limit: int) -> list[Delivery]: ...
 
+    def waiting(self) -> bool: ...
+
     def ack(self, deliveries: Sequence[Delivery]) -> None: ...
 
     def hand_back(self) -> int: ...
@@ -82,6 +84,8 @@ class Deliveries(Protocol):
     def resume(self) -> None: ...
 
     def pump(self, time_limit_s: float = 0.0) -> None: ...
+
+    def wake(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -197,6 +201,15 @@ class Consumer:
         self.pump(0.0)
         return _highest_first(self._buffers[band + 1 :], limit)
 
+    def waiting(self) -> bool:
+        """Serve the connection without waiting (heartbeats; deliveries into the buffers), then
+        whether a delivery waits here — or may wait in the queue unseen: True while a band
+        consumed is not being consumed (paused: nothing of it is pushed here)."""
+        if any(self._consumer_tags[i] is None for i in self._bands):
+            return True
+        self.pump(0.0)
+        return any(self._buffers[i] for i in self._bands)
+
     def hand_back(self) -> int:
         """Stop consuming and requeue every delivery received but not taken; return how many.
 
@@ -220,6 +233,14 @@ class Consumer:
             self._conn.process_data_events(time_limit=time_limit_s)
         except (pika.exceptions.AMQPError, OSError) as exc:
             raise BrokerUnavailableError(f"broker connection lost: {exc!r}") from exc
+
+    def wake(self) -> None:
+        """End a :meth:`take` (or :meth:`pump`) waiting now, or the next one, at once: a stop
+        (:class:`~flowforge.roles.stopping.Stop`). The one method callable from any thread
+        (pika's ``add_callback_threadsafe``); nothing when not connected."""
+        conn = self._conn
+        if conn is not None and conn.is_open:
+            conn.add_callback_threadsafe(_nothing)
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Acknowledge ``deliveries`` (taken): one multiple ack per band, through the band's
@@ -276,3 +297,7 @@ def _highest_first(buffers: Sequence[collections.deque[Delivery]], limit: int) -
         while buffer and len(taken) < limit:
             taken.append(buffer.popleft())
     return taken
+
+
+def _nothing() -> None:
+    """What a wake asks pika to call: its arrival alone ends the wait."""

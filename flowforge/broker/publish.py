@@ -209,7 +209,7 @@ class ConfirmingPublisher:
             self._run_until(lambda: not self._pending, max(deadline - time.monotonic(), 0.0))
             return False
         woken = self._wait_readable(
-            wake_fd, max(deadline - time.monotonic(), 0.0), lambda: not self._pending
+            (wake_fd,), max(deadline - time.monotonic(), 0.0), lambda: not self._pending
         )
         return woken and bool(self._pending)
 
@@ -256,16 +256,19 @@ class ConfirmingPublisher:
                 " reconnecting on a fresh channel"
             )
 
-    def idle(self, timeout_s: float, wake_fd: int | None = None) -> None:
-        """Run the I/O loop (heartbeats) for ``timeout_s`` or until ``wake_fd`` is readable."""
-        if wake_fd is None:
+    def idle(self, timeout_s: float, wake_fds: Sequence[int] = ()) -> None:
+        """Run the I/O loop (heartbeats) for ``timeout_s`` or until one of ``wake_fds`` is
+        readable (a NOTIFY, a stop: :class:`~flowforge.roles.stopping.Stop`)."""
+        if not wake_fds:
             self._run_until(lambda: False, timeout_s, timeout_is_failure=False)
         else:
-            self._wait_readable(wake_fd, timeout_s, lambda: False)
+            self._wait_readable(wake_fds, timeout_s, lambda: False)
 
-    def _wait_readable(self, fd: int, timeout_s: float, done: Callable[[], bool]) -> bool:
-        """Run the I/O loop until ``done()``, ``fd`` is readable or ``timeout_s``; True if
-        ``fd`` turned readable."""
+    def _wait_readable(
+        self, fds: Sequence[int], timeout_s: float, done: Callable[[], bool]
+    ) -> bool:
+        """Run the I/O loop until ``done()``, one of ``fds`` is readable or ``timeout_s``; True
+        if one turned readable."""
         if self._conn is None:
             raise BrokerUnavailableError("publisher is not connected")
         woken = [False]
@@ -275,12 +278,14 @@ class ConfirmingPublisher:
             woken[0] = True
             ioloop.stop()
 
-        ioloop.add_handler(fd, wake, IOLoop.READ)
+        for fd in fds:
+            ioloop.add_handler(fd, wake, IOLoop.READ)
         try:
             self._run_until(lambda: woken[0] or done(), timeout_s, timeout_is_failure=False)
         finally:
             if self._conn is not None:
-                self._conn.ioloop.remove_handler(fd)
+                for fd in fds:
+                    self._conn.ioloop.remove_handler(fd)
         return woken[0]
 
     # ------------------------------------------------------------------ the I/O loop

@@ -173,10 +173,14 @@ class Attempt:
 
 @dataclass(frozen=True)
 class TriggerResult:
-    """The run a trigger produced; ``created`` is False when an idempotency key replayed it."""
+    """The run a trigger produced; ``created`` is False when an idempotency key replayed it.
+
+    ``run``: the run as the trigger wrote it, when asked for (``with_run``) and known from the
+    write, else None (read it back). Not part of the result's equality."""
 
     run_id: UUID
     created: bool
+    run: Run | None = field(default=None, compare=False, repr=False)
 
 
 #: ``worker.upstream_inline_items``'s default: upstream tasks, and elements of one upstream

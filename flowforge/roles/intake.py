@@ -33,6 +33,10 @@ logger = logging.getLogger(WORKER_LOGGER)
 #: While a handler runs, serve the broker connection at least this often (seconds); as long
 #: the worker may work on its own continuations before the broker gets its turn.
 PUMP_INTERVAL_S = 1.0
+#: The broker's turn counts as served without a take (:meth:`Intake.owed`) only once the last
+#: ack is this old (seconds): until the ack the prefetch window was full, and the deliveries
+#: it lets in take a round trip to come. A delivery still missed waits for the next turn.
+ACK_SETTLE_S = 0.2
 
 
 class Intake:
@@ -44,6 +48,7 @@ class Intake:
         self.window = 1
         self.broken: BrokerUnavailableError | None = None
         self._took_at = 0.0
+        self._acked_at = 0.0  # the last ack (monotonic; see owed())
         self._slow = False  # the last batch had a slow handler: hold nothing while running
 
     def connect(self) -> None:
@@ -70,6 +75,34 @@ class Intake:
     def due(self) -> bool:
         """True when the broker has waited its turn (:data:`PUMP_INTERVAL_S` since a take)."""
         return time.monotonic() - self._took_at > PUMP_INTERVAL_S
+
+    def owed(self) -> bool:
+        """True if the broker is due its turn (:meth:`due`) and may have deliveries for this
+        worker: they are taken next, and the worker's continuation goes out as a message,
+        queued behind them.
+
+        A turn due is served here at once, without waiting (heartbeats too): when nothing waits
+        here — no delivery buffered, every band consumed, and the window open for at least
+        :data:`ACK_SETTLE_S` (no ack since then: the broker pushed whatever waited) — the
+        broker has had its turn, and the continuation stays with this worker instead of making
+        a round trip through the publisher and the broker to land here again
+        (docs/performance.md "The worker's side of a hop"). A broker call that fails is kept
+        in :attr:`broken` (as for :meth:`serve`)."""
+        if not self.due():
+            return False
+        if self.broken is not None or self._slow:
+            return True
+        if time.monotonic() - self._acked_at < ACK_SETTLE_S:
+            return True  # the window was full until then: what waits may not be here yet
+        try:
+            if self._broker.waiting():
+                return True
+        except BrokerUnavailableError as exc:
+            logger.warning("broker connection lost while serving its turn: %s", exc)
+            self.broken = exc
+            return True
+        self._took_at = time.monotonic()
+        return False
 
     def take(self, limit: int, timeout_s: float) -> tuple[list[tuple[UUID, int]], list[Delivery]]:
         """Up to ``limit`` deliveries (waiting up to ``timeout_s`` for the first), highest
@@ -105,6 +138,7 @@ class Intake:
         if self.broken is not None or not taken:
             return
         try:
+            self._acked_at = time.monotonic()
             self._broker.ack(taken)
         except BrokerUnavailableError as exc:
             # The claims committed: the leases own the tasks and the handlers still run. The
@@ -133,6 +167,10 @@ class Intake:
         except BrokerUnavailableError as exc:
             logger.warning("broker connection lost while handing back: %s", exc)
             self.broken = exc
+
+    def wake(self) -> None:
+        """End a :meth:`take`'s wait at once (a stop); callable from any thread."""
+        self._broker.wake()
 
     def serve(self, seconds: float = 0.0) -> None:
         """Serve the connection (heartbeats) for ``seconds``; just wait if it is broken."""

@@ -103,6 +103,10 @@ class Leases:
         self._lock = threading.Lock()  # the keeper and the cancel listener read what is held
         self._settling = threading.Lock()  # a renewal and a finish/hand-back never interleave
         self._wake = threading.Event()
+        # the keeper waits without end (nothing held): only then must a hold() wake it; a wake
+        # at every claim costs the hop a thread switch (docs/performance.md "The worker's side
+        # of a hop")
+        self._idle = False
         self._keeper = _Daemon("lease-keeper", self._keep)
         self.renewed_at = time.monotonic()
         self._next_at = self.renewed_at + heartbeat_s
@@ -129,7 +133,11 @@ class Leases:
                 self._next_at = self.renewed_at + self._heartbeat_s
             for claim, ctx in claims:
                 self._held[claim.task_run_id] = (claim, ctx)
-        self._wake.set()  # the keeper sleeps without end while nothing is held
+            idle, self._idle = self._idle, False
+        if idle:
+            # the keeper sleeps without end while nothing is held; otherwise its timed wait
+            # ends by the renewal (or output flush) due, earlier than the one just set
+            self._wake.set()
 
     def drop(self, task_run_ids: list[UUID]) -> None:
         with self._lock:
@@ -187,6 +195,7 @@ class Leases:
             self._wake.clear()  # before looking: a hold() from now on wakes the wait below
             with self._lock:
                 holding = bool(self._held)
+                self._idle = not holding  # a hold() from now on must wake the wait below
             flush_in = self._flush_at - time.monotonic()
             if not holding:
                 self._wake.wait()

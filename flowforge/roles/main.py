@@ -11,7 +11,6 @@ will not fix (bad config, handler import error, queue of the wrong type).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 from flowforge.config import Config
@@ -19,6 +18,7 @@ from flowforge.errors import BootError, ConfigError, DefinitionError, QueueTypeM
 from flowforge.roles.output import drain
 from flowforge.roles.runner import Role, run_role
 from flowforge.roles.signals import stop_on_signals
+from flowforge.roles.stopping import Stop
 from flowforge.telemetry import Telemetry
 from supervisor import exitcodes
 
@@ -40,7 +40,7 @@ def run(
 
     ``beat`` and ``ready`` are a supervisor's liveness and readiness hooks.
     """
-    stop = threading.Event()
+    stop = Stop()  # its set() wakes the role's waits (roles/stopping.py)
     with stop_on_signals(stop):  # first: a SIGTERM during the boot is a clean stop too
         telemetry = Telemetry.from_environment()
         telemetry.child_starts.labels(role=name).inc()

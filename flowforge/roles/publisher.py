@@ -19,6 +19,7 @@ from flowforge.broker.publish import ConfirmingPublisher
 from flowforge.config import Config
 from flowforge.domain.model import Dispatch
 from flowforge.roles.presence import Presence
+from flowforge.roles.stopping import stop_fd
 from flowforge.store.db import Database
 from flowforge.store.notify import OUTBOX_CHANNEL, Listener
 from flowforge.store.outbox import More, Outbox
@@ -64,6 +65,7 @@ class Publisher:
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         poll = self._config.scheduler.poll_interval_s
+        stopped = stop_fd(stop)  # the idle wait ends at a stop, not at its poll
         while not stop.is_set():
             self._listener.drain()
             self._woken = False
@@ -71,7 +73,8 @@ class Publisher:
             self._presence.tick()
             beat()
             if handed < self._batch_size and not self._woken:
-                self._broker.idle(poll, wake_fd=self._listener.fileno())
+                wake = self._listener.fileno()
+                self._broker.idle(poll, wake_fds=(wake,) if stopped is None else (wake, stopped))
 
     def sweep(self) -> tuple[int, int]:
         """Publish one batch; return (rows handed to the broker, rows stamped)."""

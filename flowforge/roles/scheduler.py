@@ -9,9 +9,9 @@ It also fires the schedules of the workflows in the config's files (SPEC 7.2): i
 into the ``schedules`` table at :meth:`Scheduler.initialize` (so SIGHUP's rolling restart is
 a reload) and decides their due fire times in every pass (:mod:`flowforge.store.schedules`).
 While passes find work they repeat at once; then the scheduler waits for a NOTIFY (a trigger or
-a finished task) or the poll interval — or less, when a start time, a timer's wake-up or a
-deadline (by the database clock) comes sooner. Several schedulers at once are safe: every step locks
-its batch with ``FOR UPDATE SKIP LOCKED``.
+a finished task), a stop (:class:`~flowforge.roles.stopping.Stop`) or the poll interval — or
+less, when a start time, a timer's wake-up or a deadline (by the database clock) comes sooner.
+Several schedulers at once are safe: every step locks its batch with ``FOR UPDATE SKIP LOCKED``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from flowforge.domain.states import TaskState
 from flowforge.roles import tasklog
 from flowforge.roles.presence import Presence
 from flowforge.roles.retention import RetentionPacing
+from flowforge.roles.stopping import stop_fd, wait_readable
 from flowforge.store.breakers import Gates
 from flowforge.store.children import Children
 from flowforge.store.db import Database
@@ -120,6 +121,7 @@ class Scheduler:
 
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         poll = self._config.scheduler.poll_interval_s
+        stopped = stop_fd(stop)  # the wait ends at a stop, not at its poll
         while not stop.is_set():
             self._listener.drain()  # clear "work arrived" before looking, never after
             report = self.run_pass()
@@ -128,7 +130,9 @@ class Scheduler:
             self._housekeeping()
             self._retain()
             if report.total == 0:
-                self._listener.wait(self._wait_s(poll))
+                # a NOTIFY makes the listener's socket readable; the drain above reads it
+                wake = self._listener.fileno()
+                wait_readable((wake,) if stopped is None else (wake, stopped), self._wait_s(poll))
 
     def _wait_s(self, poll: float) -> float:
         """How long to wait for a NOTIFY: the poll interval, or until the next start time,

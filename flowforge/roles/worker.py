@@ -57,6 +57,7 @@ from flowforge.roles.lease import CancelWatch, Leases
 from flowforge.roles.ledger import Ledger
 from flowforge.roles.presence import Presence
 from flowforge.roles.seams import Pool, WorkerStore
+from flowforge.roles.stopping import on_stop
 from flowforge.roles.upstream import UpstreamSource, bounded
 from flowforge.store.claims import Claims
 from flowforge.store.db import Database
@@ -173,6 +174,14 @@ class Worker:
     def loop(self, stop: threading.Event, beat: Callable[[], None]) -> None:
         self._beats = beat
         self._stop = stop
+        forget = on_stop(stop, self._intake.wake)  # a stop ends the take's wait at once
+        try:
+            self._serve(stop, beat)
+        finally:
+            forget()
+
+    def _serve(self, stop: threading.Event, beat: Callable[[], None]) -> None:
+        """The loop's body: batches until ``stop`` is set or the worker is due to recycle."""
         while not stop.is_set() and not self.recycle:
             # dependents the last finish claimed for this worker in its own transaction
             if self._claimed_next:
@@ -276,10 +285,11 @@ class Worker:
     def _continuation(self, finishing: int) -> Continuation | None:
         """Claim the next steps inside the finish, unless the worker is stopping or due to
         recycle, its broker connection broke (the reconnect would strand the claims until
-        their leases lapsed), or the broker is due its turn: they then go out as messages."""
+        their leases lapsed), or the broker is due its turn and may have deliveries for it
+        (:meth:`~flowforge.roles.intake.Intake.owed`): they then go out as messages."""
         if self._stop.is_set() or self.recycle or self._intake.broken is not None:
             return None
-        if self._intake.due():
+        if self._intake.owed():
             return None
         limit = self._room(finishing)
         if limit <= 0:

@@ -77,6 +77,10 @@ PREPARED = PASSES | frozenset(
         "insert_tasks",
         "insert_edges",
         "register_definitions",
+        # the same inserts answering what they wrote (a POST's answer: "Submitting work, part 3")
+        "insert_runs_answered",
+        "insert_tasks_answered",
+        "insert_edges_answered",
         "claim",
         "finish",
         "lock_outbox",

@@ -68,7 +68,9 @@ class PlanSizes:
     """Per process: the tables' size class, read at most once per ``check_s`` (seconds), and
     the class each pooled connection's plans were made at (module docstring).
 
-    ``clock`` (monotonic seconds) is a seam for tests."""
+    Shared by a pool's threads without a lock: a connection is checked out by one thread at a
+    time, and two threads that find the reading stale at once both read it (one query more,
+    the same answer). ``clock`` (monotonic seconds) is a seam for tests."""
 
     def __init__(
         self, check_s: float = CHECK_S, clock: Callable[[], float] = time.monotonic

@@ -78,7 +78,7 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
   FROM unnest(%(keys)s::text[]) AS k
  ORDER BY k;
 
--- name: insert_runs
+-- fragment: new_runs(w)
 -- A run whose idempotency key exists already is skipped (the caller compares digests).
 -- A delayed run (start_at given, or delay_s added to now()) is created SCHEDULED; its deadline
 -- (deadline_s, NULL for none) counts from its start, else from now(): the database's clock.
@@ -88,7 +88,7 @@ SELECT pg_advisory_xact_lock(%(namespace)s::int4, hashtext(k))
 -- psycopg escaped every byte of every input for the array literal (100 KB inputs: most of a
 -- trigger's time; docs/performance.md "Soak and payloads"). ORDER BY n: written in the
 -- caller's order, as the arrays of unnest were.
-INSERT INTO workflow_runs (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
+INSERT INTO workflow_runs AS {w} (id, workflow, workflow_digest, input, fail_fast, idempotency_key,
                            request_digest, state, start_at, deadline_at, parent_run_id,
                            parent_task_id, parent_attempt, depth, priority)
 SELECT r.id, %(workflow)s, %(digest)s, i.input, %(fail_fast)s, r.key, r.request_digest,
@@ -103,6 +103,10 @@ SELECT r.id, %(workflow)s, %(digest)s, i.input, %(fail_fast)s, r.key, r.request_
                              now() + make_interval(secs => %(delay_s)s::float8)) AS start_at) AS s
  ORDER BY n
 ON CONFLICT (idempotency_key) DO NOTHING
+
+-- name: insert_runs
+-- The new runs (new_runs); the ids of those inserted (a run whose key exists is not).
+-- use: new_runs(w)
 RETURNING id;
 
 -- name: plan_table_pages
@@ -117,6 +121,14 @@ ORDER BY n;
 -- again at their next execution (store/plansize.py: the tables changed size class).
 DISCARD PLANS;
 
+-- name: insert_runs_answered
+-- The same insert, answering each run inserted as get_run reads it (a trigger that answers with
+-- its run builds the answer from what it wrote: docs/performance.md, "Submitting work, part 3").
+-- use: new_runs(w)
+RETURNING
+-- use: run_columns(w)
+;
+
 -- name: trigger_clock
 -- The trigger transaction's now(): an explicit start time is judged against it, never
 -- against the caller's clock.
@@ -127,7 +139,8 @@ SELECT id, idempotency_key, request_digest
   FROM workflow_runs
  WHERE idempotency_key = ANY(%(keys)s::text[]);
 
--- name: insert_tasks
+-- fragment: new_tasks(t)
+-- The INSERT of a trigger's new tasks, read from the jsonb array aliased {t}.
 -- A task with nothing to wait for (no dependency, no closed start gate: both count in
 -- pending_deps; no ordering key) that becomes READY by itself — or that the trigger admitted
 -- through its concurrency and rate keys (limits.admit_new, under the keys' locks) — is created
@@ -137,50 +150,94 @@ SELECT id, idempotency_key, request_digest
 -- The tasks come as one jsonb array of objects (rows.task_records), not one array per column:
 -- psycopg dumped a one-task trigger's 35 arrays in about 0.5 ms of Python, the JSON in 0.03
 -- (docs/performance.md, "Submitting work").
+INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
+                       max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
+                       on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
+                       max_parallel, event_name, event_key, event_timeout_s, child_workflow,
+                       queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
+                       rate_per_s, priority, breaker_failures,
+                       breaker_window_s, breaker_cooldown_s, breaker_key)
+SELECT {t}.id, {t}.run_id, {t}.name, {t}.handler, {t}.pending_deps, {t}.max_attempts,
+       {t}.base_delay_s, {t}.max_delay_s, {t}.jitter, {t}.timeout_s, {t}.idempotency_key,
+       {t}.ordering_key, {t}.on_dead, {t}.start_gate, {t}.sleep_s, {t}.run_if,
+       CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END,
+       CASE WHEN k.ready THEN now() END,
+       {t}.for_each, {t}.max_parallel, {t}.event_name, {t}.event_key, {t}.event_timeout_s,
+       {t}.child_workflow, {t}.queue, {t}.concurrency_key, {t}.concurrency_limit,
+       {t}.rate_key, {t}.rate_limit, {t}.rate_per_s, {t}.priority, {t}.breaker_failures,
+       {t}.breaker_window_s, {t}.breaker_cooldown_s, {t}.breaker_key
+  FROM jsonb_to_recordset(%(tasks)s::jsonb)
+       AS {t}(run_id uuid, id uuid, name text, handler text, pending_deps int, max_attempts int,
+            base_delay_s float8, max_delay_s float8, jitter text, timeout_s float8,
+            idempotency_key text, ordering_key text, on_dead text, start_gate bool,
+            sleep_s float8, run_if text, for_each text, max_parallel int, event_name text,
+            event_key text, event_timeout_s float8, child_workflow text, queue text,
+            concurrency_key text, concurrency_limit int, rate_key text, rate_limit int,
+            rate_per_s float8, admitted bool, priority smallint, breaker_failures int,
+            breaker_window_s float8, breaker_cooldown_s float8, breaker_key text)
+ CROSS JOIN LATERAL (
+       SELECT {t}.pending_deps = 0 AND {t}.ordering_key IS NULL
+              AND ({t}.admitted OR ({t}.sleep_s IS NULL AND {t}.for_each IS NULL
+                                    AND {t}.event_name IS NULL AND {t}.child_workflow IS NULL
+                                    AND {t}.concurrency_key IS NULL AND {t}.rate_key IS NULL))
+       ) AS k(ready)
+
+-- fragment: outbox_of_new(tasks)
+-- The outbox rows of the new tasks {tasks} (new_tasks' rows) created READY.
+INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
+SELECT id, fencing_token, queue, priority FROM {tasks} WHERE state = 'READY'
+
+-- name: insert_tasks
+-- The new tasks (new_tasks) and the outbox rows of those created READY.
 WITH inserted AS (
-    INSERT INTO task_runs (id, run_id, name, handler, pending_deps, max_attempts, base_delay_s,
-                           max_delay_s, jitter, timeout_s, idempotency_key, ordering_key,
-                           on_dead, start_gate, sleep_s, run_if, state, ready_at, for_each,
-                           max_parallel, event_name, event_key, event_timeout_s, child_workflow,
-                           queue, concurrency_key, concurrency_limit, rate_key, rate_limit,
-                           rate_per_s, priority, breaker_failures,
-                           breaker_window_s, breaker_cooldown_s, breaker_key)
-    SELECT t.id, t.run_id, t.name, t.handler, t.pending_deps, t.max_attempts, t.base_delay_s,
-           t.max_delay_s, t.jitter, t.timeout_s, t.idempotency_key, t.ordering_key, t.on_dead,
-           t.start_gate, t.sleep_s, t.run_if,
-           CASE WHEN k.ready THEN 'READY' ELSE 'PENDING' END,
-           CASE WHEN k.ready THEN now() END,
-           t.for_each, t.max_parallel, t.event_name, t.event_key, t.event_timeout_s,
-           t.child_workflow, t.queue, t.concurrency_key, t.concurrency_limit, t.rate_key,
-           t.rate_limit, t.rate_per_s, t.priority,
-           t.breaker_failures, t.breaker_window_s, t.breaker_cooldown_s, t.breaker_key
-      FROM jsonb_to_recordset(%(tasks)s::jsonb)
-           AS t(run_id uuid, id uuid, name text, handler text, pending_deps int, max_attempts int,
-                base_delay_s float8, max_delay_s float8, jitter text, timeout_s float8,
-                idempotency_key text, ordering_key text, on_dead text, start_gate bool,
-                sleep_s float8, run_if text, for_each text, max_parallel int, event_name text,
-                event_key text, event_timeout_s float8, child_workflow text, queue text,
-                concurrency_key text, concurrency_limit int, rate_key text, rate_limit int,
-                rate_per_s float8, admitted bool, priority smallint, breaker_failures int,
-                breaker_window_s float8, breaker_cooldown_s float8, breaker_key text)
-     CROSS JOIN LATERAL (
-           SELECT t.pending_deps = 0 AND t.ordering_key IS NULL
-                  AND (t.admitted OR (t.sleep_s IS NULL AND t.for_each IS NULL
-                                      AND t.event_name IS NULL AND t.child_workflow IS NULL
-                                      AND t.concurrency_key IS NULL AND t.rate_key IS NULL))
-           ) AS k(ready)
+-- use: new_tasks(t)
     RETURNING id, state, fencing_token, queue, priority
 ), queued AS (
-    INSERT INTO outbox (task_run_id, fencing_token, queue, priority)
-    SELECT id, fencing_token, queue, priority FROM inserted WHERE state = 'READY'
+-- use: outbox_of_new(inserted)
     RETURNING id
 )
 SELECT (SELECT count(*) FROM inserted) - (SELECT count(*) FROM queued) AS waiting,
        (SELECT count(*) FROM queued) AS queued;
 
--- name: insert_edges
+-- name: insert_tasks_answered
+-- The same insert, answering each new task as get_run_tasks reads it, in the run's order, but
+-- its depends_on (insert_edges_answered answers it): a new task has no items yet (a map's
+-- item_counts are empty) and waits on nothing but a closed start gate — waiting_on(i) of a
+-- task without a concurrency or rate key, the only kind a trigger answers from its write (one
+-- with a key waits on other tasks: the trigger reads it back).
+WITH inserted AS (
+-- use: new_tasks(t)
+    RETURNING *
+), queued AS (
+-- use: outbox_of_new(inserted)
+)
+SELECT
+-- use: task_columns(i)
+       CASE WHEN i.for_each IS NOT NULL THEN '{}'::jsonb END AS item_counts,
+       CASE WHEN i.state = 'PENDING' AND i.start_gate THEN 'start_at' END AS waiting_on
+  FROM inserted i
+ ORDER BY i.seq;
+
+-- fragment: new_edges(edges)
+-- The INSERT of a trigger's edges; {edges} names no alias here (the fragment only shares the
+-- statement between insert_edges and insert_edges_answered).
 INSERT INTO task_edges (upstream_id, downstream_id, upstream_name)
-SELECT * FROM unnest(%(upstream)s::uuid[], %(downstream)s::uuid[], %(names)s::text[]);
+SELECT * FROM unnest(%(upstream)s::uuid[], %(downstream)s::uuid[], %(names)s::text[])
+
+-- name: insert_edges
+-- use: new_edges(edges)
+;
+
+-- name: insert_edges_answered
+-- The same insert, answering each downstream task's upstream names in get_run_tasks' order
+-- (its depends_on: the database's collation sorts them, as there).
+WITH edges AS (
+-- use: new_edges(edges)
+    RETURNING downstream_id, upstream_name
+)
+SELECT downstream_id AS id, array_agg(upstream_name ORDER BY upstream_name) AS depends_on
+  FROM edges
+ GROUP BY downstream_id;
 
 -- name: notify_scheduler
 SELECT pg_notify('flowforge_scheduler', '');
@@ -1280,32 +1337,44 @@ SELECT requested_by, reason, from_task, previous_state, task_run_ids, task_names
 -- name: task_state
 SELECT state, failure_reason, attempt FROM task_runs WHERE id = %(id)s;
 
+-- fragment: run_columns(w)
+-- A run's columns as its reads show it (rows.run), of the row {w}: get_run and
+-- insert_runs_answered answer the same.
+{w}.id, {w}.workflow, {w}.state, {w}.input, {w}.idempotency_key, {w}.cancel_requested_at,
+{w}.created_at, {w}.started_at, {w}.finished_at, {w}.start_at, {w}.deadline_at,
+{w}.failure_reason, {w}.schedule, {w}.fire_time, {w}.parent_run_id, {w}.parent_task_id
+
 -- name: get_run
-SELECT id, workflow, state, input, idempotency_key, cancel_requested_at, created_at,
-       started_at, finished_at, start_at, deadline_at, failure_reason, schedule, fire_time,
-       parent_run_id, parent_task_id
-  FROM workflow_runs WHERE id = %(id)s;
+SELECT
+-- use: run_columns(w)
+  FROM workflow_runs w WHERE w.id = %(id)s;
+
+-- fragment: task_columns(t)
+-- A task's columns as a run's read shows it (rows.task_run), of the row {t}, but its
+-- depends_on, item_counts and waiting_on, which read other rows: get_run_tasks and
+-- insert_tasks_answered answer the same. Ends with a comma: the caller's columns follow.
+{t}.id, {t}.run_id, {t}.name, {t}.handler, {t}.state, {t}.attempt, {t}.max_attempts,
+{t}.fencing_token, {t}.failure_reason, {t}.last_error, {t}.result, {t}.idempotency_key,
+{t}.ordering_key, {t}.lease_owner, {t}.lease_expires_at, {t}.retry_at, {t}.cancel_requested,
+{t}.created_at, {t}.ready_at, {t}.started_at, {t}.finished_at, {t}.sleep_s, {t}.wake_at,
+{t}.event_name, {t}.event_key, {t}.run_if, {t}.cancel_cause,
+-- a progress another attempt reported is not this one's (migration 0021)
+CASE WHEN {t}.progress_attempt = {t}.attempt THEN {t}.progress END AS progress,
+{t}.progress_message, {t}.for_each, {t}.child_workflow, {t}.child_run_id, {t}.queue,
+{t}.concurrency_key, {t}.concurrency_limit, {t}.rate_key, {t}.rate_limit, {t}.rate_per_s,
+{t}.breaker_key, {t}.priority,
 
 -- name: get_run_tasks
-SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.max_attempts, t.fencing_token,
-       t.failure_reason, t.last_error, t.result, t.idempotency_key, t.ordering_key,
-       t.lease_owner, t.lease_expires_at, t.retry_at, t.cancel_requested, t.created_at,
-       t.ready_at, t.started_at, t.finished_at, t.sleep_s, t.wake_at, t.event_name, t.event_key,
-       t.run_if, t.cancel_cause,
-       -- a progress another attempt reported is not this one's (migration 0021)
-       CASE WHEN t.progress_attempt = t.attempt THEN t.progress END AS progress,
-       t.progress_message,
+SELECT
+-- use: task_columns(t)
        coalesce((SELECT array_agg(u.name ORDER BY u.name)
                    FROM task_edges e JOIN task_runs u ON u.id = e.upstream_id
                   WHERE e.downstream_id = t.id), '{}') AS depends_on,
-       t.for_each,
        -- a map is one task here with its items counted by state (map_items_page lists them)
        CASE WHEN t.for_each IS NOT NULL
             THEN (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb)
                     FROM (SELECT i.state, count(*) AS n FROM task_runs i
                            WHERE i.map_id = t.id GROUP BY i.state) AS c) END AS item_counts,
-       t.child_workflow, t.child_run_id, t.queue, t.concurrency_key, t.concurrency_limit,
-       t.rate_key, t.rate_limit, t.rate_per_s, t.breaker_key, t.priority,
 -- use: waiting_on(t)
   FROM task_runs t
  WHERE t.run_id = %(id)s AND t.map_id IS NULL

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -13,7 +14,7 @@ from psycopg.types.json import Jsonb
 
 from flowforge.domain import transitions
 from flowforge.domain.dag import WorkflowDef
-from flowforge.domain.model import TriggerResult
+from flowforge.domain.model import Run, TaskRun, TriggerResult
 from flowforge.domain.plan import RunPlan, RunRequest, group_requests, plan_runs
 from flowforge.domain.states import TaskState
 from flowforge.domain.timing import judge_start_at
@@ -24,7 +25,7 @@ from flowforge.errors import (
     UnknownWorkflowError,
 )
 from flowforge.store import limits, rows
-from flowforge.store.db import Database
+from flowforge.store.db import Cursor, Database, Row
 from flowforge.store.part import Part, Tx
 
 #: Advisory-lock namespace for ordering keys (the second int is hashtext(key)).
@@ -62,6 +63,7 @@ class Triggers(Part):
         children: Sequence[WorkflowDef] = (),
         queue: str | None = None,
         priority: int | None = None,
+        with_run: bool = False,
     ) -> TriggerResult:
         """Create a run and its task runs in one transaction.
 
@@ -69,18 +71,24 @@ class Triggers(Part):
         with another workflow or input raises :class:`TriggerConflictError`. ``start_at`` (an
         aware datetime) or ``delay`` (seconds) creates the run SCHEDULED; ``deadline``
         (seconds) overrides the workflow's (see :meth:`trigger_many`).
+
+        ``with_run``: the result's ``run`` is the run as a read of it right after the commit
+        shows it (:meth:`Reads.get_run <flowforge.store.reads.Reads.get_run>`), built from what
+        the inserts returned, in the same round trip — unless the run was not created here (a
+        replayed key) or a task of it has a concurrency or rate key (its ``waiting_on`` depends
+        on other tasks): then ``run`` is None and the caller reads it back.
         """
-        return self.trigger_many(
+        plan = plan_runs(
             workflow,
             [run_input],
             [idempotency_key],
             start_at=start_at,
             delay=delay,
             deadline=deadline,
-            children=children,
             queue=queue,
             priority=priority,
-        )[0]
+        )
+        return self._insert([(workflow, plan, children)], with_run)[0][0]
 
     def trigger_many(
         self,
@@ -170,22 +178,30 @@ class Triggers(Part):
                 results[position] = result
         return [r for r in results if r is not None]
 
-    def _insert(self, planned: Sequence[Planned]) -> list[list[TriggerResult]]:
+    def _insert(
+        self, planned: Sequence[Planned], with_run: bool = False
+    ) -> list[list[TriggerResult]]:
         """``planned`` in one pipelined transaction (the runs' clock, created_at, is its
         start): one round trip for runs without an idempotency key, a start time or limits
         (the definitions registered before, the notifications after the COMMIT in the same
         round trip), one more for each of those. Definitions are registered once per process
-        (class docstring); a missing one is registered and the whole run again."""
+        (class docstring); a missing one is registered and the whole run again. ``with_run``:
+        each result created carries its run as written (:meth:`trigger`)."""
         known = self._registered
         try:
-            results, registered = self._pipelined(_insert_plans, planned, known)
+            results, registered, written = self._pipelined(_insert_plans, planned, known, with_run)
         except DatabaseConstraintError as exc:
             if not _missing_definition(exc):
                 raise
             known.clear()
-            results, registered = self._pipelined(_insert_plans, planned, known)
+            results, registered, written = self._pipelined(_insert_plans, planned, known, with_run)
         known.update(registered)  # committed: a rolled-back registration is no registration
-        return results
+        if written is None:
+            return results
+        runs = written.runs()  # committed: the answered inserts' rows are all there
+        return [
+            [replace(r, run=runs.get(r.run_id)) if r.created else r for r in got] for got in results
+        ]
 
 
 def _missing_definition(exc: DatabaseConstraintError) -> bool:
@@ -198,11 +214,12 @@ def _missing_definition(exc: DatabaseConstraintError) -> bool:
 
 
 def _insert_plans(
-    tx: Tx, planned: Sequence[Planned], known: set[str]
-) -> tuple[list[list[TriggerResult]], list[str]]:
+    tx: Tx, planned: Sequence[Planned], known: set[str], with_run: bool = False
+) -> tuple[list[list[TriggerResult]], list[str], Written | None]:
     """Insert every plan of ``planned`` in the caller's transaction, registering first the
-    definitions whose digests are not in ``known``; the results of each plan, and the digests
-    registered (for the caller to add to ``known`` once the transaction committed)."""
+    definitions whose digests are not in ``known``; the results of each plan, the digests
+    registered (for the caller to add to ``known`` once the transaction committed) and, with
+    ``with_run``, what the inserts wrote (read once the transaction committed)."""
     new: dict[str, WorkflowDef] = {}
     for workflow, _plan, children in planned:
         for definition in (workflow, *children):
@@ -210,8 +227,12 @@ def _insert_plans(
                 new.setdefault(definition.digest, definition)
     if new:
         register_definitions(tx, list(new.values()))
-    results = [_insert_plan(tx, w, plan, children, register=False) for w, plan, children in planned]
-    return results, list(new)
+    written = Written() if with_run else None
+    results = [
+        _insert_plan(tx, w, plan, children, register=False, written=written)
+        for w, plan, children in planned
+    ]
+    return results, list(new), written
 
 
 def _insert_plan(
@@ -221,11 +242,15 @@ def _insert_plan(
     children: Sequence[WorkflowDef] = (),
     *,
     register: bool = True,
+    written: Written | None = None,
 ) -> list[TriggerResult]:
     """Insert ``plan``'s runs of ``workflow`` in the caller's transaction. Their deadline is the
     plan's, else the workflow's (so runs made by any caller get it). With ``register`` the
     workflow's and ``children``' definitions are registered too (the child runs the runs may
     start are made from them); a trigger registers each once (:meth:`Triggers._insert`).
+    With ``written``, a plan none of whose tasks has a concurrency or rate key is inserted by
+    the answered statements, whose rows ``written`` keeps (:class:`Written`); the same round
+    trips.
 
     Statements whose results are not read are sent (:meth:`Tx.send`): in a pipelined
     transaction they travel with the next statement read, or with the commit. Runs without an
@@ -265,23 +290,98 @@ def _insert_plan(
         "priority": plan.priority,
     }
     results = [TriggerResult(rid, created=True) for rid in plan.run_ids]
-    if all(key is None for key in plan.keys):
-        tx.send("insert_runs", runs)
-        inserted = set(plan.run_ids)
-    else:
-        inserted = {r["id"] for r in tx.all("insert_runs", runs)}
+    if written is not None and any(t.concurrency_key or t.rate_key for t in plan.tasks):
+        written = None  # its tasks' waiting_on depends on other tasks: read back
+    inserted = _insert_runs(tx, plan, runs, written)
     if len(inserted) < len(plan.run_ids):
         results = _replayed(tx, plan, inserted, results)
+    _insert_tasks(tx, plan, inserted, written)
+    return results
+
+
+def _insert_runs(tx: Tx, plan: RunPlan, runs: dict[str, Any], written: Written | None) -> set[UUID]:
+    """Insert the runs (``runs``: ``insert_runs``' parameters); the ids of those inserted. Runs
+    without an idempotency key are always inserted (their ids are new), so the statement's
+    result is not waited for; with a key it is read at once (which were inserted decides the
+    rest). With ``written``, the answered insert, its rows kept there."""
+    keyless = all(key is None for key in plan.keys)
+    if written is None and keyless:
+        tx.send("insert_runs", runs)
+        return set(plan.run_ids)
+    if written is None:
+        return {r["id"] for r in tx.all("insert_runs", runs)}
+    if keyless:
+        written.runs_from(tx.later("insert_runs_answered", runs))
+        return set(plan.run_ids)
+    found = tx.all("insert_runs_answered", runs)
+    written.runs_from(found)
+    return {r["id"] for r in found}
+
+
+class Written:
+    """What a trigger's answered inserts return (``insert_runs_answered``,
+    ``insert_tasks_answered``, ``insert_edges_answered``): the runs it created as a read of them
+    right after the commit answers (``Reads.get_run``), without that read — its round trip and
+    the planning of its three statements were two thirds of a ``POST /api/v1/runs``
+    (docs/performance.md, "Submitting work, part 3").
+
+    Each source is a cursor queued in the pipelined transaction (:meth:`Tx.later`), read once it
+    committed (:meth:`runs`), or rows already read. A new run has no child runs; a new map has
+    no items (its ``item_counts`` empty), so nothing else is read."""
+
+    __slots__ = ("_edges", "_runs", "_tasks")
+
+    def __init__(self) -> None:
+        self._runs: list[Cursor | list[Row]] = []
+        self._tasks: list[Cursor] = []
+        self._edges: list[Cursor] = []
+
+    def runs_from(self, source: Cursor | list[Row]) -> None:
+        """Keep ``insert_runs_answered``'s rows (its cursor, or the rows read)."""
+        self._runs.append(source)
+
+    def tasks_from(self, source: Cursor) -> None:
+        """Keep ``insert_tasks_answered``'s cursor."""
+        self._tasks.append(source)
+
+    def edges_from(self, source: Cursor) -> None:
+        """Keep ``insert_edges_answered``'s cursor."""
+        self._edges.append(source)
+
+    def runs(self) -> dict[UUID, Run]:
+        """The runs written, by id, each with its tasks in creation order."""
+        depends = {r["id"]: r["depends_on"] for source in self._edges for r in source.fetchall()}
+        tasks: dict[UUID, list[TaskRun]] = {}
+        for source in self._tasks:
+            for row in source.fetchall():
+                row["depends_on"] = depends.get(row["id"], ())
+                tasks.setdefault(row["run_id"], []).append(rows.task_run(row))
+        return {
+            r["id"]: rows.run(r, tuple(tasks.get(r["id"], ())))
+            for source in self._runs
+            for r in (source if isinstance(source, list) else source.fetchall())
+        }
+
+
+def _insert_tasks(tx: Tx, plan: RunPlan, inserted: set[UUID], written: Written | None) -> None:
+    """Insert the tasks of the runs ``inserted`` and their edges, and notify (after the commit)
+    whoever moves them on; with ``written``, the answered inserts, their rows kept there."""
     tasks = plan.tasks_of(inserted)
-    if tasks:
-        transitions.check(TaskState.PENDING, TaskState.READY)  # created READY when free
-        admitted = limits.admit_new(tx, tasks)  # tasks with a concurrency key: READY if room
-        tx.send("insert_tasks", rows.task_records(tasks, admitted))
-        edges = plan.edges_of({t.id for t in tasks})
+    if not tasks:
+        return
+    transitions.check(TaskState.PENDING, TaskState.READY)  # created READY when free
+    admitted = limits.admit_new(tx, tasks)  # tasks with a concurrency key: READY if room
+    records = rows.task_records(tasks, admitted)
+    edges = plan.edges_of({t.id for t in tasks})
+    if written is None:
+        tx.send("insert_tasks", records)
         if edges.upstream:
             tx.send("insert_edges", edges._asdict())
-        tx.notify("notify_new_tasks", {"runs": list(inserted)})
-    return results
+    else:
+        written.tasks_from(tx.later("insert_tasks_answered", records))
+        if edges.upstream:
+            written.edges_from(tx.later("insert_edges_answered", edges._asdict()))
+    tx.notify("notify_new_tasks", {"runs": list(inserted)})
 
 
 def _replayed(

@@ -45,7 +45,8 @@ from tests.harness.services import ServiceUnavailable
 from tests.helpers import wait_for
 from tests.store import Store
 
-#: Room for the module's cluster to start plus every wait below (seconds).
+#: Room for the services to start (the shared cluster, when this is its first user) plus every
+#: wait below (seconds).
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(420)]
 
 WORKERS_PER_TREE = 2
@@ -85,34 +86,34 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def replicated() -> Iterator[tuple[Path, PrivateReplicatedPostgres]]:
+    """The PostgreSQL primary and its synchronous replica, for the module."""
     base_dir = Path(tempfile.mkdtemp(prefix="ff-failover-"))
-    base_dir.chmod(0o755)  # the postgres and rabbitmq accounts must enter it
+    base_dir.chmod(0o755)  # the postgres account must enter it
     primary_port, replica_port = free_ports(2)
-    services = Cluster(
-        base_dir,
-        PrivateReplicatedPostgres(base_dir, primary_port, replica_port),
-        PrivateRabbitCluster(base_dir, 3),
-    )
+    pg = PrivateReplicatedPostgres(base_dir, primary_port, replica_port)
     try:
         try:
-            services.pg.start()
-            services.rabbit.start()
+            pg.start()
         except ServiceUnavailable as exc:
             unavailable(str(exc))
-        yield services
+        yield base_dir, pg
     finally:
         try:
-            services.rabbit.stop()
+            pg.stop()
         finally:
-            services.pg.stop()
             shutil.rmtree(base_dir, ignore_errors=True)
 
 
 @pytest.fixture
-def services(cluster: Cluster) -> Cluster:
-    """Both services whole again: a killed broker node restarted, a failed-over pair rebuilt
-    (a fresh, empty database), and the schema in place."""
+def services(
+    replicated: tuple[Path, PrivateReplicatedPostgres], rabbit_cluster: PrivateRabbitCluster
+) -> Cluster:
+    """Both services whole again: a killed broker node restarted (the RabbitMQ cluster is the
+    one tests/integration/test_private_cluster.py uses too: tests/shared_cluster.py), a
+    failed-over pair rebuilt (a fresh, empty database), and the schema in place."""
+    base_dir, pg = replicated
+    cluster = Cluster(base_dir, pg, rabbit_cluster)
     for index in range(len(cluster.rabbit.nodes)):
         if index not in cluster.rabbit.running_nodes():
             cluster.rabbit.restart(index)

@@ -94,12 +94,7 @@ def measure_size(
     for offset in range(0, tasks, BATCH):
         repo.trigger_many(ECHO, [payload] * min(BATCH, tasks - offset))
     triggered = time.perf_counter() - started
-    bench._wait_until(
-        conn,
-        "SELECT count(*) = %(n)s FROM task_runs WHERE state = 'SUCCEEDED'",
-        {"n": tasks},
-        timeout_s,
-    )
+    bench._wait_until(conn, bench.ALL_SUCCEEDED, {"n": tasks}, timeout_s)
     row = conn.execute(
         "SELECT extract(epoch FROM max(t.finished_at) - min(r.created_at))"
         " FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"

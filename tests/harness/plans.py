@@ -187,9 +187,10 @@ def fill(url: str, runs: int, backlog: int) -> None:
 
 
 def exercise(url: str) -> list[Captured]:
-    """A trigger, its run read back, a publisher's sweep, a claim of the new run's first task
-    and its finish (claiming the dependent it makes READY), the dependent's finish, then a
-    scheduler's pass (which propagates it and settles the run), through the store."""
+    """A trigger, its run read back, the api's trigger (answered from its inserts), a
+    publisher's sweep, a claim of the new run's first task and its finish (claiming the
+    dependent it makes READY), the dependent's finish, then a scheduler's pass (which
+    propagates it and settles the run), through the store."""
     from flowforge.roles.scheduler import Scheduler  # a role: not for the --cost path
 
     db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "flowforge-plans")
@@ -200,6 +201,8 @@ def exercise(url: str) -> list[Captured]:
         with capture(NAMES) as found:
             run_id = Triggers(db).trigger(FLOW, {"probe": True}).run_id
             run = Reads(db).get_run(run_id)
+            answered = Triggers(db).trigger(FLOW, {"probe": "api"}, with_run=True).run
+            assert answered is not None  # the api's trigger, answered from its inserts
             Outbox(db).publish_outbox(10, lambda batch: [d.outbox_id for d in batch])
             first = next(t for t in run.tasks if t.name == "a")
             claims = Claims(db)

@@ -40,14 +40,18 @@ EXECUTIONS = 8
 
 
 @pytest.fixture
-def one_connection(clean_database_url: str) -> Iterator[Database]:
-    """A pool of one connection, so every statement runs on the session inspected."""
-    db = Database(DatabaseConfig(url=clean_database_url, pool_min=1, pool_max=1), "prepared")
-    db.open()
-    try:
-        yield db
-    finally:
-        db.close()
+def one_connection(pg_server_url: str) -> Iterator[Database]:
+    """A pool of one connection, so every statement runs on the session inspected, on a
+    database of its own: whether PostgreSQL picks a statement's generic plan weighs it against
+    the custom plans' costs, which the shared session database's statistics (what earlier
+    tests left) would move."""
+    with bench.fresh_database(pg_server_url) as url:
+        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "prepared")
+        db.open()
+        try:
+            yield db
+        finally:
+            db.close()
 
 
 def prepared_plans(db: Database) -> dict[str, tuple[int, int, str]]:

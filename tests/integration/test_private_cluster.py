@@ -1,32 +1,29 @@
 """The private 3-node RabbitMQ cluster harness (``tests.harness.cluster``).
 
-One cluster for the module, on free ports in a fresh temporary directory, always stopped at
-the end. It proves what failover tests rely on: all nodes run and are clustered, a quorum
-queue has a replica on every node and a leader, a message confirmed by the queue survives a
-SIGKILL of the leader's node and is consumed through another node (pika given every node's
-URL, the dead one first), and a killed node restarts and rejoins. Nothing here contacts the
+One cluster, on free ports in a fresh temporary directory, shared with the failover tests
+(``rabbit_cluster``: tests/shared_cluster.py) and always stopped after the last of them. It
+proves what failover tests rely on: all nodes run and are clustered, a quorum queue has a
+replica on every node and a leader, a message confirmed by the queue survives a SIGKILL of the
+leader's node and is consumed through another node (pika given every node's URL, the dead one
+first), and a killed node restarts and rejoins. Nothing here contacts the
 machine's broker (5672) or the dev services (26672).
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pika
 import pytest
 from pika.exceptions import AMQPError
 
-from tests.chaos.support import unavailable
 from tests.harness.cluster import PrivateRabbitCluster
-from tests.harness.services import DEFAULT_PORTS, ServiceError, ServiceUnavailable
+from tests.harness.services import DEFAULT_PORTS, ServiceError
+from tests.shared_cluster import SIZE as SHARED_SIZE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SIZE = 3
+SIZE = SHARED_SIZE
 #: Seconds for the surviving members to elect a new leader and serve the queue again.
 FAILOVER_TIMEOUT_S = 30.0
 #: Seconds for the other nodes to notice a SIGKILLed node (its distribution socket closes).
@@ -34,32 +31,14 @@ NODEDOWN_TIMEOUT_S = 30.0
 POLL_S = 0.2
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[PrivateRabbitCluster]:
-    """A started 3-node cluster for the module; stopped and removed even on failure."""
-    base_dir = Path(tempfile.mkdtemp(prefix="ff-cluster-"))
-    base_dir.chmod(0o755)  # mkdtemp makes 0700: the rabbitmq account could not enter it
-    private = PrivateRabbitCluster(base_dir, SIZE)
-    try:
-        try:
-            private.start()
-        except ServiceUnavailable as exc:
-            unavailable(str(exc))
-        yield private
-    finally:
-        try:
-            private.stop()
-        finally:
-            shutil.rmtree(base_dir, ignore_errors=True)
-
-
 @pytest.fixture
-def healthy(cluster: PrivateRabbitCluster) -> PrivateRabbitCluster:
-    """The cluster with every node running (a node a failed test left killed is restarted)."""
-    for index, node in enumerate(cluster.nodes):
+def healthy(rabbit_cluster: PrivateRabbitCluster) -> PrivateRabbitCluster:
+    """The shared cluster (tests/shared_cluster.py) with every node running: a node a test
+    left killed (here, or in tests/chaos/test_failover.py) is restarted."""
+    for index, node in enumerate(rabbit_cluster.nodes):
         if not node.is_running():
-            cluster.restart(index)
-    return cluster
+            rabbit_cluster.restart(index)
+    return rabbit_cluster
 
 
 def _connect(urls: list[str]) -> pika.BlockingConnection:
@@ -147,7 +126,8 @@ def _wait_new_leader(cluster: PrivateRabbitCluster, queue: str, dead: int) -> in
         time.sleep(POLL_S)
 
 
-def test_cluster_starts_with_every_node_running(cluster: PrivateRabbitCluster) -> None:
+def test_cluster_starts_with_every_node_running(healthy: PrivateRabbitCluster) -> None:
+    cluster = healthy
     assert cluster.running_nodes() == list(range(SIZE))
     assert len(set(cluster.urls)) == SIZE
     assert all(node.is_running() for node in cluster.nodes)

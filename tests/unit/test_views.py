@@ -7,14 +7,18 @@ renamed field or a reordered key fails here (docs/dashboard-contract.md names th
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from datetime import UTC, datetime
+from enum import Enum
 from uuid import UUID
 
-from flowforge.domain.model import Overview, Stats
+from flowforge.domain.conditions import RunIf
+from flowforge.domain.model import ChildRun, Overview, Progress, Run, Stats, TaskRun
 from flowforge.domain.reasons import FailureReason
-from flowforge.domain.states import TaskState
+from flowforge.domain.states import RunState, TaskState
 from flowforge.store import rows
-from flowforge.views import dumps, overview_dict, stats_dict
+from flowforge.views import dumps, overview_dict, run_dict, stats_dict
 
 TASK = UUID("7da4e7a0-fbe6-4e86-8bb3-d02a38755b38")
 RUN = UUID("7fb7eb2c-fc85-44b9-9b88-1eb8476cb529")
@@ -149,4 +153,77 @@ def test_the_stats_json_keeps_its_fields_in_order() -> None:
         f'"retry_backlog": {BACKLOG_JSON}, "poison_candidates": {POISON_JSON}, '
         '"dead": [{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}], '
         f"{QUEUES_JSON}}}"
+    )
+
+
+def _reference_dumps(data: object) -> str:
+    """What views.dumps wrote before it kept one encoder: json.dumps with its default."""
+
+    def default(value: object) -> object:
+        if isinstance(value, datetime):
+            return value.isoformat()
+        if isinstance(value, UUID | Enum):
+            return str(value)
+        raise TypeError(type(value).__name__)
+
+    return json.dumps(data, default=default)
+
+
+def test_a_runs_json_is_asdicts_with_the_same_text() -> None:
+    """run_dict walks each dataclass by its cached field names (docs/performance.md,
+    "Submitting work, part 3"): the JSON is still what asdict made, field order included, for
+    a run with every kind of value a read model holds (enums, ids, times, nested dataclasses,
+    mappings, tuples, None)."""
+    at = datetime(2026, 12, 3, 7, 30, tzinfo=UTC)
+    task = TaskRun(
+        id=UUID(int=1),
+        run_id=UUID(int=2),
+        name="t",
+        handler="h",
+        state=TaskState.RUNNING,
+        attempt=1,
+        max_attempts=3,
+        fencing_token=4,
+        failure_reason=FailureReason.TIMEOUT,
+        last_error="boom",
+        result={"b": [1, 2.5], "a": None},
+        idempotency_key=None,
+        ordering_key="o",
+        lease_owner="w/1",
+        lease_expires_at=at,
+        retry_at=None,
+        cancel_requested=False,
+        created_at=at,
+        ready_at=at,
+        started_at=at,
+        finished_at=None,
+        depends_on=("a", "b"),
+        sleep_s=1.5,
+        for_each="a",
+        item_counts={"READY": 2},
+        run_if=RunIf.ANY_FAILED,
+        progress=Progress(0.5, "half"),
+        priority=7,
+    )
+    child = ChildRun("t", UUID(int=1), 1, UUID(int=3), "child", RunState.RUNNING)
+    run = Run(
+        id=UUID(int=2),
+        workflow="w",
+        state=RunState.RUNNING,
+        input={"z": 1, "a": [True]},
+        idempotency_key="k",
+        cancel_requested=False,
+        created_at=at,
+        started_at=at,
+        finished_at=None,
+        tasks=(task,),
+        deadline_at=at,
+        children=(child,),
+    )
+    expected = {k: v for k, v in asdict(run).items() if k != "tasks"}
+    expected["tasks"] = [{**asdict(task), "duration_s": None}]
+    expected["compensated"] = []
+    assert dumps(run_dict(run)) == _reference_dumps(expected)
+    assert dumps(run_dict(run, with_tasks=False)) == _reference_dumps(
+        {k: v for k, v in asdict(run).items() if k != "tasks"}
     )
