@@ -13,8 +13,13 @@ join over the whole table, which on a table grown since (a fresh install's first
 physical size of the tables the prepared statements read (:data:`TABLES`, one cheap query:
 ``pg_relation_size`` asks the file system, not the statistics), as a *class* — the base-4
 logarithm of each table's pages. A connection remembers the class its plans were made at; when
-a checkout finds the class changed, it sends ``DISCARD PLANS`` before anything else, and the
-prepared statements (which stay prepared) are planned again at the size the tables have now.
+a checkout finds the class changed, it sends ``DEALLOCATE ALL`` before anything else, and each
+statement is prepared again at its next execution (psycopg forgets its names on that command)
+and planned at the size the tables have now. Not ``DISCARD PLANS``, which keeps each
+statement's history: PostgreSQL picks the generic plan only while its cost is no more than the
+average of every custom plan the statement was given, and a connection that worked while the
+tables were small keeps a small average for thousands of executions after they grew — planning
+every one of them (measured: docs/performance.md, "Generic plans at the tables' size").
 So a generic plan is only ever run on tables at most about four times larger or smaller than
 it was made for (or for the :data:`CHECK_S` after a jump), where its choices are the custom
 plan's (tests/integration/test_prepared_plans.py).
@@ -46,7 +51,7 @@ TABLES = (
 #: Seconds between two readings of the tables' sizes by one process.
 CHECK_S = 1.0
 #: The named queries (queries.sql) this module runs itself.
-NAMES = ("plan_table_pages", "discard_plans")
+NAMES = ("plan_table_pages", "deallocate_prepared")
 
 SizeClass = tuple[int, ...]
 
@@ -86,7 +91,8 @@ class PlanSizes:
     def ready(self, conn: Connection) -> None:
         """Before a checked-out connection's first statement (idle, autocommit): read the
         sizes on it if the last reading is ``check_s`` old, and discard its plans if they were
-        made at another class. A connection seen for the first time has made no plan yet."""
+        made at another class (its statements deallocated). A connection seen for the first time has
+        made no plan yet."""
         now = self._clock()
         if self._current is None or now - self._read_at >= self._check_s:
             rows = conn.execute(self._pages, {"tables": list(TABLES)}).fetchall()

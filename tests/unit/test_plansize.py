@@ -15,7 +15,7 @@ from flowforge.store.plansize import TABLES, PlanSizes, size_class
 MIGRATIONS = Path(flowforge.store.__file__).parent / "migrations"
 CREATE_TABLE = re.compile(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", re.IGNORECASE)
 PAGES = queries.load()["plan_table_pages"]
-DISCARD = queries.load()["discard_plans"]
+DISCARD = queries.load()["deallocate_prepared"]
 
 
 class FakeConnection:
