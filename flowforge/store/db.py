@@ -288,10 +288,17 @@ class Database:
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Row]]:
-        """A pooled connection whose cached plans suit the tables' size (store/plansize.py)."""
+        """A pooled connection whose cached plans suit the tables' size (store/plansize.py):
+        one made at another size class is closed (the pool drops it and opens another), at most
+        once per pooled connection and one more."""
         assert self._pool is not None
-        with self._pool.connection() as conn:
-            self._plans.ready(conn)
+        for _ in range(self._config.pool_max + 1):
+            with self._pool.connection() as conn:
+                if self._plans.ready(conn):
+                    yield conn
+                    return
+                conn.close()
+        with self._pool.connection() as conn:  # every one was stale: this one is new
             yield conn
 
     def _diagnose(self) -> FlowForgeError:

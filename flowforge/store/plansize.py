@@ -13,13 +13,16 @@ join over the whole table, which on a table grown since (a fresh install's first
 physical size of the tables the prepared statements read (:data:`TABLES`, one cheap query:
 ``pg_relation_size`` asks the file system, not the statistics), as a *class* — the base-4
 logarithm of each table's pages. A connection remembers the class its plans were made at; when
-a checkout finds the class changed, it sends ``DEALLOCATE ALL`` before anything else, and each
-statement is prepared again at its next execution (psycopg forgets its names on that command)
-and planned at the size the tables have now. Not ``DISCARD PLANS``, which keeps each
-statement's history: PostgreSQL picks the generic plan only while its cost is no more than the
-average of every custom plan the statement was given, and a connection that worked while the
-tables were small keeps a small average for thousands of executions after they grew — planning
-every one of them (measured: docs/performance.md, "Generic plans at the tables' size").
+a checkout finds the class changed, the connection is closed and the pool gives a new one,
+whose statements are prepared and planned at the size the tables have now. Not ``DISCARD
+PLANS``, which keeps each statement's history: PostgreSQL picks the generic plan only while its
+cost is no more than the average of every custom plan the statement was given, and a
+connection that worked while the tables were small keeps a small average for thousands of
+executions after they grew — planning every one of them. Nor ``DEALLOCATE ALL``: psycopg
+keeps its own table of what it prepared and only notices that command the first time a
+connection runs it, so a second one left it executing statements the server no longer had
+(docs/performance.md, "Generic plans at the tables' size"). A class changes about a dozen
+times in a table's life (from empty to a million rows), so the reconnections are rare.
 So a generic plan is only ever run on tables at most about four times larger or smaller than
 it was made for (or for the :data:`CHECK_S` after a jump), where its choices are the custom
 plan's (tests/integration/test_prepared_plans.py).
@@ -50,8 +53,8 @@ TABLES = (
 )
 #: Seconds between two readings of the tables' sizes by one process.
 CHECK_S = 1.0
-#: The named queries (queries.sql) this module runs itself.
-NAMES = ("plan_table_pages", "deallocate_prepared")
+#: The named query (queries.sql) this module runs itself.
+NAMES = ("plan_table_pages",)
 
 SizeClass = tuple[int, ...]
 
@@ -85,24 +88,20 @@ class PlanSizes:
         self._current: SizeClass | None = None
         self._read_at = 0.0
         self._made: weakref.WeakKeyDictionary[Any, SizeClass] = weakref.WeakKeyDictionary()
-        named = queries.load()
-        self._pages, self._discard = (named[n] for n in NAMES)
+        self._pages = queries.load()[NAMES[0]]
 
-    def ready(self, conn: Connection) -> None:
+    def ready(self, conn: Connection) -> bool:
         """Before a checked-out connection's first statement (idle, autocommit): read the
-        sizes on it if the last reading is ``check_s`` old, and discard its plans if they were
-        made at another class (its statements deallocated). A connection seen for the first time has
-        made no plan yet."""
+        sizes on it if the last reading is ``check_s`` old. False if its plans were made at
+        another class: the caller closes it and takes another. A connection seen for the first
+        time has made no plan yet."""
         now = self._clock()
         if self._current is None or now - self._read_at >= self._check_s:
             rows = conn.execute(self._pages, {"tables": list(TABLES)}).fetchall()
             self._current = size_class([_pages(row) for row in rows])
             self._read_at = now
-        made = self._made.get(conn)
-        if made != self._current:
-            if made is not None:
-                conn.execute(self._discard)
-            self._made[conn] = self._current
+        made = self._made.setdefault(conn, self._current)
+        return made == self._current
 
 
 def _pages(row: Any) -> int:

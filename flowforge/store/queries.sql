@@ -116,12 +116,6 @@ SELECT coalesce(pg_relation_size(to_regclass(t)), 0) / 8192 AS pages
 FROM unnest(%(tables)s::text[]) WITH ORDINALITY AS x(t, n)
 ORDER BY n;
 
--- name: deallocate_prepared
--- Drops this session's prepared statements with their plans and their history (store/
--- plansize.py: the tables changed size class). psycopg reads the command's status and forgets
--- its own names, so each is prepared again at its next execution.
-DEALLOCATE ALL;
-
 -- name: insert_runs_answered
 -- The same insert, answering each run inserted as get_run reads it (a trigger that answers with
 -- its run builds the answer from what it wrote: docs/performance.md, "Submitting work, part 3").

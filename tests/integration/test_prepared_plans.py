@@ -130,10 +130,10 @@ def test_a_generic_plan_made_on_small_tables_is_made_again_once_they_grew(
 ) -> None:
     """The danger store/plansize.py closes: a generic plan made while workflow_runs was tiny
     reads it whole, and nothing makes it again until an ANALYZE (autovacuum is off here). Once
-    the table's size class changed, the next checkout after ``CHECK_S`` deallocates the
-    connection's statements: each is prepared again, planned at the size the table has, and —
-    its history of cheap custom plans on the tiny table gone with it — PostgreSQL takes its
-    generic plan again after five custom ones."""
+    the table's size class changed, the next checkout after ``CHECK_S`` closes the connection
+    and takes a new one: each statement is prepared again, planned at the size the table has,
+    and — no history of cheap custom plans on the tiny table — PostgreSQL takes its generic
+    plan again after five custom ones."""
     clock = Clock()
     with bench.fresh_database(pg_server_url) as url:
         with psycopg.connect(url, autocommit=True) as sql:
@@ -147,6 +147,7 @@ def test_a_generic_plan_made_on_small_tables_is_made_again_once_they_grew(
             run_id = exercise(db, EXECUTIONS)
             statement = prepared_plans(db)["get_run"][2]
             assert relations_scanned(db, statement, run_id) == {"workflow_runs": "Seq Scan"}
+            (before,) = db.execute(b"SELECT pg_backend_pid() AS pid")
             # a burst: 20,000 runs written behind the connection's back, no ANALYZE
             with psycopg.connect(url, autocommit=True) as sql:
                 sql.execute(
@@ -157,9 +158,10 @@ def test_a_generic_plan_made_on_small_tables_is_made_again_once_they_grew(
             clock.now += CHECK_S / 2  # not read again yet: the old plan is still the one run
             assert relations_scanned(db, statement, run_id) == {"workflow_runs": "Seq Scan"}
             clock.now += CHECK_S
-            run_id = exercise(db, EXECUTIONS)  # its first checkout deallocates
+            run_id = exercise(db, EXECUTIONS)  # its first checkout replaces the connection
             generic, custom, again = prepared_plans(db)["get_run"]
-            assert again != statement  # prepared again
+            (after,) = db.execute(b"SELECT pg_backend_pid() AS pid")
+            assert after["pid"] != before["pid"]  # a new session: nothing of the old one's plans
             assert (generic, custom) == (EXECUTIONS - 5, 5)  # the generic plan, once more
             scanned = relations_scanned(db, again, run_id)
             assert scanned == {"workflow_runs": "Index Scan"}, scanned

@@ -1,5 +1,6 @@
-"""store/plansize.py: a connection's cached plans are discarded when the tables' size class
-changes, and the sizes are read at most once per interval (a fake connection and clock)."""
+"""store/plansize.py: a connection whose plans were made at another size class of the tables
+is refused (the Database closes it and takes another), and the sizes are read at most once per
+interval (a fake connection and clock)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from flowforge.store.plansize import TABLES, PlanSizes, size_class
 MIGRATIONS = Path(flowforge.store.__file__).parent / "migrations"
 CREATE_TABLE = re.compile(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", re.IGNORECASE)
 PAGES = queries.load()["plan_table_pages"]
-DISCARD = queries.load()["deallocate_prepared"]
 
 
 class FakeConnection:
@@ -48,9 +48,9 @@ def test_size_classes_change_about_fourfold() -> None:
     assert size_class([0, 1, 2, 7, 8, 31, 32, 127, 128]) == (0, 0, 1, 1, 2, 2, 3, 3, 4)
 
 
-def test_a_new_connection_reads_the_sizes_and_discards_nothing() -> None:
+def test_a_new_connection_reads_the_sizes_and_is_ready() -> None:
     conn = FakeConnection({"task_runs": 10})
-    PlanSizes(clock=Clock()).ready(conn)
+    assert PlanSizes(clock=Clock()).ready(conn)
     assert conn.sent == [PAGES]
 
 
@@ -68,39 +68,30 @@ def test_the_sizes_are_read_once_per_interval_by_the_process() -> None:
     assert second.sent == [PAGES]
 
 
-def test_a_connection_s_plans_are_discarded_once_a_table_grew_fourfold() -> None:
+def test_a_connection_made_before_a_table_grew_fourfold_is_refused() -> None:
     clock = Clock()
     plans = PlanSizes(check_s=1.0, clock=clock)
     sizes = {"task_runs": 8}
     conn = FakeConnection(sizes)
-    plans.ready(conn)
+    assert plans.ready(conn)
     sizes["task_runs"] = 31  # the same class: its plans suit
     clock.now += 1.0
-    plans.ready(conn)
-    assert DISCARD not in conn.sent
+    assert plans.ready(conn)
     sizes["task_runs"] = 32
     clock.now += 1.0
-    conn.sent.clear()
-    plans.ready(conn)
-    assert conn.sent == [PAGES, DISCARD]
-    conn.sent.clear()
-    plans.ready(conn)  # made again at this class: nothing more to discard
-    assert conn.sent == []
+    assert not plans.ready(conn)
+    assert plans.ready(FakeConnection(sizes))  # its replacement plans at this class
 
 
-def test_every_connection_made_at_the_old_class_discards_once_and_a_shrink_counts_too() -> None:
+def test_every_connection_made_at_the_old_class_is_refused_and_a_shrink_counts_too() -> None:
     clock = Clock()
     plans = PlanSizes(check_s=1.0, clock=clock)
     sizes = {"outbox": 500}
     a, b = FakeConnection(sizes), FakeConnection(sizes)
-    plans.ready(a)
-    plans.ready(b)
+    assert plans.ready(a) and plans.ready(b)
     sizes["outbox"] = 3  # retention purged it and VACUUM truncated the file
     clock.now += 1.0
-    plans.ready(a)
-    plans.ready(b)
-    plans.ready(b)
-    assert a.sent.count(DISCARD) == 1 and b.sent.count(DISCARD) == 1
+    assert not plans.ready(a) and not plans.ready(b)
 
 
 def test_every_table_the_prepared_statements_name_is_watched() -> None:

@@ -42,7 +42,7 @@ INDIRECT_NAMES = (
     "purge_idle_breakers",
 )
 #: Queries store/plansize.py runs itself on a checked-out connection (its NAMES).
-PART_NAMES = ("plan_table_pages", "deallocate_prepared")
+PART_NAMES = ("plan_table_pages",)
 PLACEHOLDER = re.compile(r"%\((?P<name>[a-z_][a-z0-9_]*)\)s")
 
 

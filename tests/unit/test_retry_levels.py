@@ -110,8 +110,8 @@ class FakePool:
 class NoPlanSizes(PlanSizes):
     """The fake pool runs only the statements scripted: no reading of the tables' sizes."""
 
-    def ready(self, conn: object) -> None:
-        pass
+    def ready(self, conn: object) -> bool:
+        return True
 
 
 def open_database(pool: FakePool) -> Database:
