@@ -288,17 +288,13 @@ class Database:
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Row]]:
-        """A pooled connection whose cached plans suit the tables' size (store/plansize.py):
-        one made at another size class is closed (the pool drops it and opens another), at most
-        once per pooled connection and one more."""
+        """A pooled connection. When the tables' size class changed (store/plansize.py) the
+        pool is drained: every connection, this one once it is back, is replaced by a new
+        session that plans at the tables' size."""
         assert self._pool is not None
-        for _ in range(self._config.pool_max + 1):
-            with self._pool.connection() as conn:
-                if self._plans.ready(conn):
-                    yield conn
-                    return
-                conn.close()
-        with self._pool.connection() as conn:  # every one was stale: this one is new
+        with self._pool.connection() as conn:
+            if self._plans.changed(conn):
+                self._pool.drain()
             yield conn
 
     def _diagnose(self) -> FlowForgeError:

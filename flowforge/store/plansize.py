@@ -12,9 +12,10 @@ join over the whole table, which on a table grown since (a fresh install's first
 :class:`PlanSizes` closes that window. At most once per :data:`CHECK_S` a process reads the
 physical size of the tables the prepared statements read (:data:`TABLES`, one cheap query:
 ``pg_relation_size`` asks the file system, not the statistics), as a *class* — the base-4
-logarithm of each table's pages. A connection remembers the class its plans were made at; when
-a checkout finds the class changed, the connection is closed and the pool gives a new one,
-whose statements are prepared and planned at the size the tables have now. Not ``DISCARD
+logarithm of each table's pages. When a reading finds the class changed, the pool is drained
+(psycopg_pool's ``drain``: its idle connections are closed and new ones opened, each checked-out
+one is closed when it comes back), so every statement is prepared and planned again, in a new
+session, at the size the tables have now. Not ``DISCARD
 PLANS``, which keeps each statement's history: PostgreSQL picks the generic plan only while its
 cost is no more than the average of every custom plan the statement was given, and a
 connection that worked while the tables were small keeps a small average for thousands of
@@ -31,7 +32,6 @@ plan's (tests/integration/test_prepared_plans.py).
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -73,12 +73,12 @@ def size_class(pages: Sequence[int]) -> SizeClass:
 
 
 class PlanSizes:
-    """Per process: the tables' size class, read at most once per ``check_s`` (seconds), and
-    the class each pooled connection's plans were made at (module docstring).
+    """Per process: the tables' size class, read at most once per ``check_s`` (seconds)
+    (module docstring).
 
-    Shared by a pool's threads without a lock: a connection is checked out by one thread at a
-    time, and two threads that find the reading stale at once both read it (one query more,
-    the same answer). ``clock`` (monotonic seconds) is a seam for tests."""
+    Shared by a pool's threads without a lock: two threads that find the reading stale at once
+    both read it (one query more, the same answer; a change may then drain the pool twice,
+    which costs a few reconnections). ``clock`` (monotonic seconds) is a seam for tests."""
 
     def __init__(
         self, check_s: float = CHECK_S, clock: Callable[[], float] = time.monotonic
@@ -87,21 +87,20 @@ class PlanSizes:
         self._clock = clock
         self._current: SizeClass | None = None
         self._read_at = 0.0
-        self._made: weakref.WeakKeyDictionary[Any, SizeClass] = weakref.WeakKeyDictionary()
         self._pages = queries.load()[NAMES[0]]
 
-    def ready(self, conn: Connection) -> bool:
+    def changed(self, conn: Connection) -> bool:
         """Before a checked-out connection's first statement (idle, autocommit): read the
-        sizes on it if the last reading is ``check_s`` old. False if its plans were made at
-        another class: the caller closes it and takes another. A connection seen for the first
-        time has made no plan yet."""
+        sizes on it if the last reading is ``check_s`` old. True if that reading found another
+        class than the one before it: the caller drains its pool. The first reading of a
+        process changes nothing (its connections are as new as it is)."""
         now = self._clock()
-        if self._current is None or now - self._read_at >= self._check_s:
-            rows = conn.execute(self._pages, {"tables": list(TABLES)}).fetchall()
-            self._current = size_class([_pages(row) for row in rows])
-            self._read_at = now
-        made = self._made.setdefault(conn, self._current)
-        return made == self._current
+        if self._current is not None and now - self._read_at < self._check_s:
+            return False
+        rows = conn.execute(self._pages, {"tables": list(TABLES)}).fetchall()
+        before, self._current = self._current, size_class([_pages(row) for row in rows])
+        self._read_at = now
+        return before is not None and before != self._current
 
 
 def _pages(row: Any) -> int:

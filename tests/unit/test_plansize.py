@@ -1,6 +1,6 @@
-"""store/plansize.py: a connection whose plans were made at another size class of the tables
-is refused (the Database closes it and takes another), and the sizes are read at most once per
-interval (a fake connection and clock)."""
+"""store/plansize.py: a change of the tables' size class is reported once (the Database then
+drains its pool), and the sizes are read at most once per interval (a fake connection and
+clock)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ def test_size_classes_change_about_fourfold() -> None:
     assert size_class([0, 1, 2, 7, 8, 31, 32, 127, 128]) == (0, 0, 1, 1, 2, 2, 3, 3, 4)
 
 
-def test_a_new_connection_reads_the_sizes_and_is_ready() -> None:
+def test_the_first_reading_changes_nothing() -> None:
     conn = FakeConnection({"task_runs": 10})
-    assert PlanSizes(clock=Clock()).ready(conn)
+    assert not PlanSizes(clock=Clock()).changed(conn)
     assert conn.sent == [PAGES]
 
 
@@ -58,40 +58,41 @@ def test_the_sizes_are_read_once_per_interval_by_the_process() -> None:
     clock = Clock()
     plans = PlanSizes(check_s=1.0, clock=clock)
     first, second = FakeConnection({}), FakeConnection({})
-    plans.ready(first)
-    plans.ready(second)
+    plans.changed(first)
+    plans.changed(second)
     clock.now += 0.5
-    plans.ready(first)
+    plans.changed(first)
     assert first.sent == [PAGES] and second.sent == []
     clock.now += 0.5
-    plans.ready(second)
+    plans.changed(second)
     assert second.sent == [PAGES]
 
 
-def test_a_connection_made_before_a_table_grew_fourfold_is_refused() -> None:
+def test_a_table_grown_fourfold_is_a_change_once() -> None:
     clock = Clock()
     plans = PlanSizes(check_s=1.0, clock=clock)
     sizes = {"task_runs": 8}
     conn = FakeConnection(sizes)
-    assert plans.ready(conn)
-    sizes["task_runs"] = 31  # the same class: its plans suit
+    assert not plans.changed(conn)
+    sizes["task_runs"] = 31  # the same class: the plans suit
     clock.now += 1.0
-    assert plans.ready(conn)
+    assert not plans.changed(conn)
     sizes["task_runs"] = 32
     clock.now += 1.0
-    assert not plans.ready(conn)
-    assert plans.ready(FakeConnection(sizes))  # its replacement plans at this class
+    assert plans.changed(conn)
+    clock.now += 1.0
+    assert not plans.changed(conn)  # read again at the same class: nothing new
 
 
-def test_every_connection_made_at_the_old_class_is_refused_and_a_shrink_counts_too() -> None:
+def test_a_shrink_counts_too() -> None:
     clock = Clock()
     plans = PlanSizes(check_s=1.0, clock=clock)
     sizes = {"outbox": 500}
-    a, b = FakeConnection(sizes), FakeConnection(sizes)
-    assert plans.ready(a) and plans.ready(b)
+    conn = FakeConnection(sizes)
+    assert not plans.changed(conn)
     sizes["outbox"] = 3  # retention purged it and VACUUM truncated the file
     clock.now += 1.0
-    assert not plans.ready(a) and not plans.ready(b)
+    assert plans.changed(conn)
 
 
 def test_every_table_the_prepared_statements_name_is_watched() -> None:

@@ -110,8 +110,8 @@ class FakePool:
 class NoPlanSizes(PlanSizes):
     """The fake pool runs only the statements scripted: no reading of the tables' sizes."""
 
-    def ready(self, conn: object) -> bool:
-        return True
+    def changed(self, conn: object) -> bool:
+        return False
 
 
 def open_database(pool: FakePool) -> Database:
