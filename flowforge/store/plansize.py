@@ -60,7 +60,7 @@ SizeClass = tuple[int, ...]
 
 
 class Connection(Protocol):
-    """What :meth:`PlanSizes.ready` needs of a connection (psycopg's)."""
+    """What :meth:`PlanSizes.changed` needs of a connection (psycopg's)."""
 
     def execute(self, query: Any, params: Any = None) -> Any:
         """Run ``query`` with ``params``; a cursor over its rows."""

@@ -36,7 +36,7 @@ from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
 from tests.harness import bench, bench_maps
-from tests.harness.cpuprobe import TICKS_PER_S, cpu_seconds
+from tests.harness.cpuprobe import cpu_seconds, stat_user_system_s
 
 T = TypeVar("T")
 #: A hop over this many times the p50 counts as slow (:func:`slow_hops`).
@@ -60,10 +60,9 @@ def thread_cpu(pid: int) -> dict[int, tuple[float, float]]:
     found: dict[int, tuple[float, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            found[int(task.name)] = stat_user_system_s((task / "stat").read_text())
         except OSError:
             continue
-        found[int(task.name)] = (int(fields[11]) / TICKS_PER_S, int(fields[12]) / TICKS_PER_S)
     return found
 
 

@@ -30,11 +30,17 @@ SERVICE_PROCESSES = {"postgres": "postgresql", "beam.smp": "rabbitmq"}
 Reading = dict[int, float]
 
 
-def stat_cpu_s(stat: str, ticks: int = TICKS_PER_S) -> float:
-    """User + system CPU (s) in the text of a ``/proc/<pid>/stat``: fields 14 and 15, counted
-    after the command name's closing parenthesis (the name may hold spaces and parentheses)."""
+def stat_user_system_s(stat: str, ticks: int = TICKS_PER_S) -> tuple[float, float]:
+    """User and system CPU (s) in the text of a ``/proc/<pid>/stat`` (or of a thread's,
+    ``/proc/<pid>/task/<tid>/stat``): fields 14 and 15, counted after the command name's
+    closing parenthesis (the name may hold spaces and parentheses)."""
     fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / ticks
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def stat_cpu_s(stat: str, ticks: int = TICKS_PER_S) -> float:
+    """User + system CPU (s) in the text of a ``/proc/<pid>/stat``."""
+    return sum(stat_user_system_s(stat, ticks))
 
 
 def cpu_seconds(pids: Iterable[int]) -> Reading:
