@@ -39,8 +39,15 @@ def stat_user_system_s(stat: str, ticks: int = TICKS_PER_S) -> tuple[float, floa
 
 
 def stat_cpu_s(stat: str, ticks: int = TICKS_PER_S) -> float:
-    """User + system CPU (s) in the text of a ``/proc/<pid>/stat``."""
-    return sum(stat_user_system_s(stat, ticks))
+    """User + system CPU (s) in the text of a ``/proc/<pid>/stat``, its own and its reaped
+    children's (fields 16 and 17, cutime and cstime). Every group read here is a root and its
+    descendants (a tree, a PostgreSQL server, a RabbitMQ node), so a child that exits between
+    two readings — a backend of a pool drained by store/plansize.py, a restarted worker — is
+    still counted, through its parent, once: alive its own time counts, reaped its parent's
+    cutime holds it, never both."""
+    fields = stat.rsplit(")", 1)[1].split()
+    own = sum(stat_user_system_s(stat, ticks))
+    return own + (int(fields[13]) + int(fields[14])) / ticks
 
 
 def cpu_seconds(pids: Iterable[int]) -> Reading:

@@ -18,6 +18,12 @@ def test_cpu_of_a_stat_line_is_user_plus_system_counted_after_the_name() -> None
     assert cpuprobe.stat_cpu_s(STAT, ticks=100) == 3.0
 
 
+def test_cpu_of_a_stat_line_counts_the_reaped_children_too() -> None:
+    # cutime and cstime (fields 16 and 17) 120 and 30 ticks: children that exited
+    reaped = STAT.replace(" 250 50 0 0 ", " 250 50 120 30 ")
+    assert cpuprobe.stat_cpu_s(reaped, ticks=100) == 4.5
+
+
 def test_a_truncated_stat_line_is_refused() -> None:
     with pytest.raises(IndexError):
         cpuprobe.stat_cpu_s("4242 (cmd) S 1 2", ticks=100)
