@@ -44,8 +44,9 @@ class Clock:
         return self.now
 
 
-def test_size_classes_change_about_fourfold() -> None:
-    assert size_class([0, 1, 2, 7, 8, 31, 32, 127, 128]) == (0, 0, 1, 1, 2, 2, 3, 3, 4)
+def test_size_classes_change_about_eightfold_above_the_floor() -> None:
+    pages = [0, 1, 31, 32, 255, 256, 2047, 2048, 16383, 16384]
+    assert size_class(pages) == (0, 0, 0, 1, 1, 2, 2, 3, 3, 4)
 
 
 def test_the_first_reading_changes_nothing() -> None:
@@ -68,29 +69,54 @@ def test_the_sizes_are_read_once_per_interval_by_the_process() -> None:
     assert second.sent == [PAGES]
 
 
-def test_a_table_grown_fourfold_is_a_change_once() -> None:
+def test_a_table_grown_eightfold_is_a_change_once() -> None:
     clock = Clock()
     plans = PlanSizes(check_s=1.0, clock=clock)
-    sizes = {"task_runs": 8}
+    sizes = {"task_runs": 32}
     conn = FakeConnection(sizes)
     assert not plans.changed(conn)
-    sizes["task_runs"] = 31  # the same class: the plans suit
+    sizes["task_runs"] = 255  # the same class: the plans suit
     clock.now += 1.0
     assert not plans.changed(conn)
-    sizes["task_runs"] = 32
+    sizes["task_runs"] = 256
     clock.now += 1.0
     assert plans.changed(conn)
     clock.now += 1.0
     assert not plans.changed(conn)  # read again at the same class: nothing new
 
 
-def test_a_shrink_counts_too() -> None:
+def test_a_shrink_is_no_change_but_a_regrowth_from_it_is() -> None:
+    """A plan made on bigger tables stays right on smaller ones; a connection opened while
+    they were small planned at that size, so growing back from there drains."""
     clock = Clock()
     plans = PlanSizes(check_s=1.0, clock=clock)
-    sizes = {"outbox": 500}
+    sizes = {"outbox": 500, "task_runs": 3000}
     conn = FakeConnection(sizes)
     assert not plans.changed(conn)
     sizes["outbox"] = 3  # retention purged it and VACUUM truncated the file
+    clock.now += 1.0
+    assert not plans.changed(conn)
+    sizes["outbox"] = 40  # above the lowest class since the drain, below the first reading
+    clock.now += 1.0
+    assert plans.changed(conn)
+    sizes["outbox"] = 3
+    clock.now += 1.0
+    assert not plans.changed(conn)  # measured from the drain's class now: a shrink again
+    sizes["outbox"] = 31  # within the lowest class: nothing to plan again
+    clock.now += 1.0
+    assert not plans.changed(conn)
+    sizes["outbox"] = 32
+    clock.now += 1.0
+    assert plans.changed(conn)
+
+
+def test_only_the_table_that_grew_counts() -> None:
+    clock = Clock()
+    plans = PlanSizes(check_s=1.0, clock=clock)
+    sizes = {"outbox": 500, "task_runs": 30}
+    conn = FakeConnection(sizes)
+    assert not plans.changed(conn)
+    sizes.update(outbox=3, task_runs=40)  # one shrank, one grew a class
     clock.now += 1.0
     assert plans.changed(conn)
 
