@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +18,7 @@ from flowforge.domain import timing
 from flowforge.domain.breakers import check_breaker_key
 from flowforge.domain.conditions import is_conditional
 from flowforge.domain.dag import TaskDef, WorkflowDef
+from flowforge.domain.ids import new_id
 from flowforge.domain.keys import check_item_key, render_key
 from flowforge.domain.names import priority_problem
 from flowforge.domain.values import JsonText, check_text, to_json
@@ -206,14 +206,14 @@ def plan_runs(
         stored = to_json(run_input, f"{where}the run input")
         if key is not None:
             key = check_text(key, f"{where}the idempotency key")
-        run_id = uuid.uuid4()
+        run_id = new_id()
         plan.run_ids.append(run_id)
         plan.inputs.append(stored)
         plan.keys.append(key)
         # only a key is compared with a digest: without one, the input is not parsed, dumped
         # and hashed once more (a third of a 100 KB trigger's Python; docs/performance.md)
         plan.digests.append(None if key is None else request_digest(workflow.name, stored))
-        ids = {t.name: uuid.uuid4() for t in ordered}
+        ids = {t.name: new_id() for t in ordered}
         for task in ordered:
             label = f"{where}task {task.name!r}"
             breaker = task.circuit_breaker

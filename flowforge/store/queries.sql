@@ -2054,7 +2054,7 @@ WITH map AS (
                            on_dead, map_id, item_index, item, queue, priority,
                            breaker_failures, breaker_window_s, breaker_cooldown_s, breaker_key,
                            concurrency_key, concurrency_limit, rate_key, rate_limit, rate_per_s)
-    SELECT gen_random_uuid(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
+    SELECT flowforge_new_id(), m.run_id, m.name || '[' || s.idx || ']', m.handler,
            CASE WHEN s.idx >= m.max_parallel AND k.ckey IS NULL AND k.rkey IS NULL
                 THEN 1 ELSE 0 END, m.max_attempts,
            m.base_delay_s, m.max_delay_s, m.jitter, m.timeout_s, k.idem, k.okey, m.on_dead,
