@@ -14,11 +14,10 @@ from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from flowforge.domain import timing
+from flowforge.domain import ids, timing
 from flowforge.domain.breakers import check_breaker_key
 from flowforge.domain.conditions import is_conditional
 from flowforge.domain.dag import TaskDef, WorkflowDef
-from flowforge.domain.ids import new_id
 from flowforge.domain.keys import check_item_key, render_key
 from flowforge.domain.names import priority_problem
 from flowforge.domain.values import JsonText, check_text, to_json
@@ -206,20 +205,20 @@ def plan_runs(
         stored = to_json(run_input, f"{where}the run input")
         if key is not None:
             key = check_text(key, f"{where}the idempotency key")
-        run_id = new_id()
+        run_id = ids.new_id()
         plan.run_ids.append(run_id)
         plan.inputs.append(stored)
         plan.keys.append(key)
         # only a key is compared with a digest: without one, the input is not parsed, dumped
         # and hashed once more (a third of a 100 KB trigger's Python; docs/performance.md)
         plan.digests.append(None if key is None else request_digest(workflow.name, stored))
-        ids = {t.name: new_id() for t in ordered}
+        task_ids = {t.name: ids.new_id() for t in ordered}
         for task in ordered:
             label = f"{where}task {task.name!r}"
             breaker = task.circuit_breaker
             planned = PlannedTask(
                 run_id=run_id,
-                id=ids[task.name],
+                id=task_ids[task.name],
                 name=task.name,
                 handler=task.handler,
                 pending=len(task.depends_on),
@@ -260,8 +259,8 @@ def plan_runs(
                 planned.start_gate = True
             plan.tasks.append(planned)
             for dep in task.depends_on:
-                plan.upstream.append(ids[dep])
-                plan.downstream.append(ids[task.name])
+                plan.upstream.append(task_ids[dep])
+                plan.downstream.append(task_ids[task.name])
                 plan.upstream_names.append(dep)
     return plan
 
