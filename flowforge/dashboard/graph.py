@@ -6,6 +6,11 @@ the order of their first task. Coordinates are SVG user units with the origin at
 a node's ``x``/``y`` is its box's top-left corner; an edge runs from the bottom centre of its
 upstream box, through grandalf's bend points (its dummy vertices on the layers it crosses),
 to the top centre of its downstream box.
+
+grandalf 0.8's horizontal placement (Brandes & Köpf) does not always keep a layer's vertices
+``xspace`` apart: it can put two of them on the same spot, so each layer is spread afterwards
+(:func:`separate`) and the edges are routed again through the moved vertices. The same DAG
+always gets the same drawing (grandalf's own edge order would follow memory addresses).
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import pairwise
+from typing import Any, Protocol
 
 from grandalf.graphs import Edge, Graph, Vertex
 from grandalf.layouts import SugiyamaLayout
+from grandalf.utils.poset import Poset
 
 #: Above this many tasks the layout is refused: grandalf needs seconds beyond it.
 MAX_TASKS = 500
@@ -85,6 +92,13 @@ class _Box:
         self.xy: Point = (0.0, 0.0)
 
 
+class _View(Protocol):
+    """What :func:`separate` needs of a vertex view: ours (:class:`_Box`) or a grandalf dummy's."""
+
+    w: float
+    xy: Point
+
+
 class _Route:
     """Receives an edge's points from grandalf (centres of its ends and bends)."""
 
@@ -138,6 +152,12 @@ def layout(tasks: Sequence[tuple[str, Sequence[str]]]) -> Layout:
     order = {name: index for index, name in enumerate(vertices)}
     graph = Graph(list(vertices.values()), edges)
     parts = sorted(graph.C, key=lambda part: min(order[v.data] for v in part.sV))
+    # grandalf gathers each part's edges in a set, ordered by memory address, and its ranking
+    # and ordering follow that order: the same DAG could come out differently from one call to
+    # the next. The input order makes the drawing a function of the DAG.
+    place = {edge: index for index, edge in enumerate(edges)}
+    for part in parts:
+        part.sE = Poset(sorted(part.sE, key=place.__getitem__))
     left = MARGIN
     height = 0.0
     for part in parts:
@@ -160,6 +180,9 @@ def _lay_out_part(part: Any) -> tuple[float, float, float]:
     sugiyama.yspace = Y_SPACE
     sugiyama.init_all()
     sugiyama.draw()
+    for layer in sugiyama.layers:  # dummy vertices included: they keep room for the edges
+        separate([vertex.view for vertex in layer], X_SPACE)
+    sugiyama.draw_edges()  # again, so that the bends follow the dummy vertices moved above
     xs: list[float] = []
     max_y = 0.0
     for vertex in part.sV:
@@ -169,6 +192,33 @@ def _lay_out_part(part: Any) -> tuple[float, float, float]:
     for edge in part.sE:
         xs += [x for x, _y in edge.view.points]
     return min(xs), max(xs), max_y
+
+
+def separate(views: Sequence[_View], gap: float) -> None:
+    """Move the centres of one layer's views (given left to right) sideways as little as
+    possible so that neighbours are at least ``gap`` apart, keeping their order.
+
+    Moves nothing when they already are (grandalf's placement almost always is). Otherwise the
+    least-squares shift under those constraints: with ``offset[i]`` the distance view ``i``
+    must keep from view 0, the views' ``x - offset`` must be non-decreasing, an isotonic
+    regression solved by pooling adjacent violators — a run of views pushed together is placed
+    as one block, centred on where its members wanted to be.
+    """
+    offsets = [0.0]
+    for left, right in pairwise(views):
+        offsets.append(offsets[-1] + gap + (left.w + right.w) / 2)
+    blocks: list[tuple[int, float, int]] = []  # (first view, sum of wanted x - offset, views)
+    for i, view in enumerate(views):
+        first, total, size = i, view.xy[0] - offsets[i], 1
+        while blocks and blocks[-1][1] / blocks[-1][2] > total / size:
+            first, before_total, before_size = blocks.pop()
+            total, size = total + before_total, size + before_size
+        blocks.append((first, total, size))
+    for first, total, size in blocks:
+        if size == 1:
+            continue  # not pushed by a neighbour: left exactly where grandalf put it
+        for i in range(first, first + size):
+            views[i].xy = (total / size + offsets[i], views[i].xy[1])
 
 
 def _shift(part: Any, dx: float, dy: float) -> None:
