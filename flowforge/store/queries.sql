@@ -758,7 +758,8 @@ SELECT extract(epoch FROM least(
 -- run marked started. With keyless_only, tasks with an idempotency key are left alone (the
 -- caller then claims each in a transaction that also claims its key).
 WITH wanted AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS w(id, token)
+    -- (the ids behind a sub-select: see "generic plans of arrays" at finish)
+    SELECT * FROM unnest((SELECT %(ids)s::uuid[]), %(tokens)s::bigint[]) AS w(id, token)
 ), claimed AS (
     UPDATE task_runs t
        SET state = 'RUNNING', attempt = t.attempt + 1, fencing_token = t.fencing_token + 1,
@@ -1075,7 +1076,15 @@ WITH outcome AS (
     SELECT o.id, o.token, o.state,
            CASE WHEN jsonb_typeof(r.wrapped) = 'array' THEN r.wrapped -> 0 END AS result,
            o.reason, o.error, o.traceback, o.outcome, o.output, o.dropped, o.progress, o.message
-      FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(states)s::text[],
+      -- Generic plans of arrays: a custom plan estimates unnest of a constant array at its
+      -- length, a generic plan at 10 rows, so for the one-task batches of a busy tree every
+      -- custom plan looked cheaper than the generic one and PostgreSQL, which keeps a generic
+      -- plan only while it costs no more than the custom plans' average, planned this
+      -- statement (and claim) at every execution once the tables had grown. The ids behind a
+      -- sub-select (an InitPlan: its value is not known when planning) make every plan guess
+      -- at least 10 rows, so the generic plan wins after five custom ones (docs/performance.md
+      -- "Prepared statements that PostgreSQL plans anyway"; test_prepared_plans).
+      FROM unnest((SELECT %(ids)s::uuid[]), %(tokens)s::bigint[], %(states)s::text[],
                   %(reasons)s::text[], %(errors)s::text[],
                   %(tracebacks)s::text[], %(outcomes)s::text[], %(outputs)s::text[],
                   %(dropped)s::bigint[], %(progress)s::float8[], %(messages)s::text[])
