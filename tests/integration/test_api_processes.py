@@ -11,6 +11,7 @@ deadline.
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import signal
@@ -74,7 +75,9 @@ class Load:
                     headers={"Idempotency-Key": key},
                     timeout=30,
                 )
-            except OSError:  # reset or refused: the child that held it was killed
+            # reset or refused, or an answer cut short (IncompleteRead is no OSError): the child
+            # that held the connection was killed; the key makes the resend safe
+            except (OSError, http.client.HTTPException):
                 with self._lock:
                     self.resent.append(key)
                 continue
