@@ -63,9 +63,14 @@ def cpu_seconds(pids: Iterable[int]) -> Reading:
 
 
 def spent(before: Mapping[int, float], after: Mapping[int, float]) -> float:
-    """CPU (s) spent between two readings by the processes of the second: a process that
-    started between them counts whole, one that ended between them is not seen."""
-    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+    """CPU (s) spent between two readings by a group of processes whose parents are in it too
+    (a root and its descendants; :func:`stat_cpu_s`): a process that started between them
+    counts whole. One that ended between them was reaped by its parent, whose reaped-children
+    time now holds its whole life, so what it had spent by the first reading (its reading
+    then) is taken off again: counted whole, a drained pool's backend that had lived since the
+    tree started would add its past to the window."""
+    grown = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+    return grown - sum(cpu for pid, cpu in before.items() if pid not in after)
 
 
 def service_pids() -> dict[str, list[int]]:

@@ -24,6 +24,16 @@ def test_cpu_of_a_stat_line_counts_the_reaped_children_too() -> None:
     assert cpuprobe.stat_cpu_s(reaped, ticks=100) == 4.5
 
 
+def test_a_child_reaped_between_two_readings_counts_only_what_it_spent_between_them() -> None:
+    # the root (1) spends 2 s; its child (2), 3 s old at the first reading, spends 1 s more and
+    # exits: the root's reaped-children time grows by the child's whole life, 4 s
+    before = {1: 10.0, 2: 3.0}
+    after = {1: 10.0 + 2.0 + 4.0}
+    assert cpuprobe.spent(before, after) == 3.0
+    started = {1: 10.0 + 2.0 + 4.0, 3: 0.5}  # and one started meanwhile counts whole
+    assert cpuprobe.spent(before, started) == 3.5
+
+
 def test_a_truncated_stat_line_is_refused() -> None:
     with pytest.raises(IndexError):
         cpuprobe.stat_cpu_s("4242 (cmd) S 1 2", ticks=100)
