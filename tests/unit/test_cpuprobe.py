@@ -21,9 +21,11 @@ def test_cpu_is_read_per_process_and_a_gone_process_is_left_out() -> None:
     assert readings[me] > 0  # this interpreter has run
 
 
-def test_cpu_spent_counts_new_processes_whole_and_ignores_ended_ones() -> None:
-    before = {1: 2.0, 2: 5.0, 3: 1.0}  # 3 ends before the second reading
-    after = {1: 2.5, 2: 7.0, 4: 0.25}  # 4 started between them
+def test_cpu_spent_counts_new_processes_whole_and_ended_ones_only_between_the_readings() -> None:
+    before = {1: 2.0, 2: 5.0, 3: 1.0}  # 3, a child of 1, ends before the second reading
+    # 4 started between them; 1 spent 0.5 and reaped 3, whose whole life (1.0 s, none of it
+    # between the readings) is in 1's reaped-children time now
+    after = {1: 2.0 + 0.5 + 1.0, 2: 7.0, 4: 0.25}
     assert cpuprobe.spent(before, after) == 0.5 + 2.0 + 0.25
 
 
