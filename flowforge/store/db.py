@@ -202,7 +202,7 @@ class Database:
         after the statement that failed (at the latest, at the commit); the transaction is
         then rolled back.
 
-        ``after_commit(query, params)``: a notification (a ``pg_notify``, which may read what
+        ``after_commit(query, params, prepare=False)``: a notification (a ``pg_notify``, which may read what
         the transaction wrote to decide whether to notify) sent after the ``COMMIT``, in the
         same round trip, as a transaction of its own. A commit that
         notifies holds PostgreSQL's one notify lock (for the whole cluster) through its WAL
@@ -210,6 +210,7 @@ class Database:
         notifies writes no WAL and holds it for microseconds. Listeners hear it after the
         commit either way. Should it fail once the transaction committed (the notify queue
         full), that is logged and not raised: the work is done, and listeners poll.
+        ``prepare`` prepares it server-side, as ``cursor.execute``'s argument does.
         """
         if self._pool is None:
             raise StoreError("database pool is not open")
@@ -366,15 +367,18 @@ def _pipelined(conn: psycopg.Connection[Row]) -> Iterator[Pipelined]:
     """A transaction in pipeline mode on an autocommit connection (see
     :meth:`Database.pipelined_transaction`), rolled back if anything raises before it
     committed."""
-    after: list[tuple[bytes, Mapping[str, Any] | None]] = []
+    after: list[tuple[bytes, Mapping[str, Any] | None, bool]] = []
     commit = conn.cursor()
     try:
         with conn.pipeline() as pipeline:
             conn.execute(b"BEGIN")
-            yield Pipelined(pipeline.sync, lambda query, params=None: after.append((query, params)))
+            yield Pipelined(
+                pipeline.sync,
+                lambda query, params=None, prepare=False: after.append((query, params, prepare)),
+            )
             commit.execute(b"COMMIT")
-            for query, params in after:
-                conn.execute(query, params)
+            for query, params, prepare in after:
+                conn.execute(query, params, prepare=prepare)
     except psycopg.Error:
         if after and commit.statusmessage == "COMMIT":
             logger.warning(

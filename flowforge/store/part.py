@@ -88,6 +88,7 @@ PREPARED = PASSES | frozenset(
         "get_run",
         "get_run_tasks",
         "run_children",
+        "notify_new_tasks",
     }
 )
 #: Whether the libpq psycopg runs on has pipeline mode (14 and later; psycopg[binary] bundles
@@ -154,9 +155,9 @@ class Tx:
         depends on what this transaction wrote reads it there, committed; otherwise it is part
         of this transaction."""
         if self._pipelined is None:
-            self._cur.execute(self._queries[name], params)
+            self._execute(self._cur, name, params)
         else:
-            self._pipelined.after_commit(self._queries[name], params)
+            self._pipelined.after_commit(self._queries[name], params, name in PREPARED)
 
     def _execute(self, cur: Cursor, name: str, params: Params) -> Cursor:
         if name in PREPARED:

@@ -244,14 +244,18 @@ SELECT pg_notify('flowforge_outbox', '');
 -- After a trigger committed (in the same round trip as its COMMIT): the publisher hears of the
 -- READY tasks it created (each with its outbox row), the scheduler of the PENDING ones — each
 -- only if there are any among the runs just inserted. A task a worker or the scheduler moved
--- on first needs no notification: whoever moved it is awake.
+-- on first needs no notification: whoever moved it is awake. Prepared (store/part.py): the
+-- runs' array sits behind a sub-select so that a custom plan guesses its length as the
+-- generic plan does ("Prepared statements that PostgreSQL plans anyway", as claim and finish),
+-- and the generic plan is kept — planning its two sub-queries over task_runs' indexes was
+-- most of this statement's cost.
 SELECT pg_notify('flowforge_outbox', '')
  WHERE EXISTS (SELECT 1 FROM task_runs
-                WHERE run_id = ANY(%(runs)s::uuid[]) AND state = 'READY')
+                WHERE run_id = ANY((SELECT %(runs)s::uuid[])::uuid[]) AND state = 'READY')
 UNION ALL
 SELECT pg_notify('flowforge_scheduler', '')
  WHERE EXISTS (SELECT 1 FROM task_runs
-                WHERE run_id = ANY(%(runs)s::uuid[]) AND state = 'PENDING');
+                WHERE run_id = ANY((SELECT %(runs)s::uuid[])::uuid[]) AND state = 'PENDING');
 
 -- ------------------------------------------------------------------ scheduler: → READY
 

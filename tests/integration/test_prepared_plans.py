@@ -111,6 +111,7 @@ def test_the_hot_statements_are_prepared_and_run_their_generic_plans(
     found = prepared_plans(one_connection)
     exercised = {"claim", "finish", "get_run", "get_run_tasks", "run_children"}
     exercised |= {"insert_runs", "insert_tasks", "insert_edges", "register_definitions"}
+    exercised |= {"notify_new_tasks"}
     assert exercised <= set(found) <= PREPARED
     for name in exercised - {"register_definitions"}:  # registered once per version
         generic, custom, _ = found[name]
@@ -218,7 +219,7 @@ def test_at_size_the_claim_and_the_finish_still_run_their_generic_plans(
         finally:
             db.close()
     exercised = {"claim", "finish", "get_run", "get_run_tasks", "run_children"}
-    exercised |= {"insert_runs", "insert_tasks", "insert_edges"}
+    exercised |= {"insert_runs", "insert_tasks", "insert_edges", "notify_new_tasks"}
     for name in exercised:
         generic, custom, _ = found[name]
         assert custom <= 5 and generic >= EXECUTIONS - 5, (name, found[name])
