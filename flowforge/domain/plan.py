@@ -78,6 +78,30 @@ class PlannedTask:
     breaker_cooldown_s: float | None = None
     breaker_key: str | None = None  # circuit_breaker.key rendered; None: the handler's breaker
 
+    def created_ready(self, admitted: bool = False) -> bool:
+        """Whether the trigger's insert creates this task READY (else PENDING): nothing to wait
+        for (no dependency, no closed start gate, no ordering key) and either ``admitted``
+        through its concurrency and rate keys or none of the kinds that never start by
+        themselves (a timer, a map, an event wait, a child workflow, a limited task). The same
+        decision as queries.sql ``new_tasks``' ``k.ready`` (task_runs.ready_by_itself's
+        expression); tests/integration/test_trigger_wakes.py checks the two agree for every
+        kind of task."""
+        return (
+            self.pending == 0
+            and self.ordering_key is None
+            and (
+                admitted
+                or (
+                    self.sleep_s is None
+                    and self.for_each is None
+                    and self.event_name is None
+                    and self.child_workflow is None
+                    and self.concurrency_key is None
+                    and self.rate_key is None
+                )
+            )
+        )
+
 
 @dataclass
 class RunPlan:

@@ -202,9 +202,9 @@ class Database:
         after the statement that failed (at the latest, at the commit); the transaction is
         then rolled back.
 
-        ``after_commit(query, params, prepare=False)``: a notification (a ``pg_notify``, which may read what
-        the transaction wrote to decide whether to notify) sent after the ``COMMIT``, in the
-        same round trip, as a transaction of its own. A commit that
+        ``after_commit(query, params, prepare=False)``: a notification (a ``pg_notify``, which
+        may read what the transaction wrote to decide whether to notify) sent after the
+        ``COMMIT``, in the same round trip, as a transaction of its own. A commit that
         notifies holds PostgreSQL's one notify lock (for the whole cluster) through its WAL
         flush, so such commits queue behind each other's flushes; a transaction that only
         notifies writes no WAL and holds it for microseconds. Listeners hear it after the

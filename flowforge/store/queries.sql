@@ -243,19 +243,14 @@ SELECT pg_notify('flowforge_outbox', '');
 -- name: notify_new_tasks
 -- After a trigger committed (in the same round trip as its COMMIT): the publisher hears of the
 -- READY tasks it created (each with its outbox row), the scheduler of the PENDING ones — each
--- only if there are any among the runs just inserted. A task a worker or the scheduler moved
--- on first needs no notification: whoever moved it is awake. Prepared (store/part.py): the
--- runs' array sits behind a sub-select so that a custom plan guesses its length as the
--- generic plan does ("Prepared statements that PostgreSQL plans anyway", as claim and finish),
--- and the generic plan is kept — planning its two sub-queries over task_runs' indexes was
--- most of this statement's cost.
-SELECT pg_notify('flowforge_outbox', '')
- WHERE EXISTS (SELECT 1 FROM task_runs
-                WHERE run_id = ANY((SELECT %(runs)s::uuid[])::uuid[]) AND state = 'READY')
+-- only if there are any (%(ready)s, %(pending)s: the trigger knows from its plan which
+-- tasks its insert creates READY, PlannedTask.created_ready). No table is read: reading the
+-- new runs' tasks back by their ids was planned at every call (over task_runs' many
+-- indexes: most of the statement's cost), and a generic plan of it, made before the
+-- tables' first ANALYZE, scanned task_runs whole ("Submitting work, part 4").
+SELECT pg_notify('flowforge_outbox', '') WHERE %(ready)s
 UNION ALL
-SELECT pg_notify('flowforge_scheduler', '')
- WHERE EXISTS (SELECT 1 FROM task_runs
-                WHERE run_id = ANY((SELECT %(runs)s::uuid[])::uuid[]) AND state = 'PENDING');
+SELECT pg_notify('flowforge_scheduler', '') WHERE %(pending)s;
 
 -- ------------------------------------------------------------------ scheduler: → READY
 

@@ -365,13 +365,16 @@ class Written:
 
 def _insert_tasks(tx: Tx, plan: RunPlan, inserted: set[UUID], written: Written | None) -> None:
     """Insert the tasks of the runs ``inserted`` and their edges, and notify (after the commit)
-    whoever moves them on; with ``written``, the answered inserts, their rows kept there."""
+    whoever moves them on — the publisher if a task is created READY, the scheduler if one is
+    created PENDING, known from the plan (:meth:`PlannedTask.created_ready`) without reading
+    the tasks back; with ``written``, the answered inserts, their rows kept there."""
     tasks = plan.tasks_of(inserted)
     if not tasks:
         return
     transitions.check(TaskState.PENDING, TaskState.READY)  # created READY when free
     admitted = limits.admit_new(tx, tasks)  # tasks with a concurrency key: READY if room
     records = rows.task_records(tasks, admitted)
+    ready = [t.created_ready(a) for t, a in zip(tasks, admitted, strict=True)]
     edges = plan.edges_of({t.id for t in tasks})
     if written is None:
         tx.send("insert_tasks", records)
@@ -381,7 +384,7 @@ def _insert_tasks(tx: Tx, plan: RunPlan, inserted: set[UUID], written: Written |
         written.tasks_from(tx.later("insert_tasks_answered", records))
         if edges.upstream:
             written.edges_from(tx.later("insert_edges_answered", edges._asdict()))
-    tx.notify("notify_new_tasks", {"runs": list(inserted)})
+    tx.notify("notify_new_tasks", {"ready": any(ready), "pending": not all(ready)})
 
 
 def _replayed(
