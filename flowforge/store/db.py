@@ -51,8 +51,29 @@ TRANSACTION_ATTEMPTS = 5
 #: executed with ``prepare=True`` are prepared (None would refuse those too).
 NEVER_BY_COUNT = 2**62
 
-#: Makes the pool (``ConnectionPool``; a seam: unit tests count attempts on a fake pool).
+#: Makes the pool (:class:`LifoPool`; a seam: unit tests count attempts on a fake pool).
 PoolFactory = Callable[..., ConnectionPool[psycopg.Connection[Row]]]
+
+
+class LifoPool(ConnectionPool[psycopg.Connection[Row]]):
+    """psycopg_pool's pool, handing out the connection returned last (psycopg_pool hands them
+    out in turn, the oldest returned first, and has no option for this order).
+
+    In turn, a process that uses one connection at a time still spreads its statements over
+    every connection the pool ever opened — each with its own session: its own catalog
+    caches, its own five custom plans of every prepared statement after a drain
+    (store/plansize.py), and never idle long enough for ``max_idle`` to close it. Last in,
+    first out, the hot connection serves and the others wait, idle, at the other end of the
+    queue, which is the end the pool's shrinking closes first (docs/performance.md, "The pool
+    hands out the connection returned last"). The order lives in psycopg_pool's private
+    ``_pool`` deque (psycopg-pool pinned in constraints.txt); should a release rename it, the
+    pool is left in its own order, and tests/integration/test_pool_order.py fails."""
+
+    def _get_ready_connection(self, timeout: float | None) -> psycopg.Connection[Row] | None:
+        ready = getattr(self, "_pool", None)  # under the pool's lock, as getconn calls this
+        if ready:
+            ready.rotate(1)  # the last returned first; the rest keep their order
+        return super()._get_ready_connection(timeout)
 
 
 def session_options(config: DatabaseConfig) -> str:
@@ -93,12 +114,12 @@ class Database:
         config: DatabaseConfig,
         application_name: str = "flowforge",
         *,
-        pool_factory: PoolFactory = ConnectionPool,
+        pool_factory: PoolFactory = LifoPool,
         connect: Callable[..., Any] = psycopg.connect,
         plan_sizes: PlanSizes | None = None,
     ) -> None:
         """``pool_factory`` and ``connect`` (one connection outside the pool) are seams for
-        tests; production uses psycopg_pool's ConnectionPool and psycopg.connect.
+        tests; production uses :class:`LifoPool` (psycopg_pool's) and psycopg.connect.
         ``plan_sizes``: what keeps each connection's generic plans to the tables' size (a seam
         for a test's clock)."""
         self._config = config
