@@ -173,12 +173,18 @@ class Claims(Part):
             if finish.state is TaskState.FAILED and finish.reason in COUNTED_FAILURES
         ]
         if not broke and (then is None or then.limit <= 0):
-            return rows.finished(self._query("finish", params))
+            finished = rows.finished(self._query("finish", params))
+            stale = len(outcomes) - len(finished.committed)
+            if stale:  # rare: counted right after, in a statement of its own
+                self._query("count_stale_completions", {"n": stale})
+            return finished
         if then is not None and then.limit > 0:
             transitions.check(TaskState.READY, TaskState.RUNNING)
             # the publisher hears only of what the continuation leaves (_finish_then_claim)
             params["publish"] = False
-        return self._transaction(_finish_then_claim, params, then, broke, self.upstream_inline)
+        return self._transaction(
+            _finish_then_claim, params, then, broke, self.upstream_inline, len(outcomes)
+        )
 
 
 def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
@@ -211,8 +217,11 @@ def _finish_then_claim(
     then: Continuation | None,
     broke: Sequence[UUID],
     inline: int,
+    sent: int,
 ) -> Finished:
     finished = rows.finished(tx.all("finish", params))
+    if sent > len(finished.committed):  # outcomes whose token was stale: counted
+        tx.send("count_stale_completions", {"n": sent - len(finished.committed)})
     counted = [tid for tid in broke if tid in finished.committed]  # not a stale outcome's
     if counted:
         tx.all("trip_breakers", {"ids": counted})

@@ -1064,7 +1064,7 @@ SELECT id, state,
 
 -- name: finish
 -- RUNNING → SUCCEEDED / FAILED / CANCELLED for each outcome whose token is current; a stale
--- token matches nothing (and is counted). A task an operator buried while it ran ends DEAD
+-- token matches nothing (the caller counts it: count_stale_completions). A task an operator buried while it ran ends DEAD
 -- 'operator' where its stop would have ended it CANCELLED. Attempts are closed, idempotency keys settled,
 -- dependents released (PENDING → READY with an outbox row when nothing else holds them) and
 -- the scheduler and publisher notified in the same statement: one round trip for a batch.
@@ -1072,9 +1072,7 @@ SELECT id, state,
 -- one-element array or null: a stored JSON null stays apart from no result (SQL NULL).
 WITH outcome AS (
     -- (a scalar's -> 0 is itself: the type, not the operator, tells null from [null])
-    SELECT o.id, o.token, o.state,
-           CASE WHEN jsonb_typeof(r.wrapped) = 'array' THEN r.wrapped -> 0 END AS result,
-           o.reason, o.error, o.traceback, o.outcome, o.output, o.dropped, o.progress, o.message
+    SELECT o.*, CASE WHEN jsonb_typeof(r.wrapped) = 'array' THEN r.wrapped -> 0 END AS result
       -- Generic plans of arrays: a custom plan estimates unnest of a constant array at its
       -- length, a generic plan at 10 rows, so for the one-task batches of a busy tree every
       -- custom plan looked cheaper than the generic one and PostgreSQL, which keeps a generic
@@ -1145,13 +1143,6 @@ WITH outcome AS (
      USING done d
      WHERE d.state <> 'SUCCEEDED' AND k.key = d.idempotency_key
        AND k.task_run_id = d.id AND k.fencing_token = d.token AND k.state = 'RUNNING'
-), stale AS (
-    -- outcomes that matched nothing were stale: count them
-    INSERT INTO counters (name, value)
-    SELECT 'stale_completions', n
-      FROM (SELECT cardinality(%(ids)s::uuid[]) - (SELECT count(*) FROM done) AS n) s
-     WHERE n > 0
-    ON CONFLICT (name) DO UPDATE SET value = counters.value + EXCLUDED.value
 ),
 -- Success releases the dependents here rather than in a scheduler pass (one hop fewer per DAG
 -- level).
@@ -1190,6 +1181,15 @@ UNION ALL
   WHERE state = 'READY' AND (queue IS NULL OR queue = %(queue)s)
     AND priority >= %(min_priority)s
   ORDER BY keyless DESC LIMIT %(offer)s);
+
+-- name: count_stale_completions
+-- Outcomes a finish matched nothing for (their token was no longer current: reaped, or
+-- finished elsewhere), counted by the finishing worker in the finish's transaction, or right
+-- after a finish that was its own: it knows how many it sent and which committed. Not in the
+-- finish itself: that statement is parsed by psycopg only while it stays under 4,096 bytes
+-- (tests/unit/test_queries.py), and a stale outcome is rare.
+INSERT INTO counters (name, value) VALUES ('stale_completions', %(n)s)
+ON CONFLICT (name) DO UPDATE SET value = counters.value + EXCLUDED.value;
 
 -- ------------------------------------------------------------------ operator actions
 
