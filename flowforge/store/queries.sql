@@ -1728,10 +1728,18 @@ SELECT r.workflow, t.handler, t.failure_reason AS reason, count(*) AS n
 -- it registers (docs/failure-model.md, 17). The candidates are read first, through
 -- task_runs_ready_queue_idx (migration 0024; one branch per kind of queue, each an index range:
 -- a backlog on a queue nobody consumes is not read), MATERIALIZED (with none, the claimed
--- dispatches are never read), and matched to those by queue and band in a hash ('' stands for
--- NULL: no queue may be named ''), not by band alone.
+-- dispatches are never read).
+-- Publication order is the key (coalesce(published_at, 'infinity'), -priority, id): a
+-- candidate was moved past when the latest claimed dispatch of its queue and band has a
+-- greater key. That latest dispatch is found once per queue and band (latest, from the newest
+-- publication back, through outbox_published_idx, until the first claimed one; '' stands for
+-- NULL: no queue may be named '') and every candidate is compared with it: linear in the
+-- candidates. Searching, for each candidate, for any claimed dispatch after it read, for a
+-- backlog that was not lost (nothing claimed after any of it), every dispatch behind each
+-- candidate: quadratic in the backlog (docs/performance.md "redispatch_lost, linear").
 WITH candidates AS MATERIALIZED (
-    SELECT t.id, coalesce(o.queue, '') AS queue, o.priority, o.published_at, o.id AS outbox_id
+    SELECT t.id, coalesce(o.queue, '') AS queue, o.priority > 0 AS b1, o.priority >= 5 AS b5,
+           o.priority, o.published_at, o.id AS outbox_id
       FROM (SELECT r.id, r.fencing_token FROM task_runs r  -- two branches: each an index range
              WHERE r.state = 'READY' AND r.ready_at < now() - make_interval(secs => %(age_s)s)
                AND r.queue = ANY (ARRAY(SELECT p.queue FROM processes p WHERE p.role = 'worker'))
@@ -1741,21 +1749,39 @@ WITH candidates AS MATERIALIZED (
                AND r.queue IS NULL) AS t
       JOIN outbox o ON o.task_run_id = t.id AND o.fencing_token = t.fencing_token
      WHERE o.published_at < now() - make_interval(secs => %(age_s)s)
+), latest AS MATERIALIZED (  -- once per queue and band, not once per candidate
+    SELECT g.queue, g.b1, g.b5, l.pub, l.priority, l.id
+      FROM (SELECT DISTINCT queue, b1, b5 FROM candidates) AS g
+     CROSS JOIN LATERAL (
+           SELECT * FROM (
+               (SELECT 'infinity'::timestamptz AS pub, later.priority, later.id
+                  FROM outbox later
+                  JOIN task_attempts a ON a.task_run_id = later.task_run_id
+                                      AND a.fencing_token = later.fencing_token + 1
+                 WHERE later.published_at IS NULL AND coalesce(later.queue, '') = g.queue
+                   AND (later.priority > 0) = g.b1 AND (later.priority >= 5) = g.b5
+                 ORDER BY later.priority, later.id DESC
+                 LIMIT 1)
+               UNION ALL
+               (SELECT later.published_at, later.priority, later.id
+                  FROM outbox later
+                  JOIN task_attempts a ON a.task_run_id = later.task_run_id
+                                      AND a.fencing_token = later.fencing_token + 1
+                 WHERE later.published_at IS NOT NULL AND coalesce(later.queue, '') = g.queue
+                   AND (later.priority > 0) = g.b1 AND (later.priority >= 5) = g.b5
+                 ORDER BY later.published_at DESC, later.priority, later.id DESC
+                 LIMIT 1)
+           ) AS claimed
+            ORDER BY pub DESC, priority, id DESC
+            LIMIT 1
+           ) AS l
 ), lost AS (
     SELECT t.id
       FROM task_runs t
       JOIN candidates c ON c.id = t.id
+      JOIN latest l ON l.queue = c.queue AND l.b1 = c.b1 AND l.b5 = c.b5
      WHERE t.state = 'READY'
-       AND EXISTS (SELECT 1
-                     FROM outbox later
-                     JOIN task_attempts a ON a.task_run_id = later.task_run_id
-                                         AND a.fencing_token = later.fencing_token + 1
-                    WHERE coalesce(later.queue, '') = c.queue
-                      AND (later.priority > 0) = (c.priority > 0)
-                      AND (later.priority >= 5) = (c.priority >= 5)
-                      AND (coalesce(later.published_at, 'infinity') > c.published_at
-                           OR (later.published_at = c.published_at
-                               AND (later.priority, -later.id) < (c.priority, -c.outbox_id))))
+       AND (l.pub, -l.priority, l.id) > (c.published_at, -c.priority, c.outbox_id)
      ORDER BY t.ready_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED

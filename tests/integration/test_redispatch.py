@@ -8,7 +8,10 @@ published after it were claimed — gets a new dispatch generation.
 
 from __future__ import annotations
 
+import random
 import uuid
+from typing import Any
+from uuid import UUID
 
 import pika
 import psycopg
@@ -137,3 +140,125 @@ def test_a_message_lost_by_the_broker_still_runs_once_through_the_roles(
     assert repo.get_run(lost).task("only").fencing_token >= 2  # a second generation ran
     counts = sql.execute("SELECT run_id, count(*) FROM test_executions GROUP BY run_id").fetchall()
     assert sorted(n for _, n in counts) == [1, 1]
+
+
+# ------------------------------------------------------------------ the rule, on random dispatches
+
+
+def oracle(sql: Conn, age_s: float) -> set[UUID]:
+    """The tasks the rule calls lost, computed here from the rows: a READY task aged past
+    ``age_s`` on a served queue (or none), whose current dispatch was published before
+    ``age_s`` ago, and some claimed dispatch of the same queue and band published after it —
+    by publication order (published_at, unpublished last; then priority, higher first; then
+    id)."""
+    served = {r[0] for r in sql.execute("SELECT queue FROM processes WHERE role = 'worker'")}
+    rows = sql.execute(
+        "SELECT o.id, o.task_run_id, coalesce(o.queue, ''), o.priority, o.published_at,"
+        "       t.state = 'READY' AND t.fencing_token = o.fencing_token"
+        "         AND t.ready_at < now() - make_interval(secs => %s)"
+        "         AND o.published_at < now() - make_interval(secs => %s)"
+        "         AND (t.queue IS NULL OR t.queue = ANY(%s)),"
+        "       EXISTS (SELECT 1 FROM task_attempts a WHERE a.task_run_id = o.task_run_id"
+        "                  AND a.fencing_token = o.fencing_token + 1)"
+        "  FROM outbox o JOIN task_runs t ON t.id = o.task_run_id",
+        (age_s, age_s, list(served)),
+    ).fetchall()
+
+    def band(priority: Any) -> tuple[bool, bool]:
+        return (int(priority) > 0, int(priority) >= 5)
+
+    def key(row: Any) -> tuple[Any, ...]:
+        published = row[4]
+        return (published is None, published or 0, -int(row[3]), int(row[0]))
+
+    claimed = [r for r in rows if r[6]]
+    return {
+        UUID(str(c[1]))
+        for c in rows
+        if c[5]
+        and any((d[2], band(d[3])) == (c[2], band(c[3])) and key(d) > key(c) for d in claimed)
+    }
+
+
+@pytest.mark.parametrize("seed", [22, 7, 2026])
+def test_the_lost_are_exactly_those_a_claimed_dispatch_of_their_band_was_published_after(
+    repo: Store, sql: Conn, seed: int
+) -> None:
+    """Random dispatches over two queues (one served, one not), every band, published at a
+    few times (ties in one sweep), some claimed and some of those never published; each round
+    adds more to what the earlier rounds left. What the statement re-dispatches is what the
+    rule says, round after round."""
+    rng = random.Random(seed)
+    repo.register_process(uuid.uuid4(), "host", 1, "worker", queue="served")
+    wf = single("random-dispatch", "h")
+    renewed_total = 0
+    for _round in range(12):
+        runs = [
+            repo.trigger(
+                wf,
+                {"n": n},
+                queue=rng.choice([None, "served", "idle"]),
+                priority=rng.choice([0, 1, 4, 5, 9]),
+            ).run_id
+            for n in range(10)
+        ]
+        sent = sql.execute(  # this round's dispatches (an earlier round's NULLs stay NULL)
+            "UPDATE outbox o SET published_at = now() FROM task_runs t"
+            " WHERE t.id = o.task_run_id AND t.run_id = ANY(%s) AND o.published_at IS NULL"
+            " RETURNING o.task_run_id, o.fencing_token",
+            (runs,),
+        ).fetchall()
+        assert len(sent) == 10
+        for task_run_id, token in sent:
+            minutes = rng.choice([10, 10, 9, 8, 0])  # ties within a sweep; 0: too young
+            sql.execute(
+                "UPDATE outbox SET published_at = date_trunc('second', now())"
+                " - make_interval(mins => %s) WHERE task_run_id = %s AND fencing_token = %s",
+                (minutes, task_run_id, token),
+            )
+            sql.execute(
+                "UPDATE task_runs SET ready_at = now() - make_interval(mins => 10) WHERE id = %s",
+                (task_run_id,),
+            )
+            if rng.random() < 0.35:
+                claimed = repo.claim(task_run_id, int(token), "w", 30)
+                assert claimed.outcome is ClaimOutcome.EXECUTE
+                if rng.random() < 0.2:  # claimed straight from a finish: never published
+                    sql.execute(
+                        "UPDATE outbox SET published_at = NULL"
+                        " WHERE task_run_id = %s AND fencing_token = %s",
+                        (task_run_id, token),
+                    )
+        expected = oracle(sql, AGE_S)
+        before = dict(sql.execute("SELECT id, fencing_token FROM task_runs").fetchall())
+        assert repo.redispatch_lost(AGE_S, 1000) == len(expected)
+        after = dict(sql.execute("SELECT id, fencing_token FROM task_runs").fetchall())
+        assert {UUID(str(i)) for i in after if after[i] != before[i]} == expected
+        renewed_total += len(expected)
+    assert renewed_total > 10  # the rounds did exercise the rule
+
+
+def test_in_one_sweep_the_latest_claimed_dispatch_is_the_last_published_not_the_highest(
+    repo: Store, sql: Conn
+) -> None:
+    """One sweep publishes a band's rows by priority, then id: A (priority 4), C (4), then B
+    (1). With A and B claimed, C was moved past (B went out after it) — B, not A, is its
+    band's latest claimed dispatch, though A has the higher priority."""
+    wf = single("sweep", "h")
+    a, c, b = (repo.trigger(wf, {"n": n}, priority=p).run_id for n, p in ((1, 4), (2, 4), (3, 1)))
+    sent = {UUID(str(r[0])): int(str(r[1])) for r in dispatch(sql)}
+    tasks = {run: repo.get_run(run).task("only").id for run in (a, c, b)}
+    for run in (a, b):
+        assert repo.claim(tasks[run], sent[tasks[run]], "w", 30).outcome is ClaimOutcome.EXECUTE
+    ids = list(sent)
+    sql.execute(  # one published_at for all three: one sweep
+        "UPDATE outbox SET published_at = now() - make_interval(mins => 10)"
+        " WHERE task_run_id = ANY(%s)",
+        (ids,),
+    )
+    sql.execute(
+        "UPDATE task_runs SET ready_at = now() - make_interval(mins => 10) WHERE id = ANY(%s)",
+        (ids,),
+    )
+    assert repo.redispatch_lost(AGE_S, 100) == 1
+    assert repo.get_run(c).task("only").fencing_token == sent[tasks[c]] + 1

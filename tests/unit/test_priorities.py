@@ -112,8 +112,9 @@ def test_the_publisher_takes_the_highest_priority_first_and_lost_dispatches_stay
     lock = queries.readable()["lock_outbox"].decode()
     assert re.search(r"ORDER BY priority DESC, id\s+LIMIT", lock)
     lost = queries.readable()["redispatch_lost"].decode()
-    assert "(later.priority > 0) = (c.priority > 0)" in lost
-    assert "(later.priority >= 5) = (c.priority >= 5)" in lost
+    assert "o.priority > 0 AS b1, o.priority >= 5 AS b5" in lost  # a candidate's band
+    assert lost.count("(later.priority > 0) = g.b1 AND (later.priority >= 5) = g.b5") == 2
+    assert "l.b1 = c.b1 AND l.b5 = c.b5" in lost
 
 
 def test_every_insert_into_task_runs_carries_a_priority() -> None:

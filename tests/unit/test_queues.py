@@ -77,8 +77,11 @@ def test_a_worker_is_offered_only_the_dependents_of_its_own_queue_and_band() -> 
 
 def test_lost_dispatches_are_judged_within_their_own_queue() -> None:
     lost = queries.readable()["redispatch_lost"].decode()
-    assert "coalesce(later.queue, '') = c.queue" in lost
+    # the latest claimed dispatch is found per queue (and band), and a candidate compared
+    # with its own queue's
+    assert lost.count("coalesce(later.queue, '') = g.queue") == 2  # unpublished, published
     assert "coalesce(o.queue, '') AS queue" in lost
+    assert "JOIN latest l ON l.queue = c.queue" in lost
 
 
 @pytest.mark.parametrize("queue", BAD_QUEUES, ids=repr)
