@@ -7,6 +7,7 @@ returns LOST / a missing id, never raises.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -26,10 +27,12 @@ from flowforge.domain.model import (
 )
 from flowforge.domain.output import Captured
 from flowforge.domain.states import TaskState
-from flowforge.errors import IllegalTransitionError
+from flowforge.errors import IllegalTransitionError, StoreError
 from flowforge.store import rows
 from flowforge.store.db import Database
 from flowforge.store.part import Part, Tx
+
+logger = logging.getLogger(__name__)
 
 
 class _KeyBusyError(Exception):
@@ -176,7 +179,7 @@ class Claims(Part):
             finished = rows.finished(self._query("finish", params))
             stale = len(outcomes) - len(finished.committed)
             if stale:  # rare: counted right after, in a statement of its own
-                self._query("count_stale_completions", {"n": stale})
+                self._count_stale(stale)
             return finished
         if then is not None and then.limit > 0:
             transitions.check(TaskState.READY, TaskState.RUNNING)
@@ -185,6 +188,21 @@ class Claims(Part):
         return self._transaction(
             _finish_then_claim, params, then, broke, self.upstream_inline, len(outcomes)
         )
+
+    def _count_stale(self, stale: int) -> None:
+        """Count ``stale`` outcomes of a finish that committed. Best effort: should the
+        database fail now, raising would make the caller take the committed finish for a
+        failed one and send it again (every outcome then stale); a lost count is only a
+        counter's (the worker's own metric counts them too)."""
+        try:
+            self._query("count_stale_completions", {"n": stale})
+        except StoreError as exc:
+            logger.warning(
+                "could not count %d stale completion(s): %s",
+                stale,
+                exc,
+                extra={"action": "stale_count_failed"},
+            )
 
 
 def _claim_with_key(tx: Tx, params: dict[str, Any]) -> ClaimResult:
