@@ -55,18 +55,19 @@ def test_a_slow_async_batch_keeps_the_window_a_slow_sync_one_resets_it(
     rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both take the slow path (stop consuming, ack); only the sync one held tasks up."""
-    # thresholds well above what a no-op batch takes on a loaded machine, the slow calls
-    # well above them: a fast batch seen as slow would hand back once more
-    monkeypatch.setattr(batch, "ASYNC_SLOW_S", 0.2)
+    # thresholds well above what a no-op batch takes on a loaded machine (200 ms was not, once,
+    # with the fast layer on both cores), the slow calls well above them: a fast batch seen as
+    # slow would hand back once more
+    monkeypatch.setattr(batch, "ASYNC_SLOW_S", 0.6)
 
     async def slow_async(ctx: TaskContext) -> None:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.2)
 
     def slow_sync(ctx: TaskContext) -> None:
-        time.sleep(0.5)
+        time.sleep(1.2)
 
     handlers = {"slow_async": slow_async, "slow_sync": slow_sync}
-    rig = rig_with(rigs, handlers, fast_ms=200.0, async_concurrency=PREFETCH)
+    rig = rig_with(rigs, handlers, fast_ms=600.0, async_concurrency=PREFETCH)
     rig.store.on_release = rig.broker.publish  # the outbox row a release writes
     rig.publish("fast", 1 + 2)
     rig.publish("slow_async", 4)  # the window was 4: a batch of four slow async calls
