@@ -16,6 +16,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,15 +37,22 @@ class Samples:
     """Where one process's samples go: files in ``directory``, or memory when it is None.
 
     Files are opened on first use and named after the pid that writes them; a fork after that
-    starts new files in the child, whose counts are its own.
+    starts new files in the child, whose counts are its own (:func:`_forget_files_after_fork`,
+    so an increment does not ask the kernel for its pid each time).
     """
 
     def __init__(self, directory: str | None) -> None:
         self._directory = Path(directory) if directory else None
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         self._files: dict[str, SampleFile] = {}
         self._memory: dict[str, float] = {}
+        _LIVE.add(self)
+
+    def forget_files(self) -> None:
+        """In a forked child: the parent's open files are the parent's (and its lock may have
+        been held by a thread the child does not have)."""
+        self._lock = threading.Lock()
+        self._files = {}
 
     def add(self, kind: str, key: str, amount: float) -> None:
         """Add ``amount`` to the sample ``key`` of a metric of type ``kind`` (counter/histogram)."""
@@ -61,24 +69,32 @@ class Samples:
         return self._file(kind).value(key)
 
     def _file(self, kind: str) -> SampleFile:
-        # The common case without the lock: a dict read is atomic, and the pid check catches a fork.
-        if self._pid == os.getpid():
-            sample_file = self._files.get(kind)
-            if sample_file is not None:
-                return sample_file
+        # The common case without the lock: a dict read is atomic (a fork empties the dict).
+        sample_file = self._files.get(kind)
+        if sample_file is not None:
+            return sample_file
         return self._open(kind)
 
     def _open(self, kind: str) -> SampleFile:
         assert self._directory is not None
         with self._lock:
-            if self._pid != os.getpid():
-                self._files = {}  # the parent's open files are the parent's
-                self._pid = os.getpid()
             sample_file = self._files.get(kind)
             if sample_file is None:
-                path = self._directory / f"{kind}_{self._pid}.db"
+                path = self._directory / f"{kind}_{os.getpid()}.db"
                 sample_file = self._files[kind] = SampleFile(path)
             return sample_file
+
+
+#: Every Samples of this process, for :func:`_forget_files_after_fork`.
+_LIVE: weakref.WeakSet[Samples] = weakref.WeakSet()
+
+
+def _forget_files_after_fork() -> None:
+    for samples in list(_LIVE):
+        samples.forget_files()
+
+
+os.register_at_fork(after_in_child=_forget_files_after_fork)
 
 
 class _Metric:
