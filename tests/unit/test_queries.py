@@ -384,8 +384,8 @@ def test_the_hot_paths_statements_fit_psycopgs_cache_of_parsed_queries() -> None
     bytes (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); a longer one is parsed again at
     every execution, on the caller's CPU — ``finish``, at 4,351 bytes, cost the worker 80-200
     µs a finish (docs/performance.md "Chain hop and CPU per task", "The finish under psycopg's
-    cache"). Every prepared statement of a trigger, a claim, a finish and the publisher (the
-    scheduler's passes run once a pass) fits."""
+    cache of parsed queries"). Every prepared statement of a trigger, a claim, a finish and the
+    publisher (the scheduler's passes run once a pass) fits."""
     hot = PREPARED - PASSES
     assert {"claim", "finish", "insert_tasks", "lock_outbox"} <= hot
     assert {n: len(queries.load()[n]) for n in hot if len(queries.load()[n]) > 4096} == {}
