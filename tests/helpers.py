@@ -7,11 +7,14 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.policy import Jitter, RetryPolicy
+from flowforge.store.db import Database
 
 T = TypeVar("T")
 
@@ -198,9 +201,6 @@ def modules_after_importing(*modules: str) -> set[str]:
 # Imports for this block live here so it could be appended without touching the lines above.
 import threading  # noqa: E402
 
-from flowforge.config import DatabaseConfig  # noqa: E402
-from flowforge.store.db import Database  # noqa: E402
-
 #: How long :func:`race` waits for its racers, together (seconds).
 RACE_TIMEOUT_S = 60.0
 
@@ -371,3 +371,51 @@ def run_bench_json(
         "--broker-url",
         broker_url,
     )
+
+
+def mapped(
+    max_parallel: int | None = None, *, max_items: int | None = None, **extra: Any
+) -> WorkflowDef:
+    """list → process (a map over list's result) → merge."""
+    return WorkflowDef(
+        "mapped",
+        (
+            TaskDef("list", "tests.noop"),
+            TaskDef("process", "tests.noop", for_each="list", max_parallel=max_parallel, **extra),
+            TaskDef("merge", "tests.noop", depends_on=("process",)),
+        ),
+        max_items=max_items,
+    )
+
+
+def run_list(
+    repo: Store, sql: psycopg.Connection[Any], result: Any, wf: WorkflowDef, run_input: Any = None
+) -> UUID:
+    """Trigger ``wf`` and finish its ``list`` task with ``result``; the scheduler drained."""
+    run_id = repo.trigger(wf, run_input or {}).run_id
+    ids = task_ids(repo, run_id)
+    claim = claim_task(repo, sql, ids["list"])
+    assert repo.finish(ids["list"], claim.fencing_token, TaskState.SUCCEEDED, result=result)
+    dispatch(sql)  # the list task's own message: already claimed
+    drain(repo)
+    return run_id
+
+
+def heard(conn: psycopg.Connection[Any]) -> set[str]:
+    """The channels ``conn`` (listening) was notified on since the last call: the first
+    waited for up to 5 s (each notification is sent with its commit's round trip, so by the
+    time the caller returned it is on its way), then what else arrives within 0.2 s."""
+    channels = {n.channel for n in conn.notifies(timeout=5.0, stop_after=1)}
+    return channels | {n.channel for n in conn.notifies(timeout=0.2)}
+
+
+@contextmanager
+def pool_of(url: str, size: int, name: str) -> Iterator[Database]:
+    """A store :class:`Database` on ``url`` whose pool holds exactly ``size`` connections,
+    open for the block."""
+    db = Database(DatabaseConfig(url=url, pool_min=size, pool_max=size), name)
+    db.open()
+    try:
+        yield db
+    finally:
+        db.close()

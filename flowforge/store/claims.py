@@ -175,19 +175,21 @@ class Claims(Part):
             for tid, _, finish in outcomes
             if finish.state is TaskState.FAILED and finish.reason in COUNTED_FAILURES
         ]
-        if not broke and (then is None or then.limit <= 0):
+        continuing = then is not None and then.limit > 0
+        if not broke and not continuing:
             finished = rows.finished(self._query("finish", params))
-            stale = len(outcomes) - len(finished.committed)
-            if stale:  # rare: counted right after, in a statement of its own
-                self._count_stale(stale)
-            return finished
-        if then is not None and then.limit > 0:
-            transitions.check(TaskState.READY, TaskState.RUNNING)
-            # the publisher hears only of what the continuation leaves (_finish_then_claim)
-            params["publish"] = False
-        return self._transaction(
-            _finish_then_claim, params, then, broke, self.upstream_inline, len(outcomes)
-        )
+        else:
+            if continuing:
+                transitions.check(TaskState.READY, TaskState.RUNNING)
+                # the publisher hears only of what the continuation leaves (_finish_then_claim)
+                params["publish"] = False
+            finished = self._transaction(
+                _finish_then_claim, params, then, broke, self.upstream_inline
+            )
+        stale = len(outcomes) - len(finished.committed)
+        if stale:  # rare: counted once the finish committed, in a statement of its own
+            self._count_stale(stale)
+        return finished
 
     def _count_stale(self, stale: int) -> None:
         """Count ``stale`` outcomes of a finish that committed. Best effort: should the
@@ -235,11 +237,8 @@ def _finish_then_claim(
     then: Continuation | None,
     broke: Sequence[UUID],
     inline: int,
-    sent: int,
 ) -> Finished:
     finished = rows.finished(tx.all("finish", params))
-    if sent > len(finished.committed):  # outcomes whose token was stale: counted
-        tx.send("count_stale_completions", {"n": sent - len(finished.committed)})
     counted = [tid for tid in broke if tid in finished.committed]  # not a stale outcome's
     if counted:
         tx.all("trip_breakers", {"ids": counted})

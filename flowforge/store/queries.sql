@@ -1184,8 +1184,8 @@ UNION ALL
 
 -- name: count_stale_completions
 -- Outcomes a finish matched nothing for (their token was no longer current: reaped, or
--- finished elsewhere), counted by the finishing worker in the finish's transaction, or right
--- after a finish that was its own: it knows how many it sent and which committed. Not in the
+-- finished elsewhere), counted by the finishing worker once the finish committed (best
+-- effort: Claims._count_stale): it knows how many it sent and which committed. Not in the
 -- finish itself: that statement is parsed by psycopg only while it stays under 4,096 bytes
 -- (tests/unit/test_queries.py), and a stale outcome is rare.
 INSERT INTO counters (name, value) VALUES ('stale_completions', %(n)s)

@@ -1,4 +1,5 @@
-"""Fixtures of the api tests (tests/api_client.py holds the client and its helpers)."""
+"""Fixtures of the integration tests: the api tests' (tests/api_client.py holds the client and
+its helpers), and a connection listening on the roles' channels."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.api_client import TOKEN, Api, StartApi, serve_here
@@ -52,3 +54,13 @@ def trees() -> Iterator[list[Tree]]:
     finally:
         for tree in started:
             tree.stop()
+
+
+@pytest.fixture
+def listening(clean_database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection listening on the scheduler's and the publisher's channels (read what it
+    heard with tests.helpers.heard)."""
+    with psycopg.connect(clean_database_url, autocommit=True) as conn:
+        conn.execute("LISTEN flowforge_outbox")
+        conn.execute("LISTEN flowforge_scheduler")
+        yield conn

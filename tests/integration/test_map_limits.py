@@ -42,13 +42,13 @@ from tests.helpers import (
     dispatch,
     drain,
     race,
+    run_list,
     running_peaks,
     task_ids,
     until_idle,
     wait_for,
 )
 from tests.integration.test_concurrency_limits import waits_on_advisory_lock
-from tests.integration.test_maps import run_list
 from tests.store import Store
 
 pytestmark = pytest.mark.integration

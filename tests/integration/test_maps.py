@@ -19,26 +19,12 @@ from flowforge.store import queries
 from flowforge.store.db import Database
 from flowforge.store.maps import _expand
 from flowforge.store.part import Tx
-from tests.helpers import claim_task, dispatch, drain, race, task_ids
+from tests.helpers import claim_task, dispatch, drain, mapped, race, run_list, task_ids
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
 
 Sql = psycopg.Connection[tuple[Any, ...]]
-
-
-def mapped(
-    max_parallel: int | None = None, *, max_items: int | None = None, **extra: Any
-) -> WorkflowDef:
-    return WorkflowDef(
-        "mapped",
-        (
-            TaskDef("list", "tests.noop"),
-            TaskDef("process", "tests.noop", for_each="list", max_parallel=max_parallel, **extra),
-            TaskDef("merge", "tests.noop", depends_on=("process",)),
-        ),
-        max_items=max_items,
-    )
 
 
 def scalar(sql: Sql, query: str, *args: Any) -> Any:
@@ -54,19 +40,6 @@ def items(sql: Sql, run_id: uuid.UUID) -> list[tuple[Any, ...]]:
         " WHERE run_id = %s AND map_id IS NOT NULL ORDER BY item_index",
         (run_id,),
     ).fetchall()
-
-
-def run_list(
-    repo: Store, sql: Sql, result: Any, wf: WorkflowDef, run_input: Any = None
-) -> uuid.UUID:
-    """Trigger ``wf`` and finish its ``list`` task with ``result``; the scheduler drained."""
-    run_id = repo.trigger(wf, run_input or {}).run_id
-    ids = task_ids(repo, run_id)
-    claim = claim_task(repo, sql, ids["list"])
-    assert repo.finish(ids["list"], claim.fencing_token, TaskState.SUCCEEDED, result=result)
-    dispatch(sql)  # the list task's own message: already claimed
-    drain(repo)
-    return run_id
 
 
 def test_a_map_runs_once_per_item_and_its_dependent_sees_the_results_in_item_order(

@@ -15,17 +15,17 @@ from typing import Any, TextIO
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from flowforge.config import DatabaseConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.errors import FlowForgeError, NotFoundError
-from flowforge.store.db import Database
+from flowforge.store.db import Database, LifoPool
 from flowforge.store.outbox import Outbox
 from flowforge.store.part import Part, Tx
 from flowforge.store.plansize import PlanSizes
 from flowforge.store.reads import Reads
 from flowforge.store.triggers import Triggers
+from tests.helpers import heard
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +39,12 @@ class Traced:
     def __init__(self, url: str, path: Path) -> None:
         self._file: TextIO = path.open("w+")
 
-        def factory(*args: Any, **kwargs: Any) -> ConnectionPool[Any]:
+        def factory(*args: Any, **kwargs: Any) -> LifoPool:
             def configure(conn: psycopg.Connection[Any]) -> None:
                 conn.pgconn.trace(self._file.fileno())
                 conn.pgconn.set_trace_flags(0)
 
-            return ConnectionPool(*args, configure=configure, **kwargs)
+            return LifoPool(*args, configure=configure, **kwargs)
 
         # the tables' sizes read at the first checkout only (store/plansize.py reads them
         # once a second): what is counted here is the statements' own traffic
@@ -247,22 +247,6 @@ def test_send_raises_at_once_outside_a_pipeline_and_at_the_commit_in_one(db: Dat
 
 
 # ------------------------------------------------------------------ notifications after the commit
-
-
-@pytest.fixture
-def listening(clean_database_url: str) -> Iterator[Conn]:
-    """A connection listening on the scheduler's and the publisher's channels."""
-    with psycopg.connect(clean_database_url, autocommit=True) as conn:
-        conn.execute("LISTEN flowforge_outbox")
-        conn.execute("LISTEN flowforge_scheduler")
-        yield conn
-
-
-def heard(conn: Conn) -> set[str]:
-    """The channels notified so far (each notification is sent with its commit's round trip,
-    so by the time the caller returned it is on its way: waited for up to 5 s)."""
-    channels = {n.channel for n in conn.notifies(timeout=5.0, stop_after=1)}
-    return channels | {n.channel for n in conn.notifies(timeout=0.2)}
 
 
 def test_a_pipelined_trigger_notifies_the_publisher_after_its_commit(

@@ -11,20 +11,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from flowforge.config import DatabaseConfig
 from flowforge.store.db import Database
+from tests.helpers import pool_of
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def two_connections(clean_database_url: str) -> Iterator[Database]:
-    db = Database(DatabaseConfig(url=clean_database_url, pool_min=2, pool_max=2), "pool-order")
-    db.open()
-    try:
+    with pool_of(clean_database_url, 2, "pool-order") as db:
         yield db
-    finally:
-        db.close()
 
 
 def backend(db: Database) -> int:

@@ -31,6 +31,7 @@ from flowforge.store.plansize import CHECK_S, PlanSizes
 from flowforge.store.reads import Reads
 from flowforge.store.triggers import Triggers
 from tests.harness import bench, plans
+from tests.helpers import pool_of
 
 pytestmark = pytest.mark.integration
 
@@ -45,13 +46,8 @@ def one_connection(pg_server_url: str) -> Iterator[Database]:
     database of its own: whether PostgreSQL picks a statement's generic plan weighs it against
     the custom plans' costs, which the shared session database's statistics (what earlier
     tests left) would move."""
-    with bench.fresh_database(pg_server_url) as url:
-        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "prepared")
-        db.open()
-        try:
-            yield db
-        finally:
-            db.close()
+    with bench.fresh_database(pg_server_url) as url, pool_of(url, 1, "prepared") as db:
+        yield db
 
 
 def prepared_plans(db: Database) -> dict[str, tuple[int, int, str]]:
@@ -211,13 +207,9 @@ def test_at_size_the_claim_and_the_finish_still_run_their_generic_plans(
         plans.fill(url, 20_000, 2_000)
         with psycopg.connect(url, autocommit=True) as sql:
             sql.execute("ANALYZE")
-        db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "prepared")
-        db.open()
-        try:
+        with pool_of(url, 1, "prepared") as db:
             exercise(db, EXECUTIONS)
             found = prepared_plans(db)
-        finally:
-            db.close()
     exercised = {"claim", "finish", "get_run", "get_run_tasks", "run_children"}
     exercised |= {"insert_runs", "insert_tasks", "insert_edges", "notify_new_tasks"}
     for name in exercised:

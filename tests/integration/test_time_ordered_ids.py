@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.test_maps import mapped, run_list
+from tests.helpers import mapped, run_list
 from tests.store import Store
 
 pytestmark = pytest.mark.integration

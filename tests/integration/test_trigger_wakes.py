@@ -10,7 +10,7 @@ for every kind of task a trigger creates, limited tasks admitted and held back i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -24,6 +24,7 @@ from flowforge.domain.plan import PlannedTask
 from flowforge.store import rows
 from flowforge.store.db import Database
 from flowforge.store.triggers import Triggers
+from tests.helpers import heard
 from tests.integration.test_trigger_answer import CHILD, EVERY_KIND, INPUT, MAP
 
 pytestmark = pytest.mark.integration
@@ -71,21 +72,6 @@ def test_the_plan_says_which_tasks_the_insert_creates_ready_for_every_kind(
     assert {i: s == "READY" for i, s in written.items()} == predicted
     assert sum(predicted.values()) == 4  # EVERY_KIND's "a", MAP's "list", two admitted
     assert set(written.values()) == {"READY", "PENDING"}
-
-
-@pytest.fixture
-def listening(clean_database_url: str) -> Iterator[Conn]:
-    with psycopg.connect(clean_database_url, autocommit=True) as conn:
-        conn.execute("LISTEN flowforge_outbox")
-        conn.execute("LISTEN flowforge_scheduler")
-        yield conn
-
-
-def heard(conn: Conn) -> set[str]:
-    """The channels notified since the last call: the first waited for up to 5 s, then what
-    else arrives within 0.2 s."""
-    channels = {n.channel for n in conn.notifies(timeout=5.0, stop_after=1)}
-    return channels | {n.channel for n in conn.notifies(timeout=0.2)}
 
 
 def test_a_trigger_wakes_the_publisher_for_ready_tasks_and_the_scheduler_for_pending_ones(
