@@ -8,6 +8,7 @@ published after it were claimed — gets a new dispatch generation.
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 
 from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.states import RunState, TaskState
+from flowforge.store import queries
 from tests.e2e import Stack
 from tests.helpers import dispatch, drain, single, wait_for
 from tests.store import Store
@@ -262,3 +264,40 @@ def test_in_one_sweep_the_latest_claimed_dispatch_is_the_last_published_not_the_
     )
     assert repo.redispatch_lost(AGE_S, 100) == 1
     assert repo.get_run(c).task("only").fencing_token == sent[tasks[c]] + 1
+
+
+def test_the_latest_claimed_dispatch_is_found_once_per_group_not_once_per_candidate(
+    repo: Store, sql: Conn
+) -> None:
+    """The statement is linear in the candidates: the outbox is searched for a queue and
+    band's latest claimed dispatch once, whatever the backlog (300 candidates, 300 claimed
+    before them). Read from EXPLAIN ANALYZE of the statement, rolled back: every scan of the
+    claimed dispatches ran once. Searched once per candidate, as the statement did before,
+    they ran 300 times (docs/performance.md "redispatch_lost, linear")."""
+    repo.trigger_many(single("linear", "h"), [{"n": n} for n in range(600)])
+    sql.execute("UPDATE outbox SET published_at = now() - interval '20 min' + id * interval '1 ms'")
+    first = sql.execute(
+        "SELECT task_run_id, fencing_token FROM outbox ORDER BY id LIMIT 300"
+    ).fetchall()
+    claimed = repo.claim_many([(UUID(str(t)), int(str(k))) for t, k in first], "w", 30.0)
+    assert all(c.outcome is ClaimOutcome.EXECUTE for c in claimed)
+    sql.execute("UPDATE task_runs SET ready_at = now() - interval '30 min' WHERE state = 'READY'")
+    loops: list[int] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "outbox" and str(node.get("Alias", "")).startswith("later"):
+            loops.append(int(node["Actual Loops"]))
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    with sql.transaction(force_rollback=True):
+        (plan,) = (
+            sql.execute(
+                b"EXPLAIN (ANALYZE, FORMAT JSON) " + queries.load()["redispatch_lost"],
+                {"age_s": AGE_S, "limit": 1000},
+            ).fetchone()
+            or ()
+        )
+    walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
+    assert len(loops) == 2 and loops == [1, 1]  # unpublished and published: once each
+    assert repo.redispatch_lost(AGE_S, 1000) == 0  # a backlog nothing was claimed after
