@@ -263,7 +263,7 @@ class Database:
         ):
             # leaving pipeline mode sends its Sync: one sync is the one round trip, not two
             pipeline = conn.pipeline()
-            pipeline.__enter__()
+            entered = pipeline.__enter__()
             left = False
 
             def sync() -> None:
@@ -277,6 +277,8 @@ class Database:
             except BaseException as exc:
                 if not left:
                     left = True
+                    if isinstance(exc, psycopg.Error):
+                        _settle(entered)
                     pipeline.__exit__(type(exc), exc, exc.__traceback__)
                 raise
             sync()
@@ -389,17 +391,24 @@ def _pipelined(conn: psycopg.Connection[Row]) -> Iterator[Pipelined]:
     :meth:`Database.pipelined_transaction`), rolled back if anything raises before it
     committed."""
     after: list[tuple[bytes, Mapping[str, Any] | None, bool]] = []
+
+    def after_commit(
+        query: bytes, params: Mapping[str, Any] | None = None, prepare: bool = False
+    ) -> None:
+        after.append((query, params, prepare))
+
     commit = conn.cursor()
     try:
         with conn.pipeline() as pipeline:
-            conn.execute(b"BEGIN")
-            yield Pipelined(
-                pipeline.sync,
-                lambda query, params=None, prepare=False: after.append((query, params, prepare)),
-            )
-            commit.execute(b"COMMIT")
-            for query, params, prepare in after:
-                conn.execute(query, params, prepare=prepare)
+            try:
+                conn.execute(b"BEGIN")
+                yield Pipelined(pipeline.sync, after_commit)
+                commit.execute(b"COMMIT")
+                for query, params, prepare in after:
+                    conn.execute(query, params, prepare=prepare)
+            except psycopg.Error:
+                _settle(pipeline)
+                raise
     except psycopg.Error:
         if after and commit.statusmessage == "COMMIT":
             logger.warning(
@@ -413,6 +422,18 @@ def _pipelined(conn: psycopg.Connection[Row]) -> Iterator[Pipelined]:
     except BaseException:
         _roll_back(conn)
         raise
+
+
+def _settle(pipeline: psycopg.Pipeline) -> None:
+    """End the aborted stretch a failed statement left in ``pipeline`` (one more ``Sync``), so
+    that leaving the pipeline with the error does not fail again: psycopg would log that second
+    failure as a warning ("error ignored terminating ... pipeline aborted") although the error
+    itself is raised and handled. A connection that broke raises here too: the error raised is
+    the first one."""
+    try:
+        pipeline.sync()
+    except psycopg.Error:
+        logger.debug("a pipeline's sync after its failed statement failed", exc_info=True)
 
 
 def _roll_back(conn: psycopg.Connection[Row]) -> None:
