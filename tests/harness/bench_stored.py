@@ -3,7 +3,8 @@
 
 On one fresh database a tree (``--workers`` workers) is measured twice: first with the database
 empty, then after :mod:`tests.harness.stored_fill` added ``ROWS`` READY tasks on a queue no
-worker consumes and ``ROWS`` finished runs. Each time:
+worker consumes, ``ROWS`` finished runs and a twentieth as many failed runs, each with a DEAD
+task (:data:`DEAD_SHARE`: what retention keeps until an operator purges it). Each time:
 
 * ``trigger rate`` (runs/s, batches of 500 one-task runs) and ``tasks/s`` (first run created →
   last of its tasks finished, database timestamps);
@@ -64,6 +65,8 @@ PAGES = {
 }
 #: How often :class:`LockWaits` looks at pg_locks (seconds).
 LOCK_SAMPLE_S = 0.01
+#: Failed runs (a DEAD task each) stored per finished run: one in this many.
+DEAD_SHARE = 20
 #: Figures whose loaded/empty ratio has the 1.5x target (the rest: 200 ms loaded).
 ENGINE = ("trigger rate", "tasks/s", "dispatch p50", "dispatch p99", "claim p50", "claim p99")
 
@@ -277,8 +280,12 @@ def measure(
     with bench.fresh_database(server_url) as url:
         progress("stored: empty database")
         empty = phase(url, broker_url, workers, tasks, runs, timeout_s)
-        progress(f"stored: filling {rows:,} READY tasks and {rows:,} finished runs")
-        fill = stored_fill.fill(url, rows, rows, progress)
+        dead = rows // DEAD_SHARE
+        progress(
+            f"stored: filling {rows:,} READY tasks, {rows:,} finished runs"
+            f" and {dead:,} failed runs with a DEAD task"
+        )
+        fill = stored_fill.fill(url, rows, rows, progress, dead=dead)
         size = stored_fill.bytes_per_task_run(url)
         progress("stored: loaded database")
         loaded = phase(url, broker_url, workers, tasks, runs, timeout_s)
@@ -301,6 +308,7 @@ def measure(
     }
     return {
         "rows": rows,
+        "dead": dead,
         # the machine's load average (1, 5, 15 min) at the start and the end: the figures are
         # only comparable between runs at a like load
         "load_average": {"start": load_at_start, "end": os.getloadavg()},
@@ -322,6 +330,7 @@ def print_report(report: dict[str, Any]) -> None:
     load = report.get("load_average", {})
     print(
         f"stored: {report['rows']:,} READY tasks + {report['rows']:,} finished runs"
+        f" + {report.get('dead', 0):,} failed runs with a DEAD task"
         f" (load average {load.get('start', ['?'])[0]} at the start,"
         f" {load.get('end', ['?'])[0]} at the end)"
     )

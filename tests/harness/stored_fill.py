@@ -11,7 +11,12 @@ its later state replaced — and inserted by ``generate_series`` in batches, one
 * **finished runs**: one-task runs SUCCEEDED, their task SUCCEEDED with a result, its attempt
   and its published outbox row (token 0: the claim made it 1), finished
   :data:`FINISHED_AGE_DAYS` days ago and older (one second apart), so a retention shorter than
-  that purges them and the default (30 days) not.
+  that purges them and the default (30 days) not;
+* **dead runs** (optional): one-task runs FAILED, their task DEAD after
+  :data:`DEAD_ATTEMPTS` failed attempts (each with its outbox row and its error), over
+  :data:`DEAD_HANDLERS` handlers, finished as long ago as the finished runs. Retention keeps a
+  run with a DEAD task, so a deployment's store holds them until ``flowforge purge``; ``stats``
+  and the dead page read them.
 
 Ids are derived from the row's number (``md5``), so a task's run is found without a join.
 """
@@ -33,6 +38,11 @@ from flowforge.store.triggers import Triggers
 BACKLOG_QUEUE = "flowforge.stored.backlog"
 BACKLOG_WORKFLOW = WorkflowDef("stored-backlog", (TaskDef("t", "bench.noop"),))
 FINISHED_WORKFLOW = WorkflowDef("stored-finished", (TaskDef("t", "bench.noop"),))
+DEAD_WORKFLOW = WorkflowDef("stored-dead", (TaskDef("t", "bench.noop"),))
+#: Attempts a dead task made (each failed with handler_error), and handlers the dead tasks are
+#: spread over (``stats`` groups dead tasks by workflow, handler and reason).
+DEAD_ATTEMPTS = 3
+DEAD_HANDLERS = 5
 #: Rows inserted per transaction.
 BATCH = 100_000
 #: The newest finished run finished this many days ago.
@@ -81,19 +91,37 @@ _FINISHED = {
         "finished_at": "at + interval '10 milliseconds'",
     },
 }
+_DEAD = {
+    "workflow_runs": {**_FINISHED["workflow_runs"], "state": "'FAILED'"},
+    "task_runs": {
+        **_FINISHED["task_runs"],
+        "state": "'DEAD'",
+        "handler": f"'bench.dead' || mod(g, {DEAD_HANDLERS})",
+        "attempt": str(DEAD_ATTEMPTS),
+        "fencing_token": str(DEAD_ATTEMPTS),
+        "result": "NULL",
+        "failure_reason": "'max_attempts_exceeded'",
+        "last_error": "'ValueError: stored failure ' || g",
+    },
+}
+# a dispatch per attempt (token a - 1, published) and the attempt itself (token a)
 _OUTBOX = """
 INSERT INTO outbox (task_run_id, fencing_token, created_at, published_at, queue, priority)
-SELECT md5(%(kind)s || '-task-' || g)::uuid, 0, at, at + interval '1 millisecond',
+SELECT md5(%(kind)s || '-task-' || g)::uuid, a - 1, at, at + interval '1 millisecond',
        {queue}, 0
-  FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g, LATERAL (SELECT {clock} AS at) c
+  FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g, LATERAL (SELECT {clock} AS at) c,
+       generate_series(1, {attempts}) AS a
 """
 _ATTEMPTS = """
 INSERT INTO task_attempts (task_run_id, attempt, fencing_token, worker, started_at, finished_at,
-                           outcome)
-SELECT md5(%(kind)s || '-task-' || g)::uuid, 1, 1, 'stored-fill/0',
-       at + interval '5 milliseconds', at + interval '10 milliseconds', 'succeeded'
-  FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g, LATERAL (SELECT {clock} AS at) c
+                           outcome, failure_reason, error)
+SELECT md5(%(kind)s || '-task-' || g)::uuid, a, a, 'stored-fill/0',
+       at + interval '5 milliseconds', at + interval '10 milliseconds', {outcome}
+  FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g, LATERAL (SELECT {clock} AS at) c,
+       generate_series(1, {attempts}) AS a
 """
+_SUCCEEDED_ATTEMPT = "'succeeded', NULL, NULL"
+_FAILED_ATTEMPT = "'failed', 'handler_error', 'ValueError: stored failure ' || g"
 # one second apart, newest FINISHED_AGE_DAYS days ago; the backlog a millisecond apart
 _FINISHED_CLOCK = f"now() - interval '{FINISHED_AGE_DAYS} days' - g * interval '1 second'"
 _BACKLOG_CLOCK = f"now() - interval '{BACKLOG_AGE_S} seconds' + g * interval '1 microsecond'"
@@ -146,11 +174,12 @@ def _templates(database_url: str) -> dict[str, tuple[str, str]]:
         repo = Triggers(db)
         backlog = repo.trigger(BACKLOG_WORKFLOW, {"i": 0}, queue=BACKLOG_QUEUE).run_id
         finished = repo.trigger(FINISHED_WORKFLOW, {"i": 0}).run_id
+        dead = repo.trigger(DEAD_WORKFLOW, {"i": 0}).run_id
     finally:
         db.close()
     found: dict[str, tuple[str, str]] = {}
     with psycopg.connect(database_url) as conn:
-        for kind, run_id in (("backlog", backlog), ("finished", finished)):
+        for kind, run_id in (("backlog", backlog), ("finished", finished), ("dead", dead)):
             row = conn.execute("SELECT id FROM task_runs WHERE run_id = %s", (run_id,)).fetchone()
             assert row is not None
             found[kind] = (str(run_id), str(row[0]))
@@ -162,31 +191,37 @@ def fill(
     backlog: int,
     finished: int,
     log: Callable[[str], None] = lambda _m: None,
+    dead: int = 0,
 ) -> dict[str, float]:
-    """Insert ``backlog`` READY tasks and ``finished`` SUCCEEDED runs (see the module
-    docstring) into the migrated database at ``database_url``, then VACUUM ANALYZE it.
-    Returns the seconds each part took (``backlog_s``, ``finished_s``, ``vacuum_s``)."""
+    """Insert ``backlog`` READY tasks, ``finished`` SUCCEEDED runs and ``dead`` FAILED runs
+    (see the module docstring) into the migrated database at ``database_url``, then VACUUM
+    ANALYZE it. Returns the seconds each part took (``backlog_s``, ``finished_s``, ``dead_s``,
+    ``vacuum_s``)."""
     templates = _templates(database_url)
     took: dict[str, float] = {}
     with psycopg.connect(database_url) as conn:
         for kind, rows, shape, clock in (
             ("backlog", backlog, _BACKLOG, _BACKLOG_CLOCK),
             ("finished", finished, _FINISHED, _FINISHED_CLOCK),
+            ("dead", dead, _DEAD, _FINISHED_CLOCK),
         ):
             started = time.perf_counter()
             run_id, task_id = templates[kind]
             runs = _copy(conn, "workflow_runs", run_id, shape["workflow_runs"], clock)
             tasks = _copy(conn, "task_runs", task_id, shape["task_runs"], clock)
-            queue = "NULL" if kind == "finished" else f"'{BACKLOG_QUEUE}'"
-            outbox = _OUTBOX.format(queue=queue, clock=clock)
+            queue = f"'{BACKLOG_QUEUE}'" if kind == "backlog" else "NULL"
+            attempts = DEAD_ATTEMPTS if kind == "dead" else 1
+            outbox = _OUTBOX.format(queue=queue, clock=clock, attempts=attempts)
+            outcome = _FAILED_ATTEMPT if kind == "dead" else _SUCCEEDED_ATTEMPT
+            tried = _ATTEMPTS.format(clock=clock, attempts=attempts, outcome=outcome)
             for lo in range(1, rows + 1, BATCH):
                 params = {"kind": kind, "lo": lo, "hi": min(rows, lo + BATCH - 1)}
                 with conn.transaction():
                     conn.execute(runs, params)
                     conn.execute(tasks, params)
                     conn.execute(outbox.encode(), params)
-                    if kind == "finished":
-                        conn.execute(_ATTEMPTS.format(clock=clock).encode(), params)
+                    if kind != "backlog":
+                        conn.execute(tried.encode(), params)
                 log(f"stored fill: {kind} {params['hi']:,} of {rows:,}")
             took[f"{kind}_s"] = time.perf_counter() - started
         # the templates go: only the copies are the shape measured

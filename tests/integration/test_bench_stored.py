@@ -50,6 +50,7 @@ def test_a_small_stored_bench_reports_every_figure_empty_and_loaded(
     assert report["results"] == {"kept": 1}  # merged, not overwritten
     stored = report["stored"]
     assert stored["rows"] == 2000
+    assert stored["dead"] == 2000 // bench_stored.DEAD_SHARE
     names = set(bench_stored.ENGINE) | set(bench_stored.PAGES) | {"stats"}
     assert set(stored["figures"]) == names
     for name, figure in stored["figures"].items():
