@@ -207,6 +207,7 @@ def stats_dict(stats: Stats) -> dict[str, Any]:
             {"workflow": d.workflow, "handler": d.handler, "reason": d.reason, "n": d.n}
             for d in stats.dead
         ],
+        "dead_newest_only": stats.dead_newest_only,
         **queues_dict(stats.queues),
     }
 

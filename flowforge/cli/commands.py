@@ -475,7 +475,12 @@ def stats(args: argparse.Namespace) -> int:
         ],
     )
     print()
-    output.line("dead tasks:")
+    newest = data.dead_newest_only
+    output.line(
+        "dead tasks:"
+        if newest is None
+        else f"dead tasks (the newest {newest:,} counted; there are more):"
+    )
     output.table(
         ("WORKFLOW", "HANDLER", "REASON", "COUNT"),
         [(d.workflow, d.handler, d.reason, d.n) for d in data.dead],

@@ -565,6 +565,8 @@ class Stats:
     dead: tuple[DeadCount, ...]
     queues: tuple[QueueLoad, ...] = ()  # READY tasks and live consumers per queue
     attempts_estimated: bool = False  # ``attempts`` is PostgreSQL's estimate (a big table)
+    # ``dead`` counts only the newest this many dead task runs: there are more (None: all)
+    dead_newest_only: int | None = None
 
 
 @dataclass(frozen=True)

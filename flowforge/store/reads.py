@@ -39,6 +39,10 @@ LIVE_S = 15.0
 #: attempts is PostgreSQL's estimate, and says so (migration 0024): every read of the overview,
 #: /metrics, /health/ready and `stats` stays cheap with millions of rows stored.
 COUNT_CAP = 100_000
+#: `stats` groups at most this many dead task runs, the newest, by workflow, handler and
+#: reason (``Stats.dead_newest_only`` says when there are more): each needs its run's workflow,
+#: a lookup by key, so the read grows with the dead tasks counted, not with the store.
+DEAD_GROUPS_CAP = 10_000
 
 
 class Reads(Part):
@@ -148,13 +152,15 @@ class Reads(Part):
         limit: int = 20,
         fresh_s: float = LIVE_S,
         cap: int = COUNT_CAP,
+        dead_cap: int = DEAD_GROUPS_CAP,
     ) -> Stats:
         """Retry distribution, failure reasons, retry backlog, poison candidates (as in
-        :meth:`overview`), dead tasks by workflow, handler and reason, and READY tasks and
-        live consumers (seen within ``fresh_s`` seconds) per queue, in one transaction. Above
-        ``cap`` task runs the retry distribution is an estimate (``attempts_estimated``), and
-        so is a queue's READY count above ``cap``."""
-        return self._transaction(_stats, poison_threshold, limit, fresh_s, cap)
+        :meth:`overview`), dead tasks by workflow, handler and reason (the newest ``dead_cap``
+        of them: ``dead_newest_only``), and READY tasks and live consumers (seen within
+        ``fresh_s`` seconds) per queue, in one transaction. Above ``cap`` task runs the retry
+        distribution is an estimate (``attempts_estimated``), and so is a queue's READY count
+        above ``cap``."""
+        return self._transaction(_stats, poison_threshold, limit, fresh_s, cap, dead_cap)
 
     def queue_loads(self, fresh_s: float = LIVE_S, cap: int = COUNT_CAP) -> tuple[QueueLoad, ...]:
         """READY task runs (up to ``cap``, else ``cap`` + 1 and ``estimated``) and live
@@ -250,13 +256,16 @@ def _overview(tx: Tx, poison_threshold: int, fresh_s: float, limit: int, cap: in
     )
 
 
-def _stats(tx: Tx, poison_threshold: int, limit: int, fresh_s: float, cap: int) -> Stats:
+def _stats(
+    tx: Tx, poison_threshold: int, limit: int, fresh_s: float, cap: int, dead_cap: int
+) -> Stats:
     return rows.stats(
         attempts=tx.all("stats_attempts", {"cap": cap}),
         reasons=tx.all("stats_failure_reasons"),
         backlog=tx.one("stats_retry_backlog"),
         poison=tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit}),
-        dead=tx.all("stats_dead_by_workflow"),
+        dead=tx.all("stats_dead_by_workflow", {"cap": dead_cap}),
+        dead_cap=dead_cap,
         queues=tx.all("queue_load", {"fresh_s": fresh_s, "cap": cap}),
     )
 

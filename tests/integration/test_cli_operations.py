@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,7 @@ def test_stats_on_an_empty_database(clean_database_url: str, config: Path) -> No
         "retry_backlog": {"n": 0, "next_at": None, "latest_at": None},
         "poison_candidates": [],
         "dead": [],
+        "dead_newest_only": None,
         "queues": [],
         "unserved_queues": [],
     }
@@ -200,9 +202,11 @@ def test_stats_reports_retries_reasons_backlog_poison_and_dead(
         "retry_backlog",
         "poison_candidates",
         "dead",
+        "dead_newest_only",
         "queues",
         "unserved_queues",
     }
+    assert data["dead_newest_only"] is None  # three dead task runs: every one counted
     # attempts used: ok, soon, later and both permanent ones 1; poison and exhaust 3
     assert data["attempts"] == {"1": 5, "3": 2}
     # every failed attempt: poison 3 + soon 1 + later 1 + exhaust 3; permanent 2
@@ -266,6 +270,27 @@ def test_stats_reports_retries_reasons_backlog_poison_and_dead(
     assert [str(made["poison"]), "stats-poison", "only", "READY", "3", "handler_error"] in rows
     soon = repo.get_task(made["soon"]).retry_at
     assert soon is not None and f"next {soon:%Y-%m-%d %H:%M}" in text
+
+
+def test_stats_counts_the_newest_dead_tasks_only_above_its_cap(
+    repo: Store, sql: Sql, clean_database_url: str, config: Path
+) -> None:
+    """Each dead task's run is looked up to name its workflow, so ``stats`` groups at most the
+    newest ``dead_cap`` of them (10,000 in the product; a store keeps dead tasks until they
+    are purged) and says so; at the cap or below, every one."""
+    stats_data(repo, sql)
+    newest = sql.execute(
+        "SELECT r.workflow FROM task_runs t JOIN workflow_runs r ON r.id = t.run_id"
+        " WHERE t.state = 'DEAD' ORDER BY t.finished_at DESC, t.id DESC"
+    ).fetchall()
+    assert len(newest) == 3
+    for cap in (1, 2, 3):
+        stats = repo.stats(3, dead_cap=cap)
+        counted = Counter(str(w) for (w,) in newest[:cap])
+        assert {d.workflow: d.n for d in stats.dead} == dict(counted), cap
+        assert stats.dead_newest_only == (cap if cap < 3 else None)
+    text = ok(flowforge("stats", url=clean_database_url, config=config))
+    assert "dead tasks:\n" in text  # the product's cap is far above three
 
 
 def test_stats_poison_candidates_leave_out_dead_tasks(

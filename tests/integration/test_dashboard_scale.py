@@ -7,8 +7,9 @@ runs it (the named query from queries.sql, parameters bound, unprepared) under
 - every runs page — any combination of state, workflow, created since/until and cursor — is an
   index scan of workflow_runs (never a Seq Scan) that reads at most a few hundred rows;
 - the overview's per-minute throughput, retry backlog, poison candidates and dead tasks by
-  reason, and every dead-task list, count and bulk-requeue selection, read task_runs through
-  an index (never a Seq Scan), touching only the rows they report on;
+  reason, ``stats``' dead tasks by workflow, and every dead-task list, count and bulk-requeue
+  selection, read task_runs through an index (never a Seq Scan), touching only the rows they
+  report on;
 - the run and task counts by state add up to every run and task while the tables hold fewer
   rows than the cap; above it (lowered here to a few thousand rather than 100,000 rows
   inserted), the overview, ``stats``, /metrics' and /health/ready's counts read no table
@@ -33,6 +34,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.store import queries
 from flowforge.store.db import Database
 from flowforge.store.migrate import migrate
+from flowforge.store.reads import DEAD_GROUPS_CAP
 from tests.harness.resources import create_database, drop_database
 from tests.store import Store
 
@@ -208,6 +210,8 @@ def test_the_overview_and_dead_task_queries_read_task_runs_through_indexes(big: 
         ("stats_retry_backlog", {}),
         ("stats_poison_candidates", {"threshold": 3, "limit": 20}),
         ("dead_by_reason", {}),
+        # each dead task's run by key, not workflow_runs read whole for a hash join
+        ("stats_dead_by_workflow", {"cap": DEAD_GROUPS_CAP}),
     ]
     for match in DEAD_FILTERS:
         reports += [

@@ -131,7 +131,7 @@ def test_an_empty_system_has_a_zero_backlog_and_outbox() -> None:
     assert absent["outbox"] == {"pending": 0, "oldest_s": 0.0}
 
 
-def stats() -> Stats:
+def stats(more: bool = False) -> Stats:
     return rows.stats(
         attempts=[
             {"attempt": 0, "n": 3, "estimated": False},
@@ -140,7 +140,10 @@ def stats() -> Stats:
         reasons=[{"reason": "handler_error", "n": 5}],
         backlog=BACKLOG_ROW,
         poison=[POISON_ROW],
-        dead=[{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}],
+        dead=[
+            {"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1, "more": more}
+        ],
+        dead_cap=10,
         queues=QUEUE_ROWS,
     )
 
@@ -152,8 +155,16 @@ def test_the_stats_json_keeps_its_fields_in_order() -> None:
         '"failure_reasons": {"handler_error": 5}, '
         f'"retry_backlog": {BACKLOG_JSON}, "poison_candidates": {POISON_JSON}, '
         '"dead": [{"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1}], '
-        f"{QUEUES_JSON}}}"
+        f'"dead_newest_only": null, {QUEUES_JSON}}}'
     )
+
+
+def test_dead_groups_over_the_newest_only_say_how_many_were_counted() -> None:
+    """The statement counts the newest ``dead_cap`` dead task runs and says whether there are
+    more; the read model (and its JSON) says how many were counted only then."""
+    assert stats(more=False).dead_newest_only is None
+    assert stats(more=True).dead_newest_only == 10
+    assert stats_dict(stats(more=True))["dead_newest_only"] == 10
 
 
 def _reference_dumps(data: object) -> str:
