@@ -39,9 +39,12 @@ from flowforge.store.db import Cursor, Database, Pipelined, Row
 
 T = TypeVar("T")
 #: The scheduler's pass (roles/scheduler.py ``run_pass``): what every pass runs, idle or not,
-#: and what a pass that propagates a finished task and settles its run adds.
+#: what a pass that propagates a finished task and settles its run adds, and what the loop asks
+#: after a pass that found nothing (``next_due``, whose planning costs the server many times its
+#: execution: docs/performance.md "The scheduler's idle loop").
 PASSES = frozenset(
     {
+        "next_due",
         "concurrency_keys_waiting",
         "expire_event_waits",
         "gate_work",

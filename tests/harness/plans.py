@@ -48,6 +48,7 @@ from flowforge.store.claims import Claims
 from flowforge.store.db import Database
 from flowforge.store.outbox import Outbox
 from flowforge.store.part import PREPARED
+from flowforge.store.passes import Passes
 from flowforge.store.reads import Reads
 from flowforge.store.triggers import Triggers
 from tests.harness import cpuprobe
@@ -190,7 +191,8 @@ def exercise(url: str) -> list[Captured]:
     """A trigger, its run read back, the api's trigger (answered from its inserts), a
     publisher's sweep, a claim of the new run's first task and its finish (claiming the
     dependent it makes READY), the dependent's finish, then a scheduler's pass (which
-    propagates it and settles the run), through the store."""
+    propagates it and settles the run) and what its loop asks after a pass that found nothing
+    (the next time something is due), through the store."""
     from flowforge.roles.scheduler import Scheduler  # a role: not for the --cost path
 
     db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "flowforge-plans")
@@ -214,6 +216,7 @@ def exercise(url: str) -> list[Captured]:
             (second,) = claims.finish_many([(first.id, token, done)], 1, then).claimed
             claims.finish_many([(second.task_run_id, second.fencing_token, done)])
             scheduler.run_pass()
+            Passes(db).next_due_s([FLOW.name])
         return found
     finally:
         scheduler.shutdown()
