@@ -1704,8 +1704,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.failure_reason, 
 -- (by finished_at, through task_runs_dead_page_idx); ``more`` (on every row) says there are
 -- more than that, which a store keeps until an operator purges them. Each counted task's run
 -- is found by key: LATERAL ... LIMIT 1 keeps that a nested loop, where PostgreSQL would plan
--- a join of thousands of tasks as a hash over workflow_runs read whole (0.45 s at 2,000,000
--- runs and 50,000 dead tasks; docs/performance.md "Dead tasks in the store").
+-- a join of thousands of tasks as a hash over workflow_runs read whole (docs/performance.md
+-- "Stored scale on a quiet machine, and dead tasks in the store").
 WITH newest AS (
     SELECT t.run_id, t.handler, t.failure_reason
       FROM task_runs t

@@ -762,7 +762,8 @@ def run_stored(args: argparse.Namespace) -> int:
 
     # all of --tasks: retention's cost compares a throughput while purging with one without,
     # and one shorter than a few cycles of the purge's pacing (a batch, then a pause) measures
-    # the phase it fell in (docs/performance.md "Stored scale on a quiet machine")
+    # the phase it fell in (docs/performance.md "Stored scale on a quiet machine, and dead tasks
+    # in the store")
     tasks = 100 if args.quick else args.tasks
     runs = 10 if args.quick else min(args.latency_runs, 100)
     with service_urls(args) as (server_url, broker_url):
