@@ -58,6 +58,7 @@ TABLES = (
     "counters",
     "breakers",
     "breaker_transitions",
+    "schedules",
 )
 #: Below this many pages (8 KiB each) a table is in the lowest class: whatever its plans,
 #: reading it whole costs less than the new sessions a drain makes every process open

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,14 @@ def test_up_runs_the_tree_in_its_own_process_when_no_interpreter_can_be_executed
 STOP = [signal.SIGTERM, signal.SIGINT]
 
 
+def _raise_here(signum: int) -> None:
+    """``signum`` sent to this thread, which blocks it: pending here until unblocked, as in a
+    process of one thread (the image's entrypoint). Sent to the process instead
+    (``raise_signal``), any other thread of the test runner that does not block it (pytest-xdist
+    has some) takes it at once, and the test measured that race instead."""
+    signal.pthread_kill(threading.get_ident(), signum)
+
+
 def _take_pending(signum: int) -> bool:
     """Whether ``signum`` was pending (it is no longer): so the test leaves none behind."""
     return signal.sigtimedwait([signum], 0) is not None
@@ -148,7 +157,7 @@ def test_up_and_role_started_with_a_stop_pending_keep_it_pending_for_their_handl
     delivered: list[int] = []  # here, not the default action (which would end pytest)
     previous = signal.signal(signal.SIGTERM, lambda signum, _frame: delivered.append(signum))
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP)
-    signal.raise_signal(signal.SIGTERM)
+    _raise_here(signal.SIGTERM)
     try:
         with pytest.raises(SystemExit):
             main(["-c", str(config), *command])
@@ -177,11 +186,14 @@ def test_any_other_command_started_with_the_stop_signals_blocked_unblocks_them(
     assert masks and not set(STOP) & masks[0]
 
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP)
-    signal.raise_signal(signal.SIGINT)
+    # a process's own SIGINT handler, whatever the test runner left installed in this one
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    _raise_here(signal.SIGINT)
     try:
         code = main(["-c", str(config), "workflows", "list"])
     finally:
         left = _take_pending(signal.SIGINT)
+        signal.signal(signal.SIGINT, previous)
     assert (code, left, len(masks)) == (130, False, 1), "the pending SIGINT must interrupt it"
     assert capsys.readouterr().err == "flowforge: interrupted\n"
 
