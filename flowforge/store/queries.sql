@@ -1064,8 +1064,9 @@ SELECT id, state,
 
 -- name: finish
 -- RUNNING → SUCCEEDED / FAILED / CANCELLED for each outcome whose token is current; a stale
--- token matches nothing (the caller counts it: count_stale_completions). A task an operator buried while it ran ends DEAD
--- 'operator' where its stop would have ended it CANCELLED. Attempts are closed, idempotency keys settled,
+-- token matches nothing (the caller counts it: count_stale_completions). A task an operator
+-- buried while it ran ends DEAD 'operator' where its stop would have ended it CANCELLED.
+-- Attempts are closed, idempotency keys settled,
 -- dependents released (PENDING → READY with an outbox row when nothing else holds them) and
 -- the scheduler and publisher notified in the same statement: one round trip for a batch.
 -- The results come as one jsonb array (rows.jsonb_array, as insert_runs' inputs), each a
@@ -1701,8 +1702,8 @@ SELECT t.id, t.run_id, t.name, t.handler, t.state, t.attempt, t.failure_reason, 
 
 -- name: stats_dead_by_workflow
 -- Dead task runs by workflow, handler and reason, counted over the newest %(cap)s of them
--- (by finished_at, through task_runs_dead_page_idx); ``more`` (on every row) says there are
--- more than that, which a store keeps until an operator purges them. Each counted task's run
+-- (by finished_at, through task_runs_dead_page_idx); ``newest_only`` (on every row) is that
+-- cap when there are more (a store keeps them until an operator purges them), else NULL. Each counted task's run
 -- is found by key: LATERAL ... LIMIT 1 keeps that a nested loop, where PostgreSQL would plan
 -- a join of thousands of tasks as a hash over workflow_runs read whole (docs/performance.md
 -- "Stored scale on a quiet machine, and dead tasks in the store").
@@ -1714,8 +1715,9 @@ WITH newest AS (
      LIMIT %(cap)s
 )
 SELECT r.workflow, d.handler, d.failure_reason AS reason, count(*) AS n,
-       (SELECT count(*) FROM (SELECT FROM task_runs WHERE state = 'DEAD'
-                               LIMIT %(cap)s + 1) AS x) > %(cap)s AS more
+       CASE WHEN (SELECT count(*) FROM (SELECT FROM task_runs WHERE state = 'DEAD'
+                                         LIMIT %(cap)s + 1) AS x) > %(cap)s
+            THEN %(cap)s END AS newest_only
   FROM newest d
  CROSS JOIN LATERAL (SELECT w.workflow FROM workflow_runs w WHERE w.id = d.run_id LIMIT 1) AS r
  GROUP BY r.workflow, d.handler, d.failure_reason

@@ -265,7 +265,6 @@ def _stats(
         backlog=tx.one("stats_retry_backlog"),
         poison=tx.all("stats_poison_candidates", {"threshold": poison_threshold, "limit": limit}),
         dead=tx.all("stats_dead_by_workflow", {"cap": dead_cap}),
-        dead_cap=dead_cap,
         queues=tx.all("queue_load", {"fresh_s": fresh_s, "cap": cap}),
     )
 

@@ -452,12 +452,10 @@ def stats(
     backlog: Row | None,
     poison: Sequence[Row],
     dead: Sequence[Row],
-    dead_cap: int,
     queues: Sequence[Row] = (),
 ) -> Stats:
     """The stats from their statements' rows: ``stats_attempts``, ``stats_failure_reasons``,
-    ``stats_retry_backlog``, ``stats_poison_candidates`` and ``stats_dead_by_workflow``
-    (asked for the newest ``dead_cap`` dead task runs)."""
+    ``stats_retry_backlog``, ``stats_poison_candidates`` and ``stats_dead_by_workflow``."""
     return Stats(
         attempts=tally(attempts, "attempt"),
         failure_reasons=tally(reasons, "reason"),
@@ -468,7 +466,7 @@ def stats(
         ),
         queues=queue_loads(queues),
         attempts_estimated=any(r["estimated"] for r in attempts),
-        dead_newest_only=dead_cap if any(r["more"] for r in dead) else None,
+        dead_newest_only=next((int(r["newest_only"]) for r in dead if r["newest_only"]), None),
     )
 
 

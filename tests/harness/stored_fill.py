@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -127,6 +127,26 @@ _FINISHED_CLOCK = f"now() - interval '{FINISHED_AGE_DAYS} days' - g * interval '
 _BACKLOG_CLOCK = f"now() - interval '{BACKLOG_AGE_S} seconds' + g * interval '1 microsecond'"
 
 
+class _Kind(NamedTuple):
+    """One kind of row the fill copies: its template's workflow, the columns replaced, the
+    clock, its dispatches' queue (SQL), the attempts each task made and how they ended (SQL
+    for ``outcome, failure_reason, error``; None: no attempt, the task never ran)."""
+
+    name: str
+    shape: Mapping[str, Mapping[str, str]]
+    clock: str
+    queue: str
+    attempts: int
+    outcome: str | None
+
+
+_KINDS = (
+    _Kind("backlog", _BACKLOG, _BACKLOG_CLOCK, f"'{BACKLOG_QUEUE}'", 1, None),
+    _Kind("finished", _FINISHED, _FINISHED_CLOCK, "NULL", 1, _SUCCEEDED_ATTEMPT),
+    _Kind("dead", _DEAD, _FINISHED_CLOCK, "NULL", DEAD_ATTEMPTS, _FAILED_ATTEMPT),
+)
+
+
 def _columns(conn: psycopg.Connection[Any], table: str) -> list[str]:
     """The columns an INSERT may name (not generated, not a sequence's)."""
     found = conn.execute(
@@ -200,30 +220,28 @@ def fill(
     templates = _templates(database_url)
     took: dict[str, float] = {}
     with psycopg.connect(database_url) as conn:
-        for kind, rows, shape, clock in (
-            ("backlog", backlog, _BACKLOG, _BACKLOG_CLOCK),
-            ("finished", finished, _FINISHED, _FINISHED_CLOCK),
-            ("dead", dead, _DEAD, _FINISHED_CLOCK),
-        ):
+        counts = {"backlog": backlog, "finished": finished, "dead": dead}
+        for kind in _KINDS:
+            rows = counts[kind.name]
             started = time.perf_counter()
-            run_id, task_id = templates[kind]
-            runs = _copy(conn, "workflow_runs", run_id, shape["workflow_runs"], clock)
-            tasks = _copy(conn, "task_runs", task_id, shape["task_runs"], clock)
-            queue = f"'{BACKLOG_QUEUE}'" if kind == "backlog" else "NULL"
-            attempts = DEAD_ATTEMPTS if kind == "dead" else 1
-            outbox = _OUTBOX.format(queue=queue, clock=clock, attempts=attempts)
-            outcome = _FAILED_ATTEMPT if kind == "dead" else _SUCCEEDED_ATTEMPT
-            tried = _ATTEMPTS.format(clock=clock, attempts=attempts, outcome=outcome)
+            run_id, task_id = templates[kind.name]
+            statements: list[sql.SQL | sql.Composed] = [
+                _copy(conn, "workflow_runs", run_id, kind.shape["workflow_runs"], kind.clock),
+                _copy(conn, "task_runs", task_id, kind.shape["task_runs"], kind.clock),
+                sql.SQL(_OUTBOX.format(queue=kind.queue, clock=kind.clock, attempts=kind.attempts)),
+            ]
+            if kind.outcome is not None:
+                tried = _ATTEMPTS.format(
+                    clock=kind.clock, attempts=kind.attempts, outcome=kind.outcome
+                )
+                statements.append(sql.SQL(tried))
             for lo in range(1, rows + 1, BATCH):
-                params = {"kind": kind, "lo": lo, "hi": min(rows, lo + BATCH - 1)}
+                params = {"kind": kind.name, "lo": lo, "hi": min(rows, lo + BATCH - 1)}
                 with conn.transaction():
-                    conn.execute(runs, params)
-                    conn.execute(tasks, params)
-                    conn.execute(outbox.encode(), params)
-                    if kind != "backlog":
-                        conn.execute(tried.encode(), params)
-                log(f"stored fill: {kind} {params['hi']:,} of {rows:,}")
-            took[f"{kind}_s"] = time.perf_counter() - started
+                    for statement in statements:
+                        conn.execute(statement, params)
+                log(f"stored fill: {kind.name} {params['hi']:,} of {rows:,}")
+            took[f"{kind.name}_s"] = time.perf_counter() - started
         # the templates go: only the copies are the shape measured
         conn.execute(
             "DELETE FROM workflow_runs WHERE id = ANY(%s::uuid[])",

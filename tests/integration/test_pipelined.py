@@ -131,10 +131,12 @@ def test_a_definition_gone_since_it_was_registered_is_registered_again(
     traced: Traced, sql: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A table emptied under a long-lived client (a test's cleanup, a restored database): the
-    run's foreign key refuses it, and the trigger runs again with the registration — quietly,
-    also when the refusal comes with a result the trigger reads inside the pipeline (a run
-    with a key): the refused pipeline is settled before it is left, so psycopg has no second
-    failure to log ("error ignored terminating ... pipeline aborted")."""
+    run's foreign key refuses it, and the trigger runs again with the registration, with a key
+    (the refusal read at the insert's sync) or without (at the commit), and nothing logged.
+    The race that made psycopg log "error ignored terminating ... pipeline aborted" after such
+    a refusal (its answer read before any sync) is made to happen by
+    test_an_error_read_inside_the_pipeline_is_raised_once_and_not_logged_again; here it only
+    may."""
     repo = Triggers(traced.db)
     repo.trigger(one_task(), {"i": 0})
     caplog.set_level("DEBUG", logger="psycopg")

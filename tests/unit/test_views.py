@@ -141,9 +141,14 @@ def stats(more: bool = False) -> Stats:
         backlog=BACKLOG_ROW,
         poison=[POISON_ROW],
         dead=[
-            {"workflow": "w", "handler": "h.y", "reason": "permanent_error", "n": 1, "more": more}
+            {
+                "workflow": "w",
+                "handler": "h.y",
+                "reason": "permanent_error",
+                "n": 1,
+                "newest_only": 10 if more else None,
+            }
         ],
-        dead_cap=10,
         queues=QUEUE_ROWS,
     )
 
@@ -160,8 +165,8 @@ def test_the_stats_json_keeps_its_fields_in_order() -> None:
 
 
 def test_dead_groups_over_the_newest_only_say_how_many_were_counted() -> None:
-    """The statement counts the newest ``dead_cap`` dead task runs and says whether there are
-    more; the read model (and its JSON) says how many were counted only then."""
+    """The statement counts the newest ``cap`` dead task runs and, when there are more, says how
+    many it counted on every row; the read model (and its JSON) carries it, else None."""
     assert stats(more=False).dead_newest_only is None
     assert stats(more=True).dead_newest_only == 10
     assert stats_dict(stats(more=True))["dead_newest_only"] == 10
