@@ -174,7 +174,9 @@ class Client:
             priority=priority,
         )
 
-    def trigger_batch(self, requests: Sequence[RunRequest]) -> list[TriggerResult]:
+    def trigger_batch(
+        self, requests: Sequence[RunRequest], *, with_run: bool = False
+    ) -> list[TriggerResult]:
         """Start one run per :class:`~flowforge.RunRequest` — each its own workflow, input,
         idempotency key, timing and priority, as :meth:`trigger` takes them — in a single
         transaction; the results in the requests' order (``POST /api/v1/runs:batch``).
@@ -186,14 +188,17 @@ class Client:
         :class:`~flowforge.errors.TriggerConflictError` and nothing is stored. A replayed
         key answers its run with ``created`` False (so does a key repeated within the batch
         for the same request). Runs are created grouped by workflow, timing and priority (the
-        groups in the order of their first request), all in one commit.
+        groups in the order of their first request), all in one commit. ``with_run``: each
+        result created carries its run as written, as :meth:`trigger`'s.
         """
 
         def definition(name: str) -> tuple[WorkflowDef, tuple[WorkflowDef, ...]]:
             found = self._definition(name)
             return found, tuple(referenced(found, self.workflows))
 
-        return self._store.trigger_batch(requests, definition, queue=self._config.broker.queue)
+        return self._store.trigger_batch(
+            requests, definition, queue=self._config.broker.queue, with_run=with_run
+        )
 
     def _definition(self, workflow: str) -> WorkflowDef:
         definition = self.workflows.get(workflow)

@@ -197,7 +197,7 @@ class ApiConfig:
     request_body_timeout_s: float = 60.0  # then its body, within this of the head
     max_connections_per_client: int = 20
     connection_limit: int = 200  # open connections in all; waitress's own limit
-    threads: int = 4  # requests served at once, per api process
+    threads: int = 16  # requests served at once, per api process
     # api children of `flowforge up`, all accepting on the one listening socket (each bound by
     # its own CPU under the GIL: more processes is more requests/s on more cores)
     processes: int = 1

@@ -136,6 +136,7 @@ class Triggers(Part):
         requests: Sequence[RunRequest],
         workflows: Callable[[str], tuple[WorkflowDef, Sequence[WorkflowDef]]],
         queue: str | None = None,
+        with_run: bool = False,
     ) -> list[TriggerResult]:
         """Create one run per request, of any workflows, in one transaction; results in the
         requests' order.
@@ -148,7 +149,8 @@ class Triggers(Part):
         with ``created`` False, a key repeated within the batch for the same request too).
         Requests that share a workflow, timing and priority are planned and inserted together
         (:func:`~flowforge.domain.plan.group_requests`), so runs are created group by group,
-        the groups in the order of their first request.
+        the groups in the order of their first request. ``with_run``: each run created carries
+        itself as written, as :meth:`trigger`'s.
         """
         planned: list[Planned] = []
         groups = group_requests(requests)
@@ -173,7 +175,7 @@ class Triggers(Part):
                 raise type(exc)(f"runs[{positions[0]}]: {exc}") from exc
             planned.append((workflow, plan, children))
         results: list[TriggerResult | None] = [None] * len(requests)
-        for positions, got in zip(groups, self._insert(planned), strict=True):
+        for positions, got in zip(groups, self._insert(planned, with_run), strict=True):
             for position, result in zip(positions, got, strict=True):
                 results[position] = result
         return [r for r in results if r is not None]

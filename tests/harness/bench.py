@@ -132,11 +132,13 @@ class Tree:
         queue: str | None = None,
         api_processes: int = 1,
         scheduler: dict[str, Any] | None = None,
+        api_threads: int | None = None,
     ) -> None:
         """``reserved``: that many more workers, reserved for priorities 5 and above;
         ``queue``: the task queue (None: one of its own), shared by trees given the same;
         ``api_processes``: the api's ``processes``; ``scheduler``: the config's ``scheduler:``
-        section (None: the defaults)."""
+        section (None: the defaults); ``api_threads``: the api's ``threads`` (None: the
+        default)."""
         self.queue = queue or f"flowforge.bench.{uuid.uuid4().hex[:8]}"
         [self.api_port] = free_ports(1)
         workflows = directory / "workflows"
@@ -156,7 +158,11 @@ class Tree:
                     {"queue": self.queue, "workers": reserved, "min_priority": 5},
                 ]
             },
-            "api": {**bench_api.api_settings(self.api_port), "processes": api_processes},
+            "api": {
+                **bench_api.api_settings(self.api_port),
+                "processes": api_processes,
+                **({} if api_threads is None else {"threads": api_threads}),
+            },
             "logging": {"level": "WARNING"},
         }
         if scheduler is not None:

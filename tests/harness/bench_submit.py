@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--api-processes", type=int, default=1, help="api.processes: api children on the port"
     )
+    parser.add_argument(
+        "--api-threads", type=int, help="api.threads: request threads per api child (the default)"
+    )
     args = parser.parse_args(argv)
     only = tuple(w for w in args.only.split(",") if w)
     if set(only) - set(WORKLOADS):
@@ -265,7 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     with bench.fresh_database(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
         floors = bench.floors(url)
         tree = bench.Tree(
-            Path(tmp), url, args.broker_url, args.workers, api_processes=args.api_processes
+            Path(tmp),
+            url,
+            args.broker_url,
+            args.workers,
+            api_processes=args.api_processes,
+            api_threads=args.api_threads,
         )
         with ExitStack() as stack:
             if args.api_only:

@@ -60,7 +60,7 @@ def test_the_api_defaults_guard_reads_and_name_the_listen_host_and_localhost(
     }
     assert (api.request_head_timeout_s, api.request_body_timeout_s) == (5.0, 60.0)
     assert api.max_connections_per_client == 20
-    assert (api.connection_limit, api.threads, api.ready_cache_s) == (200, 4, 2.0)
+    assert (api.connection_limit, api.threads, api.ready_cache_s) == (200, 16, 2.0)
 
 
 def test_the_new_api_keys_load(tmp_path: Path) -> None:

@@ -1,0 +1,137 @@
+"""Group commit for ``POST /api/v1/runs``: the runs that one api process's request threads ask
+for at the same time are created in one transaction.
+
+A request that finds no trigger committing commits its own run at once, alone: an idle api adds
+no wait. Requests that arrive while a trigger commits queue; when it is done, one of them (the
+leader) takes everything queued — at most ``limit`` — and creates those runs in one transaction
+(:meth:`~flowforge.Client.trigger_batch`), then hands each request its own result. Each POST's
+answer is the one it would get alone: its run as written (``TriggerResult.run``), its
+idempotency key replayed or refused, its own 4xx. The transaction is all or nothing, so when a
+batch fails for a reason one request can cause — a bad value, an unknown workflow, a key used
+for another request — every request of it is tried again alone, and only the one at fault
+fails. An outage is everyone's: each request of the batch gets the same
+:class:`~flowforge.errors.DatabaseUnavailableError` (a 503), without trying again alone.
+
+Why (docs/performance.md "Submitting work, part 5"): a trigger's cost is mostly per
+transaction — its round trip, the statements' executions in psycopg and in PostgreSQL, the
+commit's WAL flush — and with 16 clients on a 2-core machine the api's request threads spent
+more CPU contending for the GIL around those waits than on the requests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from flowforge.domain.model import TriggerResult
+from flowforge.domain.plan import RunRequest
+from flowforge.errors import DatabaseUnavailableError
+
+#: Runs one shared transaction creates at most (the rest wait for the next).
+DEFAULT_LIMIT = 64
+
+
+class _Pending:
+    """One request's place in the queue, and its result or error once settled."""
+
+    __slots__ = ("done", "error", "request", "result")
+
+    def __init__(self, request: RunRequest) -> None:
+        self.request = request
+        self.result: TriggerResult | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+    def outcome(self) -> TriggerResult:
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None  # settled: a result or an error
+        return self.result
+
+
+class Coalescer:
+    """Creates each request's run, sharing transactions between concurrent requests (module
+    docstring). ``one(request)`` creates one run alone, as a lone request always does;
+    ``many(requests)`` creates several in one transaction (all or nothing), the results in the
+    requests' order. Both must answer the run written (``with_run``). Thread-safe: call
+    :meth:`trigger` from any number of threads."""
+
+    def __init__(
+        self,
+        one: Callable[[RunRequest], TriggerResult],
+        many: Callable[[Sequence[RunRequest]], list[TriggerResult]],
+        limit: int = DEFAULT_LIMIT,
+    ) -> None:
+        if limit < 1:
+            raise ValueError("a batch holds at least one run")
+        self._one = one
+        self._many = many
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._queue: deque[_Pending] = deque()
+        self._leading = False
+
+    def trigger(self, request: RunRequest) -> TriggerResult:
+        """``request``'s run created (or its key replayed); raises what creating it alone
+        would raise."""
+        pending = _Pending(request)
+        with self._cond:
+            self._queue.append(pending)
+        while True:
+            batch = self._lead(pending)
+            if not batch:
+                return pending.outcome()
+            try:
+                self._commit(batch)
+            finally:
+                self._step_down()
+
+    def _lead(self, pending: _Pending) -> list[_Pending]:
+        """Wait until ``pending`` is settled (then: nothing) or nobody leads; then lead: take
+        the queue's oldest requests, up to the limit (``pending`` among them unless more than
+        the limit queued before it: then it leads again after)."""
+        with self._cond:
+            while self._leading and not pending.done:
+                self._cond.wait()
+            if pending.done:
+                return []
+            self._leading = True
+            take = min(self._limit, len(self._queue))
+            return [self._queue.popleft() for _ in range(take)]
+
+    def _step_down(self) -> None:
+        with self._cond:
+            self._leading = False
+            self._cond.notify_all()  # the settled return; the first other one awake leads
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        """Settle every request of ``batch`` (each marked done, whatever happens)."""
+        try:
+            if len(batch) == 1:
+                _settle(batch[0], self._one)
+                return
+            try:
+                results = self._many([p.request for p in batch])
+            except DatabaseUnavailableError as exc:  # everyone's outage: not one by one
+                for pending in batch:
+                    pending.error = exc
+                return
+            except Exception:  # a request's fault: each alone says whose
+                for pending in batch:
+                    _settle(pending, self._one)
+                return
+            for pending, result in zip(batch, results, strict=True):
+                pending.result = result
+        finally:
+            for pending in batch:
+                if pending.result is None and pending.error is None:  # a BaseException
+                    pending.error = DatabaseUnavailableError("the trigger was interrupted")
+                pending.done = True
+
+
+def _settle(pending: _Pending, one: Callable[[RunRequest], TriggerResult]) -> None:
+    try:
+        pending.result = one(pending.request)
+    except Exception as exc:  # handed to the request's own thread, raised there
+        pending.error = exc
