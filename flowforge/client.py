@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any
 from uuid import UUID
 
+from flowforge.coalesce import Coalescer
 from flowforge.config import Config
 from flowforge.discovery import load_config_workflows
 from flowforge.domain.children import referenced
@@ -61,6 +62,7 @@ class Client:
         self._workflows: dict[str, WorkflowDef] | None = None
         self._db = Database(config.database, application_name="flowforge-client")
         self._store = ClientStatements(self._db)
+        self._together = Coalescer(self._trigger_alone, self._trigger_together)
 
     @property
     def workflows(self) -> Mapping[str, WorkflowDef]:
@@ -128,20 +130,43 @@ class Client:
         as :meth:`status` would answer right after the commit, built from what the trigger
         wrote, with no read (None when not created here, or when a task of it has a
         concurrency or rate key: read it with :meth:`status`).
+
+        Thread-safe. Calls from several threads at once share transactions (group commit,
+        ``flowforge/coalesce.py``): a call made while another's run is being committed goes,
+        with every call made meanwhile, into the next commit; each still gets its own result
+        or error, as alone. A lone call commits at once.
         """
-        definition = self._definition(workflow)
-        return self._store.trigger(
-            definition,
+        self._definition(workflow)  # an unknown workflow raises here, before any wait
+        request = RunRequest(
+            workflow,
             input,
             idempotency_key,
             start_at=start_at,
             delay=delay,
             deadline=deadline,
+            priority=priority,
+        )
+        return self._together.trigger(request, with_run)
+
+    def _trigger_alone(self, request: RunRequest, with_run: bool) -> TriggerResult:
+        definition = self._definition(request.workflow)
+        return self._store.trigger(
+            definition,
+            request.input,
+            request.idempotency_key,
+            start_at=request.start_at,
+            delay=request.delay,
+            deadline=request.deadline,
             children=referenced(definition, self.workflows),
             queue=self._config.broker.queue,
-            priority=priority,
+            priority=request.priority,
             with_run=with_run,
         )
+
+    def _trigger_together(
+        self, requests: Sequence[RunRequest], with_run: bool
+    ) -> list[TriggerResult]:
+        return self.trigger_batch(requests, with_run=with_run)
 
     def trigger_many(
         self,

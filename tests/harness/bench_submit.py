@@ -6,6 +6,8 @@ last answer):
 
 * ``submit one``: :meth:`Client.trigger` in a loop, one run per call, one caller — how most
   users submit work;
+* ``submit threads``: :meth:`Client.trigger` from ``clients`` threads at once on one client, as a
+  threaded web app calls it (the calls share commits: flowforge/coalesce.py);
 * ``submit http``: ``POST /api/v1/runs`` from ``clients`` threads, each with one keep-alive
   connection (``http.client``), one run per request; with the latency median and p99;
 * ``submit many``: :meth:`Client.trigger_many`, ``per_call`` runs per call;
@@ -24,7 +26,7 @@ Run alone, each workload also records the CPU per run (ms, read from /proc by
 tests/harness/cpuprobe.py) of the caller (this process), the api children, the rest of the
 tree, PostgreSQL and RabbitMQ (every process of each server: use servers nothing else uses).
 
-``--only`` picks workloads (``one,http,many,http-batch``): an A/B against code without the
+``--only`` picks workloads (``one,threads,http,many,http-batch``): an A/B against code without the
 batch endpoint leaves ``http-batch`` out.
 """
 
@@ -37,8 +39,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +56,7 @@ from flowforge.config import load_config
 from tests.harness import CHECKOUT, api_children, bench_api, bench_maps, cpuprobe
 from tests.harness.resources import child_pids
 
-WORKLOADS = ("one", "http", "many", "http-batch")
+WORKLOADS = ("one", "threads", "http", "many", "http-batch")
 Record = Callable[..., None]
 
 
@@ -61,7 +65,7 @@ class SubmitSettings:
     """How many runs each workload submits, and how."""
 
     runs: int = 3000  # one at a time (Client.trigger) and over HTTP
-    clients: int = 16  # HTTP clients, one keep-alive connection each
+    clients: int = 16  # HTTP clients, one keep-alive connection each; threads of `threads`
     batch_runs: int = 10_000  # through trigger_many and the batch endpoint
     per_call: int = 1000  # runs per trigger_many call / batch request
     only: tuple[str, ...] = WORKLOADS
@@ -76,6 +80,27 @@ def one_at_a_time(client: Client, workflow: str, runs: int) -> float:
     for n in range(runs):
         client.trigger(workflow, {"n": n})
     return runs / (time.perf_counter() - started)
+
+
+def threaded(client: Client, workflow: str, runs: int, callers: int) -> float:
+    """``Client.trigger`` from ``callers`` threads at once on one client (a threaded web
+    app's), one run per call, ``runs`` split between them; runs/s. The calls share commits
+    (flowforge/coalesce.py)."""
+    each = runs // callers
+    start = threading.Barrier(callers + 1)
+
+    def caller(k: int) -> None:
+        start.wait(60.0)
+        for n in range(k * each, (k + 1) * each):
+            client.trigger(workflow, {"n": n})
+
+    with ThreadPoolExecutor(callers) as pool:
+        futures = [pool.submit(caller, k) for k in range(callers)]
+        start.wait(60.0)
+        started = time.perf_counter()
+        for future in futures:
+            future.result()  # a caller's error is the bench's
+        return each * callers / (time.perf_counter() - started)
 
 
 def many(client: Client, workflow: str, runs: int, per_call: int) -> float:
@@ -129,26 +154,43 @@ def measure(
             for group, seconds in probe.stop().items():
                 record(f"{name}: CPU per run, {group}", "ms/run", 1000 * seconds / runs)
 
-    if "one" in s.only:
-        probed("submit one", s.runs, lambda: one_at_a_time(client, workflow, s.runs))
-    if "http" in s.only:
+    def http() -> float:
         bench_api.wait_live(port, 60.0)
-        latency: list[float] = []
+        figures, _ = bench_api.trigger(port, workflow, s.runs, s.clients)
+        latency[:] = [figures.p50_ms, figures.p99_ms]
+        return figures.requests_per_s
 
-        def http() -> float:
-            figures, _ = bench_api.trigger(port, workflow, s.runs, s.clients)
-            latency[:] = [figures.p50_ms, figures.p99_ms]
-            return figures.requests_per_s
-
-        probed("submit http", s.runs, http, clients=s.clients)
-        record("submit http p50", "ms", latency[0])
-        record("submit http p99", "ms", latency[1])
-    if "many" in s.only:
-        work = lambda: many(client, workflow, s.batch_runs, s.per_call)  # noqa: E731
-        probed("submit many", s.batch_runs, work, per_call=s.per_call)
-    if "http-batch" in s.only:
-        work = lambda: http_batch(port, workflow, s.batch_runs, s.per_call)  # noqa: E731
-        probed("submit http batch", s.batch_runs, work, per_call=s.per_call)
+    latency: list[float] = []
+    threaded_runs = s.runs - s.runs % s.clients
+    workloads: dict[str, tuple[str, int, Callable[[], float], dict[str, Any]]] = {
+        "one": ("submit one", s.runs, lambda: one_at_a_time(client, workflow, s.runs), {}),
+        "threads": (
+            "submit threads",
+            threaded_runs,
+            lambda: threaded(client, workflow, s.runs, s.clients),
+            {"callers": s.clients},
+        ),
+        "http": ("submit http", s.runs, http, {"clients": s.clients}),
+        "many": (
+            "submit many",
+            s.batch_runs,
+            lambda: many(client, workflow, s.batch_runs, s.per_call),
+            {"per_call": s.per_call},
+        ),
+        "http-batch": (
+            "submit http batch",
+            s.batch_runs,
+            lambda: http_batch(port, workflow, s.batch_runs, s.per_call),
+            {"per_call": s.per_call},
+        ),
+    }
+    for key in WORKLOADS:
+        if key in s.only:
+            name, runs, work, extra = workloads[key]
+            probed(name, runs, work, **extra)
+            if key == "http":
+                record("submit http p50", "ms", latency[0])
+                record("submit http p99", "ms", latency[1])
 
 
 def run(

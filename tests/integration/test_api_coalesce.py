@@ -1,4 +1,4 @@
-"""Concurrent ``POST /api/v1/runs`` requests share transactions (flowforge/api/coalesce.py) and
+"""Concurrent ``POST /api/v1/runs`` requests share transactions (flowforge/coalesce.py) and
 each still gets the answer it would get alone, against a real api child and PostgreSQL.
 
 Bursts of requests released together from many threads (the api's 16 request threads commit

@@ -37,6 +37,7 @@ FIGURES = {
     "event round trip p99",
     "event send p50",
     "submit one",
+    "submit threads",
     "submit http",
     "submit many",
     "submit http batch",

@@ -1,5 +1,5 @@
-"""The api's group commit (flowforge/api/coalesce.py): concurrent requests share a transaction,
-each gets its own answer, and one request's fault is its own.
+"""Client.trigger's group commit (flowforge/coalesce.py): concurrent calls share a transaction,
+each gets its own answer, and one call's fault is its own.
 
 The store is a stand-in: ``one`` and ``many`` record what they were asked and answer a result
 per request (a run id derived from its input), or fail as a test says. Threads are held at
@@ -13,11 +13,12 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import cast
 
 import pytest
 
-from flowforge.api.coalesce import Coalescer
-from flowforge.domain.model import TriggerResult
+from flowforge.coalesce import Coalescer
+from flowforge.domain.model import Run, TriggerResult
 from flowforge.domain.plan import RunRequest
 from flowforge.errors import (
     DatabaseUnavailableError,
@@ -33,9 +34,11 @@ def request(n: int, workflow: str = "wf") -> RunRequest:
     return RunRequest(workflow, {"n": n})
 
 
-def result_of(req: RunRequest) -> TriggerResult:
+def result_of(req: RunRequest, with_run: bool = False) -> TriggerResult:
+    """The stand-in's result for ``req``: an id from its number, and (``with_run``) a run."""
     assert req.input is not None
-    return TriggerResult(uuid.UUID(int=req.input["n"] + 1), created=True)
+    run = cast(Run, f"run {req.input['n']}") if with_run else None
+    return TriggerResult(uuid.UUID(int=req.input["n"] + 1), created=True, run=run)
 
 
 class Store:
@@ -46,6 +49,7 @@ class Store:
     def __init__(self, bad: Callable[[RunRequest], BaseException | None] = lambda r: None):
         self.bad = bad
         self.calls: list[tuple[str, list[int]]] = []
+        self.with_run: list[bool] = []
         self.lock = threading.Lock()
         self.entered = threading.Event()
         self.release = threading.Event()
@@ -54,26 +58,27 @@ class Store:
     def hold_first(self) -> None:
         self.release.clear()
 
-    def _enter(self, kind: str, requests: Sequence[RunRequest]) -> None:
+    def _enter(self, kind: str, requests: Sequence[RunRequest], with_run: bool) -> None:
         with self.lock:
             self.calls.append((kind, [r.input["n"] for r in requests if r.input]))
+            self.with_run.append(with_run)
         self.entered.set()
         assert self.release.wait(WAIT_S)
 
-    def one(self, req: RunRequest) -> TriggerResult:
-        self._enter("one", [req])
+    def one(self, req: RunRequest, with_run: bool) -> TriggerResult:
+        self._enter("one", [req], with_run)
         error = self.bad(req)
         if error is not None:
             raise error
-        return result_of(req)
+        return result_of(req, with_run)
 
-    def many(self, requests: Sequence[RunRequest]) -> list[TriggerResult]:
-        self._enter("many", requests)
+    def many(self, requests: Sequence[RunRequest], with_run: bool) -> list[TriggerResult]:
+        self._enter("many", requests, with_run)
         for req in requests:
             error = self.bad(req)
             if error is not None:
                 raise error
-        return [result_of(r) for r in requests]
+        return [result_of(r, with_run) for r in requests]
 
 
 def coalescer(store: Store, limit: int = 64) -> Coalescer:
@@ -96,16 +101,21 @@ def wait_until(check: Callable[[], bool]) -> None:
 
 
 def burst(
-    co: Coalescer, store: Store, pool: ThreadPoolExecutor, numbers: Sequence[int]
+    co: Coalescer,
+    store: Store,
+    pool: ThreadPoolExecutor,
+    numbers: Sequence[int],
+    with_run: Sequence[int] = (),
 ) -> tuple[Future[TriggerResult], list[Future[TriggerResult]]]:
-    """A first request held in its commit, then ``numbers`` queued behind it, then released:
-    the futures of the first and of the queued ones."""
+    """A first request held in its commit, then ``numbers`` queued behind it (those in
+    ``with_run`` asking for their run), then released: the futures of the first and of the
+    queued ones."""
     store.hold_first()
     first = pool.submit(co.trigger, request(0))
     assert store.entered.wait(WAIT_S)
     rest = []
     for count, n in enumerate(numbers, 1):
-        rest.append(pool.submit(co.trigger, request(n)))
+        rest.append(pool.submit(co.trigger, request(n), n in with_run))
         wait_until(functools.partial(queued, co, count))
     store.release.set()
     return first, rest
@@ -126,6 +136,25 @@ def test_requests_arriving_during_a_commit_share_the_next_one_in_order() -> None
         for n, future in enumerate(rest, 1):
             assert future.result(WAIT_S) == result_of(request(n))
     assert store.calls == [("one", [0]), ("many", [1, 2, 3, 4, 5])]
+
+
+def test_a_batch_answers_runs_when_one_call_asked_and_only_to_those_that_asked() -> None:
+    store = Store()
+    co = coalescer(store)
+    with ThreadPoolExecutor(8) as pool:
+        _first, rest = burst(co, store, pool, [1, 2, 3], with_run=[2])
+        results = [f.result(WAIT_S) for f in rest]
+    assert [r.run for r in results] == [None, result_of(request(2), True).run, None]
+    assert results == [result_of(request(n)) for n in (1, 2, 3)]  # the ids, created
+    assert store.with_run == [False, True]  # alone without, the batch with (one asked)
+
+
+def test_a_lone_call_passes_its_with_run_through() -> None:
+    store = Store()
+    co = coalescer(store)
+    assert co.trigger(request(4), True).run == result_of(request(4), True).run
+    assert co.trigger(request(5)).run is None
+    assert store.with_run == [True, False]
 
 
 def test_a_batch_holds_at_most_the_limit_and_the_rest_follow() -> None:
@@ -204,7 +233,11 @@ def test_an_interrupted_leader_leaves_no_request_waiting() -> None:
         pass
 
     store = Store()
-    co = Coalescer(store.one, lambda requests: (_ for _ in ()).throw(Stop()), 64)
+
+    def stopped(requests: Sequence[RunRequest], with_run: bool) -> list[TriggerResult]:
+        raise Stop
+
+    co = Coalescer(store.one, stopped, 64)
     with ThreadPoolExecutor(8) as pool:
         store.hold_first()
         first = pool.submit(co.trigger, request(0))

@@ -1,21 +1,21 @@
-"""Group commit for ``POST /api/v1/runs``: the runs that one api process's request threads ask
-for at the same time are created in one transaction.
+"""Group commit for :meth:`Client.trigger <flowforge.Client.trigger>`: the runs that one
+process's threads ask for at the same time are created in one transaction.
 
-A request that finds no trigger committing commits its own run at once, alone: an idle api adds
-no wait. Requests that arrive while a trigger commits queue; when it is done, one of them (the
-leader) takes everything queued — at most ``limit`` — and creates those runs in one transaction
-(:meth:`~flowforge.Client.trigger_batch`), then hands each request its own result. Each POST's
-answer is the one it would get alone: its run as written (``TriggerResult.run``), its
-idempotency key replayed or refused, its own 4xx. The transaction is all or nothing, so when a
-batch fails for a reason one request can cause — a bad value, an unknown workflow, a key used
-for another request — every request of it is tried again alone, and only the one at fault
-fails. An outage is everyone's: each request of the batch gets the same
-:class:`~flowforge.errors.DatabaseUnavailableError` (a 503), without trying again alone.
+A call that finds no trigger committing commits its own run at once, alone: a lone caller (a
+loop, the CLI) waits for nothing and runs exactly the statements it always ran. Calls that
+arrive while a trigger commits queue; when it is done, one of them (the leader) takes everything
+queued — at most ``limit`` — and creates those runs in one transaction
+(:meth:`~flowforge.Client.trigger_batch`), then hands each call its own result. Each call's
+answer is the one it would get alone: its run, its idempotency key replayed or refused, its own
+error. The transaction is all or nothing, so when a batch fails for a reason one call can cause
+— a bad value, a key used for another request, a defect — every call of it is tried again alone,
+and only the one at fault fails. An outage is everyone's: each call of the batch gets the same
+:class:`~flowforge.errors.DatabaseUnavailableError`, without trying again alone.
 
 Why (docs/performance.md "Submitting work, part 5"): a trigger's cost is mostly per
 transaction — its round trip, the statements' executions in psycopg and in PostgreSQL, the
-commit's WAL flush — and with 16 clients on a 2-core machine the api's request threads spent
-more CPU contending for the GIL around those waits than on the requests.
+commit's WAL flush — and the api's request threads (``POST /api/v1/runs``, 16 of them) spent
+more CPU handing Python's GIL to one another around those waits than on the requests.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from flowforge.domain.model import TriggerResult
 from flowforge.domain.plan import RunRequest
@@ -35,10 +36,11 @@ DEFAULT_LIMIT = 64
 class _Pending:
     """One request's place in the queue, and its result or error once settled."""
 
-    __slots__ = ("done", "error", "request", "result")
+    __slots__ = ("done", "error", "request", "result", "with_run")
 
-    def __init__(self, request: RunRequest) -> None:
+    def __init__(self, request: RunRequest, with_run: bool) -> None:
         self.request = request
+        self.with_run = with_run
         self.result: TriggerResult | None = None
         self.error: BaseException | None = None
         self.done = False
@@ -47,20 +49,23 @@ class _Pending:
         if self.error is not None:
             raise self.error
         assert self.result is not None  # settled: a result or an error
-        return self.result
+        # a batch answers every run when one of its calls asked: the others did not
+        if self.with_run or self.result.run is None:
+            return self.result
+        return replace(self.result, run=None)
 
 
 class Coalescer:
-    """Creates each request's run, sharing transactions between concurrent requests (module
-    docstring). ``one(request)`` creates one run alone, as a lone request always does;
-    ``many(requests)`` creates several in one transaction (all or nothing), the results in the
-    requests' order. Both must answer the run written (``with_run``). Thread-safe: call
-    :meth:`trigger` from any number of threads."""
+    """Creates each request's run, sharing transactions between concurrent calls (module
+    docstring). ``one(request, with_run)`` creates one run alone, as a lone call always does;
+    ``many(requests, with_run)`` creates several in one transaction (all or nothing), the
+    results in the requests' order; ``with_run`` asks each result to carry its run as written.
+    Thread-safe: call :meth:`trigger` from any number of threads."""
 
     def __init__(
         self,
-        one: Callable[[RunRequest], TriggerResult],
-        many: Callable[[Sequence[RunRequest]], list[TriggerResult]],
+        one: Callable[[RunRequest, bool], TriggerResult],
+        many: Callable[[Sequence[RunRequest], bool], list[TriggerResult]],
         limit: int = DEFAULT_LIMIT,
     ) -> None:
         if limit < 1:
@@ -72,10 +77,10 @@ class Coalescer:
         self._queue: deque[_Pending] = deque()
         self._leading = False
 
-    def trigger(self, request: RunRequest) -> TriggerResult:
-        """``request``'s run created (or its key replayed); raises what creating it alone
-        would raise."""
-        pending = _Pending(request)
+    def trigger(self, request: RunRequest, with_run: bool = False) -> TriggerResult:
+        """``request``'s run created (or its key replayed), with the run as written when
+        ``with_run`` (as ``one`` answers it); raises what creating it alone would raise."""
+        pending = _Pending(request, with_run)
         with self._cond:
             self._queue.append(pending)
         while True:
@@ -112,7 +117,8 @@ class Coalescer:
                 _settle(batch[0], self._one)
                 return
             try:
-                results = self._many([p.request for p in batch])
+                with_run = any(p.with_run for p in batch)
+                results = self._many([p.request for p in batch], with_run)
             except DatabaseUnavailableError as exc:  # everyone's outage: not one by one
                 for pending in batch:
                     pending.error = exc
@@ -130,8 +136,8 @@ class Coalescer:
                 pending.done = True
 
 
-def _settle(pending: _Pending, one: Callable[[RunRequest], TriggerResult]) -> None:
+def _settle(pending: _Pending, one: Callable[[RunRequest, bool], TriggerResult]) -> None:
     try:
-        pending.result = one(pending.request)
+        pending.result = one(pending.request, pending.with_run)
     except Exception as exc:  # handed to the request's own thread, raised there
         pending.error = exc

@@ -1,0 +1,123 @@
+"""``Client.trigger`` from many threads at once shares transactions (flowforge/coalesce.py)
+against real PostgreSQL, and each call still gets what it would get alone.
+
+Threads released together by a barrier call one shared :class:`Client`. The client's
+``trigger_batch`` (what a shared commit runs) is wrapped to count its calls, so a test knows
+runs were created together; what each call returns, raises and stores is checked against the
+database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from flowforge import Client
+from flowforge.config import DatabaseConfig, load_config
+from flowforge.domain.model import TriggerResult
+from flowforge.domain.plan import RunRequest
+from flowforge.errors import InputError, TriggerConflictError
+from tests.api_client import Sql
+from tests.helpers import single
+
+pytestmark = pytest.mark.integration
+
+THREADS = 16
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def client(clean_database_url: str) -> Iterator[Client]:
+    config = dataclasses.replace(
+        load_config(env={}), database=DatabaseConfig(url=clean_database_url, pool_max=4)
+    )
+    with Client(config, [single("together")]) as found:
+        yield found
+
+
+@pytest.fixture
+def batches(client: Client, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every shared commit the client runs (its ``trigger_batch`` calls)."""
+    sizes: list[int] = []
+    real = client.trigger_batch
+
+    def counted(requests: Sequence[RunRequest], *, with_run: bool = False) -> list[TriggerResult]:
+        sizes.append(len(requests))
+        return real(requests, with_run=with_run)
+
+    monkeypatch.setattr(client, "trigger_batch", counted)
+    return sizes
+
+
+def at_once(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Every call from its own thread, released together; each one's result or exception."""
+    start = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], Any]) -> Any:
+        start.wait(WAIT_S)
+        try:
+            return call()
+        except Exception as exc:  # what the caller's own thread raised
+            return exc
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result(WAIT_S) for f in [pool.submit(run, c) for c in calls]]
+
+
+def stored(sql: Sql, tag: str) -> list[int]:
+    found = sql.execute(
+        "SELECT (input->>'n')::int FROM workflow_runs WHERE input->>'tag' = %s", (tag,)
+    ).fetchall()
+    return sorted(n for (n,) in found)
+
+
+def test_threads_triggering_at_once_share_commits_and_each_gets_its_run(
+    client: Client, batches: list[int], sql: Sql
+) -> None:
+    tag = uuid.uuid4().hex
+    rounds = 5
+    results: list[TriggerResult] = []
+    for r in range(rounds):
+        numbers = range(r * THREADS, (r + 1) * THREADS)
+        calls: list[Callable[[], Any]] = [
+            functools.partial(client.trigger, "together", {"tag": tag, "n": n}, with_run=n % 2 == 0)
+            for n in numbers
+        ]
+        results.extend(at_once(calls))
+    assert all(isinstance(r, TriggerResult) and r.created for r in results), results
+    assert stored(sql, tag) == list(range(rounds * THREADS))
+    assert len({r.run_id for r in results}) == rounds * THREADS
+    for n, result in enumerate(results):
+        if n % 2:
+            assert result.run is None  # it did not ask, even when its batch answered runs
+        else:
+            assert result.run is not None
+            assert result.run == client.status(result.run_id)
+            assert result.run.input == {"tag": tag, "n": n}
+    assert batches and max(batches) > 1  # some commits were shared
+
+
+def test_a_bad_call_among_threads_fails_alone_and_the_others_are_created(
+    client: Client, sql: Sql
+) -> None:
+    tag = uuid.uuid4().hex
+    key = f"taken-{tag}"
+    client.trigger("together", {"tag": "first"}, key)
+    calls: list[Callable[[], Any]] = [
+        functools.partial(client.trigger, "together", {"tag": tag, "n": n}) for n in range(THREADS)
+    ]
+    calls[4] = functools.partial(client.trigger, "together", {"tag": "other"}, key)
+    calls[9] = functools.partial(client.trigger, "together", {"tag": tag}, priority=12)
+    outcomes = at_once(calls)
+    assert isinstance(outcomes[4], TriggerConflictError)
+    assert isinstance(outcomes[9], InputError)
+    good = [o for i, o in enumerate(outcomes) if i not in (4, 9)]
+    assert all(isinstance(o, TriggerResult) and o.created for o in good), good
+    assert stored(sql, tag) == sorted(n for n in range(THREADS) if n not in (4, 9))
