@@ -20,7 +20,8 @@ alternate, their order reversed every other round. Run alone, on a server others
 (only the one backend is measured, but their load slows it)::
 
     python -m tests.harness.row_cost --database-url URL --layout base= \
-        --layout lean=lean.sql [--rounds 3] [--n 20000] [--work update,insert]
+        --layout lean=lean.sql [--rounds 3] [--n 20000] [--work update,insert] \
+        [--fanout 10000] [--map-items 100000]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import argparse
 import os
 import statistics
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -70,18 +71,19 @@ WORK: dict[str, tuple[str, int, bool]] = {
     "fanout": (
         f"INSERT INTO task_runs (id, name, {REQUIRED})"
         f" SELECT gen_random_uuid(), 'f' || g, {REQUIRED_VALUES}"
-        " FROM generate_series(1, 10000) g",
+        " FROM generate_series(1, {rows}) g",
         0,
         True,
     ),
     "map": (
         f"INSERT INTO task_runs (id, name, map_id, item_index, item, state, {REQUIRED})"
         f" SELECT gen_random_uuid(), 'map[' || g || ']', '{MAP}', g, to_jsonb(g), 'PENDING',"
-        f" {REQUIRED_VALUES} FROM generate_series(0, 99999) g",
+        f" {REQUIRED_VALUES} FROM generate_series(0, {{rows}} - 1) g",
         0,
         True,
     ),
 }
+#: Rows the fan-out and the map insert by default (``--fanout``, ``--map-items``).
 ROWS_WRITTEN = {"fanout": 10_000, "map": 100_000}
 
 
@@ -114,11 +116,13 @@ def fill(url: str, layout_sql: str) -> None:
         conn.execute("VACUUM ANALYZE task_runs")
 
 
-def cost(url: str, work: str, n: int) -> float:
-    """µs of the backend's CPU per unit of ``work`` (a statement, or a row written)."""
+def cost(url: str, work: str, n: int, rows: Mapping[str, int] = ROWS_WRITTEN) -> float:
+    """µs of the backend's CPU per unit of ``work`` (a statement, or a row written); ``rows``:
+    the rows the fan-out and the map write."""
     template, per, rollback = WORK[work]
-    statement = template.replace("{n}", str(n)).encode()
-    units = ROWS_WRITTEN.get(work) or n // per
+    written = rows.get(work)
+    statement = template.replace("{n}", str(n)).replace("{rows}", str(written)).encode()
+    units = written or n // per
     with psycopg.connect(url) as conn:
         pid = conn.info.backend_pid
         conn.execute(statement)  # unmeasured: the session's caches, the plpgsql code
@@ -156,7 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", type=int, default=20_000, help="statements of an update loop")
     parser.add_argument("--work", default=",".join(WORK))
+    parser.add_argument("--fanout", type=int, default=ROWS_WRITTEN["fanout"], help="its rows")
+    parser.add_argument("--map-items", type=int, default=ROWS_WRITTEN["map"], help="its rows")
     args = parser.parse_args(argv)
+    rows = {"fanout": args.fanout, "map": args.map_items}
     named = {}
     for item in args.layout:
         name, _, path = item.partition("=")
@@ -168,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             order = list(urls) if round_ % 2 == 0 else list(urls)[::-1]
             for work in works:
                 for name in order:
-                    us = cost(urls[name], work, args.n)
+                    us = cost(urls[name], work, args.n, rows)
                     found.setdefault((work, name), []).append(us)
                     print(
                         f"round {round_} {work:12} {name:10} {us:9.2f} µs"
