@@ -10,7 +10,10 @@ answer is the one it would get alone: its run, its idempotency key replayed or r
 error. The transaction is all or nothing, so when a batch fails for a reason one call can cause
 — a bad value, a key used for another request, a defect — every call of it is tried again alone,
 and only the one at fault fails. An outage is everyone's: each call of the batch gets the same
-:class:`~flowforge.errors.DatabaseUnavailableError`, without trying again alone.
+:class:`~flowforge.errors.DatabaseUnavailableError`, without trying again alone. A leader whose
+thread is stopped mid-commit (a ``BaseException``) leaves the other calls of its batch a
+:class:`~flowforge.errors.StoreError` saying so (:data:`INTERRUPTED`: their runs may exist), so
+none waits forever.
 
 Why (docs/performance.md "Submitting work, part 5"): a trigger's cost is mostly per
 transaction — its round trip, the statements' executions in psycopg and in PostgreSQL, the
@@ -27,10 +30,15 @@ from dataclasses import replace
 
 from flowforge.domain.model import TriggerResult
 from flowforge.domain.plan import RunRequest
-from flowforge.errors import DatabaseUnavailableError
+from flowforge.errors import DatabaseUnavailableError, StoreError
 
 #: Runs one shared transaction creates at most (the rest wait for the next).
 DEFAULT_LIMIT = 64
+#: What the other calls of a batch get when its leader's thread is stopped mid-commit.
+INTERRUPTED = (
+    "the shared trigger was interrupted (its thread stopped) before it answered: the run may"
+    " have been created; send it again with the same idempotency key"
+)
 
 
 class _Pending:
@@ -132,7 +140,8 @@ class Coalescer:
         finally:
             for pending in batch:
                 if pending.result is None and pending.error is None:  # a BaseException
-                    pending.error = DatabaseUnavailableError("the trigger was interrupted")
+                    # not an outage, nor the caller's: the commit may or may not have happened
+                    pending.error = StoreError(INTERRUPTED)
                 pending.done = True
 
 

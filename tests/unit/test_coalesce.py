@@ -17,12 +17,14 @@ from typing import cast
 
 import pytest
 
-from flowforge.coalesce import Coalescer
+from flowforge.coalesce import INTERRUPTED, Coalescer
 from flowforge.domain.model import Run, TriggerResult
 from flowforge.domain.plan import RunRequest
+from flowforge.errormap import meaning
 from flowforge.errors import (
     DatabaseUnavailableError,
     InputError,
+    StoreError,
     TriggerConflictError,
     UnknownWorkflowError,
 )
@@ -227,7 +229,8 @@ def test_a_lone_requests_error_is_its_own_unchanged() -> None:
 
 def test_an_interrupted_leader_leaves_no_request_waiting() -> None:
     """A BaseException in the leader's commit (the thread being stopped) settles every request
-    of its batch as unavailable, and the next request still commits."""
+    of its batch with an internal error saying so — not an outage, not the caller's fault —
+    and the next request still commits."""
 
     class Stop(BaseException):
         pass
@@ -251,8 +254,10 @@ def test_an_interrupted_leader_leaves_no_request_waiting() -> None:
             try:
                 future.result(WAIT_S)
             except BaseException as exc:
-                errors.append(type(exc))
-        assert sorted(e.__name__ for e in errors) == ["DatabaseUnavailableError", "Stop"]
+                errors.append(exc)
+        assert sorted(type(e).__name__ for e in errors) == ["Stop", "StoreError"]
+        assert [str(e) for e in errors if type(e) is StoreError] == [INTERRUPTED]
+        assert meaning(next(e for e in errors if type(e) is StoreError)).status == 500
     assert co.trigger(request(9)) == result_of(request(9))
 
 
