@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 
 from flowforge import Client
-from flowforge.config import DatabaseConfig, load_config
+from flowforge.config import Config, DatabaseConfig, load_config
 from flowforge.domain.model import TriggerResult
 from flowforge.domain.plan import RunRequest
-from flowforge.errors import InputError, TriggerConflictError
+from flowforge.domain.values import MAX_DEPTH, MAX_JSON_BYTES
+from flowforge.errors import DatabaseUnavailableError, InputError, TriggerConflictError
 from tests.api_client import Sql
+from tests.harness.resources import free_ports
 from tests.helpers import single
 
 pytestmark = pytest.mark.integration
@@ -121,3 +123,78 @@ def test_a_bad_call_among_threads_fails_alone_and_the_others_are_created(
     good = [o for i, o in enumerate(outcomes) if i not in (4, 9)]
     assert all(isinstance(o, TriggerResult) and o.created for o in good), good
     assert stored(sql, tag) == sorted(n for n in range(THREADS) if n not in (4, 9))
+
+
+def nested(depth: int) -> list[Any]:
+    """A list ``depth`` lists deep."""
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+#: Inputs that no run may store, refused by the client's checks (values.py) or by PostgreSQL:
+#: JSON has no NaN, jsonb no NUL and no lone surrogate, and nesting and size past the limits.
+UNSTORABLE: list[dict[str, Any]] = [
+    {"x": float("nan")},
+    {"x": "a\x00b"},
+    {"x": "\ud800"},
+    {"x": nested(MAX_DEPTH + 1)},
+    {"x": "a" * MAX_JSON_BYTES},
+]
+
+
+def test_unstorable_inputs_among_threads_fail_alone_as_they_do_alone(
+    client: Client, batches: list[int], sql: Sql
+) -> None:
+    """Every member of the family, each in a burst of good calls: the error it gets is the one
+    it gets alone (type and text), and the good calls are created."""
+    alone = []
+    for bad in UNSTORABLE:
+        with pytest.raises(InputError) as raised:
+            client.trigger("together", bad)
+        alone.append((type(raised.value), str(raised.value)))
+    tag = uuid.uuid4().hex
+    places = (1, 4, 7, 10, 13)
+    calls: list[Callable[[], Any]] = [
+        functools.partial(client.trigger, "together", {"tag": tag, "n": n})
+        for n in range(THREADS - len(UNSTORABLE))
+    ]
+    for place, bad in zip(places, UNSTORABLE, strict=True):
+        calls.insert(place, functools.partial(client.trigger, "together", bad))
+    outcomes = at_once(calls)
+    got = [(type(outcomes[p]), str(outcomes[p])) for p in places]
+    assert got == alone
+    good = [o for i, o in enumerate(outcomes) if i not in places]
+    assert all(isinstance(o, TriggerResult) and o.created for o in good), good
+    assert stored(sql, tag) == list(range(THREADS - len(UNSTORABLE)))
+
+
+def test_an_outage_fails_every_call_of_a_shared_commit_without_trying_each_again() -> None:
+    """A database nobody listens on (refused at once): every call raises
+    DatabaseUnavailableError, and the calls that shared a commit were not tried one by one."""
+    [port] = free_ports(1)
+    url = f"postgresql://postgres@127.0.0.1:{port}/nowhere"
+    config = Config(database=DatabaseConfig(url=url, connect_timeout_s=1))
+    with Client(config, [single("together")]) as client:
+        alone: list[str] = []
+        shared: list[int] = []
+        store_trigger = client._store.trigger
+        batch = client.trigger_batch
+
+        def counted_alone(*args: Any, **kwargs: Any) -> TriggerResult:
+            alone.append(args[0].name)
+            return store_trigger(*args, **kwargs)
+
+        def counted_batch(requests: Sequence[RunRequest], *, with_run: bool = False) -> Any:
+            shared.append(len(requests))
+            return batch(requests, with_run=with_run)
+
+        client._store.trigger = counted_alone  # type: ignore[method-assign]
+        client.trigger_batch = counted_batch  # type: ignore[method-assign]
+        outcomes = at_once(
+            [functools.partial(client.trigger, "together", {"n": n}) for n in range(THREADS)]
+        )
+    assert all(isinstance(o, DatabaseUnavailableError) for o in outcomes), outcomes
+    assert shared and max(shared) > 1
+    assert len(alone) + sum(shared) == THREADS  # each call tried once: alone or shared
