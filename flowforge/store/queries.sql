@@ -768,8 +768,12 @@ WITH wanted AS (
            parked_on = NULL,  -- a task parked once and retried now (retry-now, a rerun) is not
            updated_at = now()
       FROM wanted w
-     -- (… IS TRUE): the primary key is the only way in; see runs_started below
-     WHERE t.id = w.id AND (t.state = 'READY') IS TRUE AND t.fencing_token = w.token
+     -- (… IS TRUE): the primary key is the only way in; see runs_started below. The ids again
+     -- as = ANY: a generic plan made on a small task_runs scans it, and this keeps that scan to
+     -- the window's rows instead of handing every READY task to the join (docs/performance.md
+     -- "The claim's plan on a small table")
+     WHERE t.id = w.id AND t.id = ANY((SELECT %(ids)s::uuid[])::uuid[])
+       AND (t.state = 'READY') IS TRUE AND t.fencing_token = w.token
        AND (NOT %(keyless_only)s::bool OR t.idempotency_key IS NULL)
        -- the gate of breakers and pauses (migration 0018): nothing holds anything (an
        -- InitPlan, evaluated once), or nothing holds this task. A task the gate holds is not
