@@ -209,14 +209,16 @@ class Tree:
         except pika.exceptions.AMQPError:
             pass
 
-    def memory_kb(self) -> dict[str, int]:
+    def memory_kb(self) -> dict[str, Any]:
         """RSS and PSS (kB) summed over the supervisor and its children but the api child (the
-        memory target is the tree of roles; the api's own RSS is ``api_rss_kb``)."""
+        memory target is the tree of roles; the api's own RSS is ``api_rss_kb``), and each
+        process's RSS by its title (``by_process``: which role grew)."""
         if self.proc is None:
             return {}
         pids = [self.proc.pid, *child_pids(self.proc.pid, recursive=True)]
         apis = set(api_children.api_pids(self.proc.pid))
         totals = {"rss_kb": 0, "pss_kb": 0, "api_rss_kb": 0}
+        by_process: dict[str, int] = {}
         counted = 0
         for pid in pids:
             try:
@@ -228,9 +230,13 @@ class Tree:
             for line in rollup:
                 if line.startswith("Rss:"):
                     totals["api_rss_kb" if api else "rss_kb"] += int(line.split()[1])
+                    name = api_children.title(pid) or str(pid)
+                    by_process[name if name not in by_process else f"{name} ({pid})"] = int(
+                        line.split()[1]
+                    )
                 elif line.startswith("Pss:") and not api:
                     totals["pss_kb"] += int(line.split()[1])
-        return {**totals, "processes": counted}
+        return {**totals, "processes": counted, "by_process": by_process}
 
 
 def wait_for_workers(database_url: str, workers: int, *trees: Tree) -> None:
@@ -706,6 +712,12 @@ def print_table(report: dict[str, Any]) -> None:
             f"  ({m.get('processes')} processes; the api child apart:"
             f" rss {m.get('api_rss_kb', 0) / 1024:.1f} MiB)"
         )
+        each = ", ".join(
+            f"{name.removeprefix('flowforge: ')} {kb / 1024:.1f}"
+            for name, kb in m.get("by_process", {}).items()
+        )
+        if each:
+            print(f"  by process, MiB: {each}")
 
 
 def merge_json(path: Path, key: str, report: dict[str, Any]) -> None:

@@ -53,7 +53,14 @@ def test_a_quick_bench_run_reports_every_figure(
         figure = report["results"][name]
         assert figure["samples"] and figure["median"] > 0, name
     assert report["scale_ratio"] > 0
-    assert report["memory"]["load"]["rss_kb"] > 0
+    load = report["memory"]["load"]
+    assert load["rss_kb"] > 0
+    roles = {name.removeprefix("flowforge: ") for name in load["by_process"]}
+    assert {"scheduler", "publisher", "api"} <= roles and any("worker" in r for r in roles), roles
+    assert (
+        sum(kb for name, kb in load["by_process"].items() if name != "flowforge: api")
+        == (load["rss_kb"])
+    )
     assert {"cpu", "cores", "postgresql", "rabbitmq", "python"} <= set(report["machine"])
     floors = report["floors"]
     assert floors["postgresql_commits_per_s"] > 0 and floors["postgresql_round_trip_ms"] > 0
