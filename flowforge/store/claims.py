@@ -163,11 +163,6 @@ class Claims(Part):
         the first ``then.limit`` of those (keyless ones; see :meth:`claim_many` with
         ``local``): their outbox rows are stamped before any publisher can see them, so the
         next step of a chain cannot be published and claimed by another worker first.
-
-        A success whose run has nothing else left (every other task SUCCEEDED, the run RUNNING,
-        not asked to stop, not a child run, the task without a key or a map) settles that run
-        SUCCEEDED in the same statement, and no scheduler pass sees it (docs/architecture.md,
-        "A finish settles its run").
         """
         if not outcomes:
             return Finished(frozenset(), ())

@@ -35,11 +35,8 @@ Sql = psycopg.Connection[tuple[Any, ...]]
 #: Tables whose rows the hot statements must reach by primary key.
 KEYED = {"task_runs": "task_runs_pkey", "workflow_runs": "workflow_runs_pkey"}
 #: Keyed too: a map's own items by its id (the claim counts an upstream map's, issue 22) —
-#: as many as that map has, whatever the table's states; and a run's own tasks by the run's id
-#: (the finish asks whether anything else of the run is unfinished before it settles the run:
-#: the index orders a run's tasks by state, every unfinished one before SUCCEEDED, so the read
-#: stops at the first, or reads the run's tasks once, when it ends).
-KEYED_ALSO = {"task_runs_map_item_idx", "task_runs_run_state_idx"}
+#: as many as that map has, whatever the table's states.
+KEYED_ALSO = {"task_runs_map_item_idx"}
 #: Large enough that reading a table whole costs more than 16 primary-key lookups.
 HISTORY = 4000
 BURST = 3000

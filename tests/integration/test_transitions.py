@@ -872,7 +872,7 @@ def test_a_run_of_many_successes_is_derived_when_its_last_task_succeeds(
         assert repo.propagate(100) >= 1
         assert repo.get_run(run_id).state is RunState.RUNNING
     succeed(repo, sql, ids[f"m{width - 1}"])
-    assert repo.propagate(100) == 0  # its finish settled the run itself (test_finish_settles)
+    assert repo.propagate(100) == 1
     run = repo.get_run(run_id)
     assert (run.state, run.finished_at is not None) == (RunState.SUCCEEDED, True)
 
