@@ -9,13 +9,11 @@ id is logged, and the server can still be reached.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
-import threading
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Iterator
 
 import falcon.testing
 import psycopg
@@ -24,9 +22,8 @@ import pytest
 from flowforge.api.app import create_app
 from flowforge.client import Client
 from flowforge.config import ApiConfig, Config, DatabaseConfig
-from flowforge.domain.model import TriggerResult
-from flowforge.domain.plan import RunRequest
-from tests.harness.resources import create_database, drop_database, free_ports
+from tests.coalescing import at_once, count_commits, unreachable
+from tests.harness.resources import create_database, drop_database
 from tests.helpers import single
 
 pytestmark = pytest.mark.integration
@@ -35,7 +32,6 @@ TOKEN = "t0ken"
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 #: Requests sent at once, as many as the api's request threads (api.threads).
 THREADS = 16
-WAIT_S = 60.0
 
 
 def app_for(url: str) -> Iterator[falcon.testing.TestClient]:
@@ -83,40 +79,24 @@ def test_an_unmigrated_database_is_a_500_with_a_logged_id(
     assert json.loads(unmigrated_api.simulate_get("/health/live").text) == {"status": "ok"}
 
 
-def test_an_outage_is_every_concurrent_post_s_503_each_request_tried_once() -> None:
+def test_an_outage_is_every_concurrent_post_s_503_each_request_tried_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Concurrent POSTs share a commit (flowforge/coalesce.py); against a database nobody
     listens on, every one of them is answered 503 "unavailable" as JSON, none a 500 or a
     traceback, and none was tried again alone after its shared commit failed: an outage is
     everyone's, not retried one by one (the client-level proof is test_client_coalesce's; this
     is the api's answer to it)."""
-    [port] = free_ports(1)
-    url = f"postgresql://postgres@127.0.0.1:{port}/nowhere"
-    config = Config(database=DatabaseConfig(url=url, connect_timeout_s=1))
-    with Client(config, workflows=[single("api-db-errors")]) as client:
+    with Client(unreachable(), workflows=[single("api-db-errors")]) as client:
         api = falcon.testing.TestClient(create_app(client, TOKEN, ApiConfig(allowed_hosts=("*",))))
-        alone: list[str] = []
-        shared: list[int] = []
-        store_trigger, batch = client._store.trigger, client.trigger_batch
-
-        def counted_alone(*args: Any, **kwargs: Any) -> TriggerResult:
-            alone.append(args[0].name)
-            return store_trigger(*args, **kwargs)
-
-        def counted_batch(requests: Sequence[RunRequest], *, with_run: bool = False) -> Any:
-            shared.append(len(requests))
-            return batch(requests, with_run=with_run)
-
-        client._store.trigger = counted_alone  # type: ignore[method-assign]
-        client.trigger_batch = counted_batch  # type: ignore[method-assign]
-        start = threading.Barrier(THREADS)
+        commits = count_commits(client, monkeypatch)
 
         def post(n: int) -> falcon.testing.Result:
-            start.wait(WAIT_S)
             body = {"workflow": "api-db-errors", "input": {"n": n}}
             return api.simulate_post("/api/v1/runs", json=body, headers=HEADERS)
 
-        with ThreadPoolExecutor(THREADS) as pool:
-            replies = [f.result(WAIT_S) for f in [pool.submit(post, n) for n in range(THREADS)]]
+        replies = at_once([functools.partial(post, n) for n in range(THREADS)])
+    alone, shared = commits.alone, commits.shared
     for reply in replies:
         assert reply.status_code == 503, reply.text
         assert set(reply.json) == {"error"} and "unavailable" in reply.json["error"], reply.json

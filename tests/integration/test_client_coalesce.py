@@ -11,28 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from flowforge import Client
-from flowforge.config import Config, DatabaseConfig, load_config
+from flowforge.config import DatabaseConfig, load_config
 from flowforge.domain.model import TriggerResult
-from flowforge.domain.plan import RunRequest
 from flowforge.domain.values import MAX_DEPTH, MAX_JSON_BYTES
 from flowforge.errors import DatabaseUnavailableError, InputError, TriggerConflictError
 from tests.api_client import Sql
-from tests.harness.resources import free_ports
+from tests.coalescing import at_once, count_commits, unreachable
 from tests.helpers import single
 
 pytestmark = pytest.mark.integration
 
 THREADS = 16
-WAIT_S = 30.0
 
 
 @pytest.fixture
@@ -47,30 +43,7 @@ def client(clean_database_url: str) -> Iterator[Client]:
 @pytest.fixture
 def batches(client: Client, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every shared commit the client runs (its ``trigger_batch`` calls)."""
-    sizes: list[int] = []
-    real = client.trigger_batch
-
-    def counted(requests: Sequence[RunRequest], *, with_run: bool = False) -> list[TriggerResult]:
-        sizes.append(len(requests))
-        return real(requests, with_run=with_run)
-
-    monkeypatch.setattr(client, "trigger_batch", counted)
-    return sizes
-
-
-def at_once(calls: list[Callable[[], Any]]) -> list[Any]:
-    """Every call from its own thread, released together; each one's result or exception."""
-    start = threading.Barrier(len(calls))
-
-    def run(call: Callable[[], Any]) -> Any:
-        start.wait(WAIT_S)
-        try:
-            return call()
-        except Exception as exc:  # what the caller's own thread raised
-            return exc
-
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return [f.result(WAIT_S) for f in [pool.submit(run, c) for c in calls]]
+    return count_commits(client, monkeypatch).shared
 
 
 def stored(sql: Sql, tag: str) -> list[int]:
@@ -170,31 +143,17 @@ def test_unstorable_inputs_among_threads_fail_alone_as_they_do_alone(
     assert stored(sql, tag) == list(range(THREADS - len(UNSTORABLE)))
 
 
-def test_an_outage_fails_every_call_of_a_shared_commit_without_trying_each_again() -> None:
+def test_an_outage_fails_every_call_of_a_shared_commit_without_trying_each_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A database nobody listens on (refused at once): every call raises
     DatabaseUnavailableError, and the calls that shared a commit were not tried one by one."""
-    [port] = free_ports(1)
-    url = f"postgresql://postgres@127.0.0.1:{port}/nowhere"
-    config = Config(database=DatabaseConfig(url=url, connect_timeout_s=1))
-    with Client(config, [single("together")]) as client:
-        alone: list[str] = []
-        shared: list[int] = []
-        store_trigger = client._store.trigger
-        batch = client.trigger_batch
-
-        def counted_alone(*args: Any, **kwargs: Any) -> TriggerResult:
-            alone.append(args[0].name)
-            return store_trigger(*args, **kwargs)
-
-        def counted_batch(requests: Sequence[RunRequest], *, with_run: bool = False) -> Any:
-            shared.append(len(requests))
-            return batch(requests, with_run=with_run)
-
-        client._store.trigger = counted_alone  # type: ignore[method-assign]
-        client.trigger_batch = counted_batch  # type: ignore[method-assign]
+    with Client(unreachable(), [single("together")]) as client:
+        commits = count_commits(client, monkeypatch)
         outcomes = at_once(
             [functools.partial(client.trigger, "together", {"n": n}) for n in range(THREADS)]
         )
+    alone, shared = commits.alone, commits.shared
     assert all(isinstance(o, DatabaseUnavailableError) for o in outcomes), outcomes
     assert shared and max(shared) > 1
     assert len(alone) + sum(shared) == THREADS  # each call tried once: alone or shared
