@@ -163,6 +163,11 @@ class Claims(Part):
         the first ``then.limit`` of those (keyless ones; see :meth:`claim_many` with
         ``local``): their outbox rows are stamped before any publisher can see them, so the
         next step of a chain cannot be published and claimed by another worker first.
+
+        A success of a run whose definition has that one task (the run RUNNING, not asked to
+        stop, not a child run, the task without a key) settles the run SUCCEEDED in the same
+        statement, and no scheduler pass sees it (docs/architecture.md, "A finish settles a
+        one-task run").
         """
         if not outcomes:
             return Finished(frozenset(), ())

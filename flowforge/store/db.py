@@ -33,6 +33,7 @@ from flowforge.errors import (
     StoreError,
     TransactionConflictError,
 )
+from flowforge.store import queries
 from flowforge.store.pgerrors import check_url, translate, translate_errors
 from flowforge.store.plansize import PlanSizes
 
@@ -294,8 +295,8 @@ class Database:
         """
 
         def one(cur: Cursor) -> list[Row]:
-            cur.execute(query, params, prepare=prepare)
-            return cur.fetchall() if cur.description is not None else []
+            ran = run_statement(cur, query, params, prepare)
+            return ran.fetchall() if ran.description is not None else []
 
         return self._retrying(self._statement, one)
 
@@ -375,6 +376,23 @@ class Database:
                     raise
                 logger.debug("transaction retried after a conflict", extra={"action": "tx_retry"})
         raise AssertionError("unreachable")
+
+
+def run_statement(
+    cur: Cursor, query: bytes, params: Mapping[str, Any] | None, prepare: bool = False
+) -> Cursor:
+    """Execute ``query`` (named ``%(name)s`` placeholders) with ``params`` on ``cur``'s
+    connection; the cursor that ran it. A statement longer than psycopg parses once
+    (:data:`~flowforge.store.queries.PARSE_CACHED_BYTES`) goes through a ``RawCursor`` of the
+    same connection with PostgreSQL's ``$n`` placeholders, converted once per process
+    (:func:`~flowforge.store.queries.numbered`): psycopg would parse it again at every
+    execution (docs/performance.md, "A finish settles a one-task run")."""
+    if params is not None and len(query) > queries.PARSE_CACHED_BYTES:
+        text, names = queries.numbered(query)
+        cur = psycopg.RawCursor(cur.connection, row_factory=dict_row)
+        query, params = text, [params[name] for name in names]  # type: ignore[assignment]
+    # (psycopg's own default when not prepared: the pool's threshold prepares nothing by count)
+    return cur.execute(query, params, prepare=True) if prepare else cur.execute(query, params)
 
 
 @dataclass(frozen=True)

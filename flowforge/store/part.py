@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from flowforge.store import queries
-from flowforge.store.db import Cursor, Database, Pipelined, Row
+from flowforge.store.db import Cursor, Database, Pipelined, Row, run_statement
 
 T = TypeVar("T")
 #: The scheduler's pass (roles/scheduler.py ``run_pass``): what every pass runs, idle or not,
@@ -163,9 +163,7 @@ class Tx:
             self._pipelined.after_commit(self._queries[name], params, name in PREPARED)
 
     def _execute(self, cur: Cursor, name: str, params: Params) -> Cursor:
-        if name in PREPARED:
-            return cur.execute(self._queries[name], params, prepare=True)
-        return cur.execute(self._queries[name], params)
+        return run_statement(cur, self._queries[name], params, name in PREPARED)
 
     def _run(self, name: str, params: Params) -> Cursor:
         cur = self._execute(self._cur, name, params)

@@ -23,6 +23,12 @@ from collections.abc import Mapping
 from importlib import resources
 from types import MappingProxyType
 
+#: psycopg caches its parse of a statement's ``%(name)s`` placeholders only up to this many bytes
+#: (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``) and parses a longer one again at every
+#: execution, on the caller's CPU: a longer statement goes through :func:`numbered` instead.
+PARSE_CACHED_BYTES = 4096
+_PLACEHOLDER = re.compile(rb"%\(([a-z_][a-z0-9_]*)\)s|%%")
+
 _HEAD_LINE = re.compile(
     r"^--\s*(name|fragment):\s*([a-z_][a-z0-9_]*)(?:\(([a-z_]+)\))?\s*$", re.MULTILINE
 )
@@ -137,3 +143,23 @@ def readable() -> Mapping[str, bytes]:
 
 def _text() -> str:
     return (resources.files("flowforge.store") / "queries.sql").read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=32)
+def numbered(query: bytes) -> tuple[bytes, tuple[str, ...]]:
+    """``query`` with PostgreSQL's own placeholders: each ``%(name)s`` as ``$n`` (one number per
+    name, in the order each first appears) and ``%%`` as ``%``; the names in that order. For a
+    statement over :data:`PARSE_CACHED_BYTES`, sent through psycopg's ``RawCursor`` with its
+    parameters in that order (``store/db.py`` ``run_statement``): converted once per process,
+    not at every execution."""
+    order: list[str] = []
+
+    def number(match: re.Match[bytes]) -> bytes:
+        if match.group(0) == b"%%":
+            return b"%"
+        name = match.group(1).decode()
+        if name not in order:
+            order.append(name)
+        return b"$%d" % (order.index(name) + 1)
+
+    return _PLACEHOLDER.sub(number, query), tuple(order)

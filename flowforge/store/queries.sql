@@ -1095,6 +1095,27 @@ WITH outcome AS (
                 progress, message, n)
       JOIN jsonb_array_elements(%(results)s::jsonb) WITH ORDINALITY AS r(wrapped, n)
            USING (n)
+), settling AS (
+    -- A success that ends its run, settled here instead of by a scheduler pass (a second write
+    -- of the task's row and five statements; docs/architecture.md "A finish settles a one-task
+    -- run"): the run's definition has this one task (no sibling by construction; read by the
+    -- definition's key, never the run's other tasks), the run RUNNING, not asked to stop, past
+    -- no deadline, no child run (settle_children hands those on), the task nothing a pass must
+    -- see (done.for_pass). Locked task then run (the scheduler's order); a change committed
+    -- since the snapshot is rechecked on the locked rows.
+    SELECT t.id, t.run_id
+      FROM outcome o
+      JOIN task_runs t ON t.id = o.id
+      JOIN workflow_runs r ON r.id = t.run_id
+      JOIN workflow_definitions d ON d.name = r.workflow AND d.digest = r.workflow_digest
+     WHERE t.id = ANY((SELECT %(ids)s::uuid[])::uuid[]) AND o.state = 'SUCCEEDED'
+       AND d.task_count = 1
+       AND (t.state = 'RUNNING') IS TRUE AND t.fencing_token = o.token
+       AND num_nonnulls(t.concurrency_key, t.ordering_key, t.map_id) = 0
+       AND NOT t.cancel_requested AND NOT t.bury_requested
+       AND (r.state = 'RUNNING') IS TRUE AND r.cancel_requested_at IS NULL
+       AND r.failure_reason IS NULL AND r.parent_run_id IS NULL
+       FOR UPDATE OF t, r
 ), done AS (
     UPDATE task_runs t
        SET state = CASE WHEN o.state = 'CANCELLED' AND t.bury_requested THEN 'DEAD'
@@ -1109,7 +1130,7 @@ WITH outcome AS (
            cancel_cause = CASE WHEN o.state = 'CANCELLED' AND NOT t.bury_requested
                                THEN coalesce(t.cancel_cause, 'operator') END,
            finished_at = CASE WHEN o.state = 'FAILED' THEN NULL ELSE now() END,
-           propagated = (o.state = 'FAILED'),
+           propagated = (o.state = 'FAILED') OR t.id IN (SELECT id FROM settling),
            updated_at = now(),
            -- the attempt's last ctx.progress (NULL: none reported, the stored one is kept)
            progress = coalesce(o.progress, t.progress),
@@ -1128,6 +1149,10 @@ WITH outcome AS (
               -- window counts starts, not ends: a rate key needs no pass here)
               num_nonnulls(t.concurrency_key, t.ordering_key, t.map_id) > 0
                   OR t.cancel_requested AS for_pass
+), settled AS (
+    UPDATE workflow_runs r
+       SET state = 'SUCCEEDED', finished_at = now(), updated_at = now()
+     WHERE r.id IN (SELECT s.run_id FROM settling s JOIN done d ON d.id = s.id)
 ), closed AS (
     -- with the attempt's captured output (NULL: it wrote nothing, or kept what was written)
     UPDATE task_attempts a
@@ -1164,7 +1189,8 @@ WITH outcome AS (
                     WHERE d.state <> 'SUCCEEDED' OR d.for_pass
                        OR NOT EXISTS (SELECT 1 FROM task_edges e
                                         JOIN released r ON r.id = e.downstream_id
-                                       WHERE e.upstream_id = d.id))
+                                       WHERE e.upstream_id = d.id)
+                          AND d.id NOT IN (SELECT id FROM settling))
         OR EXISTS (SELECT 1 FROM released WHERE for_pass)
         OR (SELECT flowforge_gates_closed())
 )

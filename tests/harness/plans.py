@@ -53,7 +53,6 @@ from flowforge.store.reads import Reads
 from flowforge.store.triggers import Triggers
 from tests.harness import cpuprobe
 
-PLACEHOLDER = re.compile(rb"%\((\w+)\)s|%%")
 PARAM_NUMBER = re.compile(r"\$\d+")
 #: What a plan node keeps in its shape: what it does, not what it estimates.
 SHAPE_KEYS = (
@@ -84,6 +83,9 @@ def capture(names: Sequence[str]) -> Iterator[list[Captured]]:
     """Record (in order) every execution of the named statements by a psycopg cursor of this
     process while the block runs."""
     texts = {queries.load()[n]: n for n in names}
+    # a statement over psycopg's parse cache runs raw (store/db.py run_statement): its numbered
+    # text, with its parameters as a list in its names' order
+    raw = {queries.numbered(text)[0]: (text, queries.numbered(text)[1]) for text in texts}
     found: list[Captured] = []
     original = psycopg.Cursor.execute
 
@@ -91,6 +93,9 @@ def capture(names: Sequence[str]) -> Iterator[list[Captured]]:
         name = texts.get(query) if isinstance(query, bytes) else None
         if name is not None:
             found.append(Captured(name, query, dict(params or {})))
+        elif isinstance(query, bytes) and query in raw and isinstance(params, list):
+            text, order = raw[query]
+            found.append(Captured(texts[text], text, dict(zip(order, params, strict=True))))
         return original(self, query, params, **kwargs)
 
     psycopg.Cursor.execute = execute  # type: ignore[method-assign]
@@ -102,18 +107,10 @@ def capture(names: Sequence[str]) -> Iterator[list[Captured]]:
 
 def numbered(query: bytes) -> tuple[bytes, list[str]]:
     """``query`` with its ``%(name)s`` placeholders as ``$1, $2, ...`` (one per name, in the
-    order each first appears) and ``%%`` as ``%``; the names in that order."""
-    order: list[str] = []
-
-    def number(match: re.Match[bytes]) -> bytes:
-        if match.group(0) == b"%%":
-            return b"%"
-        name = match.group(1).decode()
-        if name not in order:
-            order.append(name)
-        return b"$%d" % (order.index(name) + 1)
-
-    return PLACEHOLDER.sub(number, query), order
+    order each first appears) and ``%%`` as ``%``; the names in that order (the conversion the
+    store itself makes for a statement it sends raw: ``queries.numbered``)."""
+    text, names = queries.numbered(query)
+    return text, list(names)
 
 
 def shape(node: Mapping[str, Any]) -> Shape:
@@ -152,6 +149,8 @@ def plans(conn: psycopg.Connection[Any], captured: Captured) -> dict[str, Shape]
 
 #: A two-task workflow (an edge, a dependent made READY by the finish).
 FLOW = WorkflowDef("plans", (TaskDef("a", "plans.noop"), TaskDef("b", "plans.noop", ("a",))))
+#: A one-task workflow: its finish settles the run itself (no pass derives it).
+SOLO = WorkflowDef("plans-solo", (TaskDef("only", "plans.noop"),))
 #: Every statement prepared server-side: the hot path's and the scheduler's pass.
 NAMES = tuple(sorted(PREPARED))
 
@@ -190,9 +189,10 @@ def fill(url: str, runs: int, backlog: int) -> None:
 def exercise(url: str) -> list[Captured]:
     """A trigger, its run read back, the api's trigger (answered from its inserts), a
     publisher's sweep, a claim of the new run's first task and its finish (claiming the
-    dependent it makes READY), the dependent's finish, then a scheduler's pass (which
-    propagates it and settles the run) and what its loop asks after a pass that found nothing
-    (the next time something is due), through the store."""
+    dependent it makes READY), the dependent's finish, a one-task run's finish (which settles
+    that run itself), then a scheduler's pass (which propagates the two-task run's last task
+    and derives its run) and what its loop asks after a pass that found nothing (the next time
+    something is due), through the store."""
     from flowforge.roles.scheduler import Scheduler  # a role: not for the --cost path
 
     db = Database(DatabaseConfig(url=url, pool_min=1, pool_max=1), "flowforge-plans")
@@ -215,6 +215,10 @@ def exercise(url: str) -> list[Captured]:
             done = Finish(TaskState.SUCCEEDED, {})
             (second,) = claims.finish_many([(first.id, token, done)], 1, then).claimed
             claims.finish_many([(second.task_run_id, second.fencing_token, done)])
+            (only,) = Reads(db).get_run(Triggers(db).trigger(SOLO, {"probe": 1}).run_id).tasks
+            (solo,) = claims.claim_many([(only.id, only.fencing_token)], "plans/1", 30.0)
+            assert solo.claim is not None, solo
+            claims.finish_many([(only.id, solo.claim.fencing_token, done)])  # settles its run
             scheduler.run_pass()
             Passes(db).next_due_s([FLOW.name])
         return found

@@ -2,10 +2,11 @@
 
 A finish notifies the scheduler only when its pass has work from it (a failure to route, a
 cancellation to propagate, a slot or stream freed, a dependent left for a pass, a run that may
-be over), and the publisher only for the outbox rows the worker does not claim itself in the
-same transaction. Each test LISTENs on both channels, finishes, then sends a marker on each
-channel from another session: notifications arrive in commit order, so every one the finish
-sent is read before its marker, and a missing one is proven missing without a sleep.
+be over and that the finish did not settle itself), and the publisher only for the outbox rows
+the worker does not claim itself in the same transaction. Each test LISTENs on both channels,
+finishes, then sends a marker on each channel from another session: notifications arrive in
+commit order, so every one the finish sent is read before its marker, and a missing one is
+proven missing without a sleep.
 The chains still end SUCCEEDED, their tasks propagated, once a pass comes.
 """
 
@@ -142,6 +143,20 @@ def test_the_last_step_wakes_the_scheduler_and_the_run_ends_with_every_task_prop
     drain(repo)
     assert repo.get_run(run_id).state is RunState.SUCCEEDED
     assert propagated(sql, run_id) == [True, True, True]
+
+
+def test_a_one_task_run_its_finish_settles_wakes_nobody(
+    repo: Store, sql: Sql, heard: psycopg.Connection[Any]
+) -> None:
+    """The finish settled the run itself (test_finish_settles): no pass has work from it."""
+    run_id = repo.trigger(chain("one-step", length=1)).run_id
+    (task_id,) = task_ids(repo, run_id).values()
+    drain(repo)
+    wakes(heard, sql)
+    assert succeed(repo, sql, task_id) == set()
+    assert wakes(heard, sql) == set()
+    assert repo.get_run(run_id).state is RunState.SUCCEEDED
+    assert propagated(sql, run_id) == [True]
 
 
 def test_a_failure_wakes_the_scheduler(

@@ -6,6 +6,7 @@ import ast
 import re
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import flowforge.store as store_package
@@ -379,16 +380,37 @@ def test_compact_drops_comments_and_needless_spaces_only(written: str, sent: str
     assert queries.compact(written) == sent
 
 
-def test_the_hot_paths_statements_fit_psycopgs_cache_of_parsed_queries() -> None:
+def test_the_hot_paths_statements_are_parsed_once_per_process() -> None:
     """psycopg caches its parse of a query's text (``%(name)s`` to ``$n``) only up to 4,096
     bytes (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); a longer one is parsed again at
     every execution, on the caller's CPU — ``finish``, at 4,351 bytes, cost the worker 80-200
     µs a finish (docs/performance.md "Chain hop and CPU per task", "The finish under psycopg's
     cache of parsed queries"). Every prepared statement of a trigger, a claim, a finish and the
-    publisher (the scheduler's passes run once a pass) fits."""
+    publisher either fits, or is one :func:`queries.numbered` converts (once) for a
+    ``RawCursor`` (store/db.py ``run_statement``): no placeholder of psycopg's left in it."""
     hot = PREPARED - PASSES
     assert {"claim", "finish", "insert_tasks", "lock_outbox"} <= hot
-    assert {n: len(queries.load()[n]) for n in hot if len(queries.load()[n]) > 4096} == {}
+    assert psycopg._queries.MAX_CACHED_STATEMENT_LENGTH == queries.PARSE_CACHED_BYTES
+    for name in hot:
+        query = queries.load()[name]
+        if len(query) > queries.PARSE_CACHED_BYTES:
+            text, names = queries.numbered(query)
+            assert b"%(" not in text and names, name
+            assert len(names) == len(set(re.findall(rb"%\(([a-z_0-9]+)\)s", query))), name
+
+
+@pytest.mark.parametrize(
+    ("query", "text", "names"),
+    [
+        (b"SELECT %(a)s, %(b)s, %(a)s", b"SELECT $1, $2, $1", ("a", "b")),
+        (b"SELECT 1", b"SELECT 1", ()),
+        (b"SELECT '%%' || %(x)s::text", b"SELECT '%' || $1::text", ("x",)),
+    ],
+)
+def test_numbered_gives_postgresql_placeholders_in_first_appearance_order(
+    query: bytes, text: bytes, names: tuple[str, ...]
+) -> None:
+    assert queries.numbered(query) == (text, names)
 
 
 def test_every_query_is_sent_as_its_readable_text_compacted() -> None:
