@@ -1106,7 +1106,11 @@ WITH outcome AS (
     SELECT t.id, t.run_id
       FROM outcome o
       JOIN task_runs t ON t.id = o.id
-      JOIN workflow_runs r ON r.id = t.run_id
+      -- the run from its task, never the tasks from their run: t.run_id cast to text and back
+      -- is no column an index of task_runs has, so no plan reads every task of a RUNNING run
+      -- to find the one finished (a plan made on small tables did, once per finish of a wide
+      -- fan-out: docs/performance.md "A finish settles a one-task run")
+      JOIN workflow_runs r ON r.id = t.run_id::text::uuid
       JOIN workflow_definitions d ON d.name = r.workflow AND d.digest = r.workflow_digest
      WHERE t.id = ANY((SELECT %(ids)s::uuid[])::uuid[]) AND o.state = 'SUCCEEDED'
        AND d.task_count = 1
