@@ -287,3 +287,72 @@ def test_a_claim_planned_on_a_small_table_takes_its_window_from_a_grown_backlog(
             passed, removed = _claim_reads(claim(WINDOW))
     assert passed <= WINDOW, passed
     assert removed <= WINDOW * WINDOW, removed
+
+
+def _settling_index_scans(plan: dict[str, Any]) -> list[str]:
+    """The indexes through which the finish's ``settling`` CTE reads task_runs."""
+    found: list[str] = []
+
+    def walk(node: dict[str, Any], inside: bool) -> None:
+        inside = inside or node.get("Subplan Name") == "CTE settling"
+        if inside and node.get("Relation Name") == "task_runs" and "Index Name" in node:
+            found.append(node["Index Name"])
+        for child in node.get("Plans", ()):
+            walk(child, inside)
+
+    walk(plan, False)
+    return found
+
+
+def test_a_finish_planned_on_small_tables_reaches_the_run_from_its_task(
+    pg_server_url: str,
+) -> None:
+    """The finish asks whether the run it ends is a one-task run it may settle
+    (test_finish_settles). A generic plan made on near-empty tables (a fresh install, a
+    bench's truncated tables) must reach the run from the finished task, not read every task
+    of the RUNNING run through an index on the run's id to find it: once per finish, the whole
+    width of a fan-out each time (docs/performance.md, "A finish settles a one-task run")."""
+
+    def fanout(width: int) -> WorkflowDef:
+        middle = (TaskDef(f"m{i}", "plans.noop", depends_on=("start",)) for i in range(width))
+        return WorkflowDef(f"fan-{width}", (TaskDef("start", "plans.noop"), *middle))
+
+    with bench.fresh_database(pg_server_url) as url, pool_of(url, 1, "wide") as db:
+        text, order = plans.numbered(queries.load()["finish"])
+        with psycopg.connect(url, autocommit=True) as sql:
+            sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
+            sql.execute("ALTER TABLE workflow_runs SET (autovacuum_enabled = false)")
+            sql.execute("SET plan_cache_mode = force_generic_plan")
+            sql.execute(b"PREPARE small_finish AS " + text)
+
+            def finish_middle(width: int) -> dict[str, Any]:
+                """EXPLAIN ANALYZE of the finish of one middle task of a new fan-out (rolled
+                back): the plan is the one made at the first call."""
+                run_id = Triggers(db).trigger(fanout(width), {}).run_id
+                sql.execute("UPDATE workflow_runs SET state = 'RUNNING' WHERE id = %s", (run_id,))
+                row = sql.execute(
+                    "UPDATE task_runs SET state = 'RUNNING', fencing_token = fencing_token + 1"
+                    " WHERE run_id = %s AND name = 'm7' RETURNING id, fencing_token",
+                    (run_id,),
+                ).fetchone()
+                assert row is not None
+                ended = [(row[0], row[1], Finish(TaskState.SUCCEEDED, {"ok": 1}))]
+                params = {
+                    **rows.finish_columns(ended),
+                    "offer": 0,
+                    "queue": None,
+                    "min_priority": 0,
+                    "publish": True,
+                }
+                args = pgsql.SQL(", ").join(pgsql.Literal(params[n]) for n in order)
+                explain = pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE small_finish ({})")
+                sql.execute("BEGIN")
+                found = sql.execute(explain.format(args)).fetchone()
+                sql.execute("ROLLBACK")
+                assert found is not None
+                plan = found[0] if not isinstance(found[0], str) else json.loads(found[0])
+                return plan[0]["Plan"]  # type: ignore[no-any-return]
+
+            finish_middle(40)  # the generic plan, made now: a page of tasks, never analyzed
+            plan = finish_middle(3000)
+    assert set(_settling_index_scans(plan)) <= {"task_runs_pkey"}, _settling_index_scans(plan)
