@@ -26,7 +26,7 @@ from flowforge.broker import quiet_pika_logs
 from flowforge.config import Config, log_warnings, redact_url
 from flowforge.errors import BootError
 from flowforge.telemetry import METRICS_DIR_ENV
-from supervisor import exitcodes, logs
+from supervisor import exitcodes, logs, residency
 from supervisor.child import ChildContext
 from supervisor.restart import IntensityLimit
 from supervisor.spec import ChildSpec, Restart
@@ -188,6 +188,17 @@ def banner(config: Config) -> str:
     )
 
 
+def give_back_start_up_pages(_readiness: object) -> None:
+    """Every child is ready: unmap the library pages the supervisor touched while importing
+    what its children use (OpenSSL's and libpq's start-up, :func:`preload_driver`), which it
+    does not run again and no child inherited (supervisor/residency.py; docs/performance.md,
+    "The supervisor's start-up pages"). Called from the supervisor's loop, its one thread."""
+    dropped = residency.drop_file_pages()
+    logger.debug(
+        "gave back %d kB of start-up pages", dropped, extra={"action": "start_up_pages_dropped"}
+    )
+
+
 def _supervise(config: Config, listener: socket.socket | None) -> int:
     specs = build_specs(config, listener)
     sys.stdout.write(banner(config))
@@ -198,5 +209,6 @@ def _supervise(config: Config, listener: socket.socket | None) -> int:
         intensity=IntensityLimit(config.processes.restart_limit, config.processes.restart_period_s),
         drain_timeout_s=config.processes.drain_timeout_s,
         child_setup=_child_setup(config),
+        on_ready=give_back_start_up_pages,
     )
     return supervisor.run()
