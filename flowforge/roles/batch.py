@@ -20,8 +20,9 @@ calls start (the worker asks for this at its full window only), and each slot a 
 filled at once with a delivery that came in meanwhile, claimed and acked there, so the worker's
 slots stay busy instead of waiting for the batch's longest call and the next batch's round
 trips. While none of its calls is slow it rolls for :data:`ROLL_S` (its outcomes are committed
-when it ends); once one is slow (its outcomes are then committed about every second) it rolls
-for as long as it runs, so long calls never leave slots idle while work waits, and it consumes
+when it ends, or every :data:`FLUSH_AFTER` of them); once one is slow (its outcomes are then
+committed about every second) it rolls for as long as it runs, so long calls never leave slots
+idle while work waits, and it consumes
 only while a slot is free: with every slot busy it hands back what came in, so a delivery
 waits here at most about a second before it is taken or requeued for another worker. A
 rolling batch forgets the tasks it is done with, so one that rolls for hours holds only its
@@ -75,7 +76,12 @@ ASYNC_SLOW_S = PUMP_INTERVAL_S
 #: (with its calls). A slow batch commits as it goes and rolls as long as it runs.
 ROLL_S = PUMP_INTERVAL_S
 #: A rolling batch forgets the tasks it is done with once it has waited for this many.
-FORGET_AFTER = 256
+FORGET_AFTER = 32
+#: A rolling batch commits its outcomes once it holds this many, not only when it ends: at 16
+#: async calls of 50 ms a worker ends ~320 a second, each outcome holding its claim, context
+#: and captured output until committed (docs/performance.md, "A rolling batch commits as it
+#: goes").
+FLUSH_AFTER = 64
 #: An async handler given up by a hook (cancelled) that is still running after this long
 #: ignored its cancellation: the worker is replaced, as for a sync one (seconds).
 GIVE_UP_GRACE_S = 1.0
@@ -307,6 +313,9 @@ class Batch:
                 crew.beat()
                 self._harvest(self._tasks[self._next :])
         self._record(task)
+        if self._top_up is not None and len(self._outcomes) >= FLUSH_AFTER:
+            self._ack()  # (a rolling batch acks as its calls start: nothing is pending here)
+            self._flush(None)
         return fast
 
     def _pause(self, job: Job, seconds: float) -> bool:

@@ -112,6 +112,34 @@ def test_a_batch_of_async_calls_fills_the_slots_its_calls_free(rigs: list[Rig]) 
     assert rig.broker.unacked == 0
 
 
+def test_a_rolling_batch_commits_its_outcomes_as_it_goes(
+    rigs: list[Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forty quick calls roll through one batch: their outcomes are committed by
+    ``FLUSH_AFTER`` (eight here), not all at its end, each task once (an outcome holds its
+    claim, context and output until committed)."""
+    monkeypatch.setattr(batch, "FLUSH_AFTER", 8)
+    monkeypatch.setattr(batch, "ROLL_S", 30.0)  # the roll outlasts the forty calls
+    sizes: list[int] = []
+    flush = batch.Batch._flush
+
+    def measured(self: batch.Batch, then: Any) -> None:
+        sizes.append(len(self._outcomes))
+        flush(self, then)
+
+    monkeypatch.setattr(batch.Batch, "_flush", measured)
+    gauge = Gauge()
+    rig = rig_with(rigs, {"fast": gauge.nap}, async_concurrency=4)
+    tasks = rig.publish("fast", 40)
+    rig.run()
+    assert rig.finished.count == 40
+    assert {finish_of(rig, t).state for t in tasks} == {TaskState.SUCCEEDED}
+    committed = [n for n in sizes if n]
+    assert sum(committed) == 40
+    assert max(committed) <= 8 and len(committed) >= 40 // 8, committed
+    assert rig.broker.unacked == 0
+
+
 def test_a_rolling_batch_takes_nothing_more_once_the_worker_stops(rigs: list[Rig]) -> None:
     rig: Rig
 
