@@ -19,12 +19,15 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 @contextmanager
 def stop_on_signals(stop: threading.Event, signals: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
-    """Set ``stop`` when one of ``signals`` arrives, for the duration of the block."""
+    """Set ``stop`` when one of ``signals`` arrives, for the duration of the block. Another
+    signal with a Python handler (a handler's own ``SIGALRM``, say) writes its number to the
+    same pipe (``signal.set_wakeup_fd`` takes every one): it is not a stop."""
+    stopping = frozenset(int(s) for s in signals)
 
     def watch(pipe: SignalPipe) -> None:
         while (arrived := pipe.read(None)) is not None:  # None: the block was left
-            if arrived:
+            if stopping.intersection(arrived):
                 stop.set()
 
-    with signal_pipe(signals, reader=watch):
+    with signal_pipe(stopping, reader=watch):
         yield

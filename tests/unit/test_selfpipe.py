@@ -146,3 +146,22 @@ def test_a_signal_blocked_before_the_pipe_existed_arrives_once_it_does() -> None
             assert _read_until(pipe, 1) == [signal.SIGUSR1]
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def test_a_signal_of_another_python_handler_is_not_a_stop() -> None:
+    """``set_wakeup_fd`` writes every signal that has a Python handler to the pipe: a
+    handler's own (SIGUSR1 here, say a ``signal.alarm`` of its own) must not stop the role;
+    one of the stop signals still does."""
+    stop = threading.Event()
+    handled = threading.Event()
+    before = signal.signal(signal.SIGUSR1, lambda *_: handled.set())
+    try:
+        with stop_on_signals(stop, [signal.SIGUSR2]):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert handled.wait(WAIT_S)
+            # the watcher has had the byte as soon as the signal arrived: an absence, bounded
+            assert not stop.wait(0.3)
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert stop.wait(WAIT_S)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
