@@ -192,7 +192,7 @@ def give_back_start_up_pages(_readiness: object) -> None:
     """Every child is ready: unmap the library pages the supervisor touched while importing
     what its children use (OpenSSL's and libpq's start-up, :func:`preload_driver`), which it
     does not run again and no child inherited (supervisor/residency.py; docs/performance.md,
-    "The supervisor's start-up pages"). Called from the supervisor's loop, its one thread."""
+    "The tree under 250 MB again"). Called from the supervisor's loop, its one thread."""
     dropped = residency.drop_file_pages()
     logger.debug(
         "gave back %d kB of start-up pages", dropped, extra={"action": "start_up_pages_dropped"}

@@ -6,8 +6,8 @@ clean copy of the file — a private mapping never written holds no anonymous pa
 ``madvise(MADV_DONTNEED)`` may unmap it: a page touched again later is mapped back from the
 page cache by a minor fault, with the file's contents. The pages leave the process's RSS and
 PSS; they stay in the page cache (reclaimable at no cost) while nothing maps them, so the
-machine's memory gains only once the kernel needs it (docs/performance.md, "The supervisor's
-start-up pages").
+machine's memory gains only once the kernel needs it (docs/performance.md, "The tree under
+250 MB again").
 
 The supervisor does this each time its tree is ready: it forks its children from a process
 that imported their libraries, and a child does not inherit the parent's mapped file pages

@@ -79,8 +79,7 @@ ROLL_S = PUMP_INTERVAL_S
 FORGET_AFTER = 32
 #: A rolling batch commits its outcomes once it holds this many, not only when it ends: at 16
 #: async calls of 50 ms a worker ends ~320 a second, each outcome holding its claim, context
-#: and captured output until committed (docs/performance.md, "A rolling batch commits as it
-#: goes").
+#: and captured output until committed (docs/performance.md, "The tree under 250 MB again").
 FLUSH_AFTER = 64
 #: An async handler given up by a hook (cancelled) that is still running after this long
 #: ignored its cancellation: the worker is replaced, as for a sync one (seconds).
