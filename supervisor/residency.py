@@ -33,7 +33,7 @@ Advise = Callable[[int, int, int], int]
 
 
 @dataclass
-class Mapping:
+class Region:
     """One mapping of ``/proc/<pid>/smaps``: its range, permissions, path and resident kB."""
 
     start: int
@@ -58,16 +58,16 @@ class Mapping:
         )
 
 
-def mappings(smaps: str) -> Iterator[Mapping]:
+def mappings(smaps: str) -> Iterator[Region]:
     """The mappings described by the text of an ``smaps`` file, in its order."""
-    current: Mapping | None = None
+    current: Region | None = None
     for line in smaps.splitlines():
         header = _HEADER.match(line)
         if header:
             if current is not None:
                 yield current
             start, end, perms, path = header.groups()
-            current = Mapping(int(start, 16), int(end, 16), perms, path)
+            current = Region(int(start, 16), int(end, 16), perms, path)
         elif current is not None and line.startswith("Rss:"):
             current.rss_kb = int(line.split()[1])
         elif current is not None and line.startswith("Anonymous:"):
@@ -77,7 +77,7 @@ def mappings(smaps: str) -> Iterator[Mapping]:
 
 
 def drop_file_pages(smaps_path: str = "/proc/self/smaps", advise: Advise | None = None) -> int:
-    """Unmap the resident pages of this process's droppable mappings (:attr:`Mapping.droppable`);
+    """Unmap the resident pages of this process's droppable mappings (:attr:`Region.droppable`);
     the kB that were resident in those whose ``madvise`` succeeded. 0 where ``smaps`` or
     ``madvise`` is not there (not Linux): nothing is dropped."""
     try:

@@ -262,14 +262,32 @@ import signal  # noqa: E402
 # other tests' schedulers share the server.
 
 
-def scheduler_waits_on_a_lock(sql: psycopg.Connection[tuple[object, ...]]) -> bool:
-    """Whether a scheduler session of this database waits for another transaction."""
+def waits_on_a_lock(
+    sql: psycopg.Connection[tuple[object, ...]], application: str, event: str | None = None
+) -> bool:
+    """Whether a session of this database whose application name is LIKE ``application``
+    waits for a lock (of kind ``event``, e.g. ``transactionid``: another transaction's)."""
     row = sql.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name LIKE 'flowforge-scheduler%%' AND wait_event_type = 'Lock'"
-        " AND wait_event = 'transactionid'"
+        " AND application_name LIKE %s AND wait_event_type = 'Lock'"
+        " AND (%s::text IS NULL OR wait_event = %s::text)",
+        (application, event, event),
     ).fetchone()
     return bool(row and row[0])
+
+
+def scheduler_waits_on_a_lock(sql: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether a scheduler session of this database waits for another transaction."""
+    return waits_on_a_lock(sql, "flowforge-scheduler%", "transactionid")
+
+
+def stored_run(sql: psycopg.Connection[tuple[object, ...]], run_id: UUID) -> tuple[str, bool]:
+    """(state, finished_at IS NOT NULL) as the run's row says, not as any reader reshapes it."""
+    row = sql.execute(
+        "SELECT state, finished_at IS NOT NULL FROM workflow_runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert row is not None
+    return str(row[0]), bool(row[1])
 
 
 def no_scheduler_session(sql: psycopg.Connection[tuple[object, ...]]) -> bool:

@@ -313,7 +313,7 @@ class Batch:
                 self._harvest(self._tasks[self._next :])
         self._record(task)
         if self._top_up is not None and len(self._outcomes) >= FLUSH_AFTER:
-            self._ack()  # (a rolling batch acks as its calls start: nothing is pending here)
+            self._ack()  # ack, then commit, as the batch's end does (an overtake's deliveries)
             self._flush(None)
         return fast
 

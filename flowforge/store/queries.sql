@@ -1099,9 +1099,9 @@ WITH outcome AS (
     -- A success that ends its run, settled here instead of by a scheduler pass (a second write
     -- of the task's row and five statements; docs/architecture.md "A finish settles a one-task
     -- run"): the run's definition has this one task (no sibling by construction; read by the
-    -- definition's key, never the run's other tasks), the run RUNNING, not asked to stop, past
-    -- no deadline, no child run (settle_children hands those on), the task nothing a pass must
-    -- see (done.for_pass). Locked task then run (the scheduler's order); a change committed
+    -- definition's key, never the run's other tasks), the run RUNNING, not asked to stop, not
+    -- failed by its deadline (expire_deadlines), no child run (settle_children hands those
+    -- on), the task nothing a pass must see (the complement of done.for_pass). Locked task then run (the scheduler's order); a change committed
     -- since the snapshot is rechecked on the locked rows.
     SELECT t.id, t.run_id
       FROM outcome o

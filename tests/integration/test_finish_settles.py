@@ -22,8 +22,17 @@ from flowforge.domain.limits import Concurrency
 from flowforge.domain.model import Finish
 from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
-from flowforge.store import queries, rows
-from tests.helpers import chain, claim_task, single, task_ids, wait_for
+from flowforge.store import queries
+from flowforge.store.claims import _finish_params
+from tests.helpers import (
+    chain,
+    claim_task,
+    single,
+    stored_run,
+    task_ids,
+    wait_for,
+    waits_on_a_lock,
+)
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -31,15 +40,6 @@ pytestmark = pytest.mark.integration
 Sql = psycopg.Connection[tuple[Any, ...]]
 PASS_LIMIT = 100
 DONE = Finish(TaskState.SUCCEEDED, result={"ok": 1})
-
-
-def run_row(sql: Sql, run_id: uuid.UUID) -> tuple[str, bool]:
-    """(state, finished) of a run."""
-    row = sql.execute(
-        "SELECT state, finished_at IS NOT NULL FROM workflow_runs WHERE id = %s", (run_id,)
-    ).fetchone()
-    assert row is not None
-    return str(row[0]), bool(row[1])
 
 
 def propagated(sql: Sql, task_id: uuid.UUID) -> bool:
@@ -69,7 +69,7 @@ def test_a_one_task_run_is_settled_by_its_finish(repo: Store, sql: Sql) -> None:
     run_id = repo.trigger(single("settle-one")).run_id
     (task_id,) = task_ids(repo, run_id).values()
     succeed(repo, sql, task_id)
-    assert run_row(sql, run_id) == ("SUCCEEDED", True)
+    assert stored_run(sql, run_id) == ("SUCCEEDED", True)
     assert propagated(sql, task_id)
     assert repo.propagate(PASS_LIMIT) == 0  # nothing left for a pass
     assert repo.get_run(run_id).tasks[0].result == {"ok": 1}
@@ -88,7 +88,7 @@ def test_one_finish_settles_each_of_its_one_task_runs_and_only_those(repo: Store
         (ids[3], tokens[3], failed),  # a retry to route: the scheduler's
     ]
     assert repo.finish_many(outcomes).committed == {ids[0], ids[1], ids[3]}
-    assert [run_row(sql, run_id) for run_id in runs] == [
+    assert [stored_run(sql, run_id) for run_id in runs] == [
         ("SUCCEEDED", True),
         ("SUCCEEDED", True),
         ("RUNNING", False),
@@ -105,10 +105,10 @@ def test_a_run_of_several_tasks_is_left_to_the_scheduler(repo: Store, sql: Sql) 
     ids = task_ids(repo, run_id)
     succeed(repo, sql, ids["t0"])
     succeed(repo, sql, ids["t1"])
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)
     assert not propagated(sql, ids["t1"])
     assert repo.propagate(PASS_LIMIT) == 2
-    assert run_row(sql, run_id) == ("SUCCEEDED", True)
+    assert stored_run(sql, run_id) == ("SUCCEEDED", True)
 
 
 def test_a_success_beside_an_unfinished_sibling_leaves_the_run_running(
@@ -118,10 +118,10 @@ def test_a_success_beside_an_unfinished_sibling_leaves_the_run_running(
     run_id = repo.trigger(pair).run_id
     ids = task_ids(repo, run_id)
     succeed(repo, sql, ids["a"])  # b is still READY
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)
     assert not propagated(sql, ids["a"])
     repo.propagate(PASS_LIMIT)
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)
 
 
 def test_a_run_asked_to_stop_is_left_to_the_scheduler(repo: Store, sql: Sql) -> None:
@@ -131,19 +131,10 @@ def test_a_run_asked_to_stop_is_left_to_the_scheduler(repo: Store, sql: Sql) -> 
     claim = claim_task(repo, sql, task_id)
     sql.execute("UPDATE workflow_runs SET cancel_requested_at = now() WHERE id = %s", (run_id,))
     assert repo.finish_many([(task_id, claim.fencing_token, DONE)]).committed == {task_id}
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)
     assert not propagated(sql, task_id)
     assert repo.propagate(PASS_LIMIT) == 1
-    assert run_row(sql, run_id)[1]  # finished, as the scheduler derives it
-
-
-def waits_on_a_lock(sql: Sql, application: str) -> bool:
-    row = sql.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name = %s AND wait_event_type = 'Lock'",
-        (application,),
-    ).fetchone()
-    return bool(row and row[0])
+    assert stored_run(sql, run_id)[1]  # finished, as the scheduler derives it
 
 
 def test_a_cancel_committed_while_the_finish_waits_for_the_run_is_seen(
@@ -161,13 +152,7 @@ def test_a_cancel_committed_while_the_finish_waits_for_the_run_is_seen(
         )
         application = f"settle-race-{uuid.uuid4().hex[:8]}"
         with psycopg.connect(clean_database_url, application_name=application) as worker:
-            params = {
-                **rows.finish_columns([(task_id, claim.fencing_token, DONE)]),
-                "offer": 0,
-                "queue": None,
-                "min_priority": 0,
-                "publish": True,
-            }
+            params = _finish_params([(task_id, claim.fencing_token, DONE)])
 
             def finish() -> None:
                 finished["rows"] = worker.execute(queries.load()["finish"], params).fetchall()
@@ -182,10 +167,77 @@ def test_a_cancel_committed_while_the_finish_waits_for_the_run_is_seen(
                 racer.join(30)
             assert not racer.is_alive()
     assert [row[0] for row in finished["rows"]] == [task_id]
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)
     assert not propagated(sql, task_id)
     assert repo.propagate(PASS_LIMIT) == 1
-    assert run_row(sql, run_id)[1]
+    assert stored_run(sql, run_id)[1]
+
+
+def deadlocks(sql: Sql) -> int:
+    """Deadlocks PostgreSQL has detected in this database (pg_stat_database)."""
+    row = sql.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_an_operators_cancel_deadlocking_with_the_settling_finish_loses_nothing(
+    repo: Store, sql: Sql, clean_database_url: str
+) -> None:
+    """The one lock order the settling finish can meet the other way round: an operator's
+    cancel locks the run, then its running task (request_stop); the finish locks the task,
+    then the run. PostgreSQL breaks the cycle by failing one of them; the store runs a finish
+    that lost again (Database retries conflicts), so either way the task ends once, the run
+    ends, and nothing is left to a pass that it would not find."""
+    run_id = repo.trigger(single("settle-deadlock")).run_id
+    (task_id,) = task_ids(repo, run_id).values()
+    claim = claim_task(repo, sql, task_id)
+    before = deadlocks(sql)
+    finished: dict[str, Any] = {}
+    application = f"settle-operator-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(clean_database_url, application_name=application) as operator:
+        operator.execute(
+            "UPDATE workflow_runs SET cancel_requested_at = now() WHERE id = %s", (run_id,)
+        )
+        racer = threading.Thread(
+            target=lambda: finished.update(
+                done=repo.finish_many([(task_id, claim.fencing_token, DONE)])
+            )
+        )
+        racer.start()
+        try:
+            # the finish holds the task and waits for the run the operator holds
+            wait_for(
+                lambda: (
+                    sql.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND application_name NOT LIKE %s AND wait_event_type = 'Lock'",
+                        (application,),
+                    ).fetchone()
+                    == (1,)
+                ),
+                30,
+                what="the finish to wait for the run",
+            )
+            try:  # the operator's stop of the running task closes the cycle
+                operator.execute(
+                    "UPDATE task_runs SET cancel_requested = true WHERE id = %s", (task_id,)
+                )
+                operator.commit()
+            except psycopg.errors.DeadlockDetected:
+                operator.rollback()  # the operator lost: its cancel is not there
+        finally:
+            racer.join(30)
+        assert not racer.is_alive()
+    assert deadlocks(sql) == before + 1  # the cycle happened, and was broken once
+    assert finished["done"].committed == {task_id}
+    row = sql.execute("SELECT state FROM task_runs WHERE id = %s", (task_id,)).fetchone()
+    assert row == ("SUCCEEDED",)
+    repo.propagate(PASS_LIMIT)
+    assert stored_run(sql, run_id)[1]  # ended, by the finish or by the pass
+    assert propagated(sql, task_id)
+    assert repo.propagate(PASS_LIMIT) == 0
 
 
 def test_a_child_run_is_left_to_the_scheduler(repo: Store, sql: Sql) -> None:
@@ -199,7 +251,7 @@ def test_a_child_run_is_left_to_the_scheduler(repo: Store, sql: Sql) -> None:
     )
     (task_id,) = task_ids(repo, run_id).values()
     succeed(repo, sql, task_id)
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)
     assert not propagated(sql, task_id)
 
 
@@ -210,10 +262,10 @@ def test_a_task_a_pass_must_see_is_left_to_the_scheduler(repo: Store, sql: Sql) 
     run_id = repo.trigger(keyed).run_id
     (task_id,) = task_ids(repo, run_id).values()
     succeed(repo, sql, task_id)
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)
     assert not propagated(sql, task_id)
     assert repo.propagate(PASS_LIMIT) == 1
-    assert run_row(sql, run_id) == ("SUCCEEDED", True)
+    assert stored_run(sql, run_id) == ("SUCCEEDED", True)
 
 
 def test_a_stale_outcome_settles_nothing(repo: Store, sql: Sql) -> None:
@@ -222,7 +274,7 @@ def test_a_stale_outcome_settles_nothing(repo: Store, sql: Sql) -> None:
     claim = claim_task(repo, sql, task_id)
     stale = [(task_id, claim.fencing_token - 1, DONE)]
     assert repo.finish_many(stale).committed == frozenset()
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)
     row = sql.execute("SELECT state FROM task_runs WHERE id = %s", (task_id,)).fetchone()
     assert row == ("RUNNING",)
 
@@ -233,4 +285,4 @@ def test_a_failure_is_not_a_settling(repo: Store, sql: Sql) -> None:
     claim = claim_task(repo, sql, task_id)
     failed = Finish(TaskState.FAILED, error="boom", reason=FailureReason.HANDLER_ERROR)
     assert repo.finish_many([(task_id, claim.fencing_token, failed)]).committed == {task_id}
-    assert run_row(sql, run_id) == ("RUNNING", False)
+    assert stored_run(sql, run_id) == ("RUNNING", False)

@@ -26,7 +26,7 @@ from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Finish
 from flowforge.domain.states import TaskState
 from flowforge.store import queries, rows
-from flowforge.store.claims import Claims
+from flowforge.store.claims import Claims, _finish_params
 from flowforge.store.db import Database
 from flowforge.store.part import PREPARED
 from flowforge.store.plansize import CHECK_S, PlanSizes
@@ -246,6 +246,29 @@ def _claim_reads(plan: dict[str, Any]) -> tuple[int, int]:
     return passed, removed
 
 
+def _prepare_generic(sql: psycopg.Connection[Any], name: str, statement: str) -> list[str]:
+    """PREPARE ``statement`` (a named query) as ``name`` on ``sql``, generic plans forced (the
+    plan is made at its first EXECUTE, at the tables' size then); its parameters' names in
+    ``$n`` order."""
+    text, order = plans.numbered(queries.load()[statement])
+    sql.execute("SET plan_cache_mode = force_generic_plan")
+    sql.execute(b"PREPARE " + name.encode() + b" AS " + text)
+    return order
+
+
+def _explain_execute(
+    sql: psycopg.Connection[Any], name: str, order: list[str], params: dict[str, Any]
+) -> Any:
+    """The JSON plan of ``EXPLAIN ANALYZE EXECUTE name`` with ``params`` (run, so rows are
+    counted: the caller rolls back what it must not keep)."""
+    args = pgsql.SQL(", ").join(pgsql.Literal(params[n]) for n in order)
+    explain = pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {} ({})")
+    row = sql.execute(explain.format(pgsql.Identifier(name), args)).fetchone()
+    assert row is not None
+    found = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return found[0]["Plan"]
+
+
 def test_a_claim_planned_on_a_small_table_takes_its_window_from_a_grown_backlog(
     pg_server_url: str,
 ) -> None:
@@ -260,12 +283,10 @@ def test_a_claim_planned_on_a_small_table_takes_its_window_from_a_grown_backlog(
     with bench.fresh_database(pg_server_url) as url, pool_of(url, 1, "grown") as db:
         triggers = Triggers(db)
         triggers.trigger_many(flow, [{"n": n} for n in range(40)])
-        text, order = plans.numbered(queries.load()["claim"])
         with psycopg.connect(url, autocommit=True) as sql:
             sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
             sql.execute("ANALYZE task_runs")
-            sql.execute("SET plan_cache_mode = force_generic_plan")
-            sql.execute(b"PREPARE grown_claim AS " + text)
+            order = _prepare_generic(sql, "grown_claim", "claim")
 
             def claim(count: int) -> dict[str, Any]:
                 ready = sql.execute(
@@ -273,14 +294,8 @@ def test_a_claim_planned_on_a_small_table_takes_its_window_from_a_grown_backlog(
                     (count,),
                 ).fetchall()
                 params = rows.claim_params([(r[0], r[1]) for r in ready], "w/1", 30.0, False)
-                args = pgsql.SQL(", ").join(pgsql.Literal(params[n]) for n in order)
-                explain = pgsql.SQL(
-                    "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE grown_claim ({})"
-                ).format(args)
-                row = sql.execute(explain).fetchone()
-                assert row is not None
-                found = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-                return found[0]["Plan"]
+                plan: dict[str, Any] = _explain_execute(sql, "grown_claim", order, params)
+                return plan
 
             claim(4)  # the generic plan, made now: task_runs a page or two
             triggers.trigger_many(flow, [{"n": n} for n in range(BACKLOG)])  # no ANALYZE
@@ -317,42 +332,34 @@ def test_a_finish_planned_on_small_tables_reaches_the_run_from_its_task(
         middle = (TaskDef(f"m{i}", "plans.noop", depends_on=("start",)) for i in range(width))
         return WorkflowDef(f"fan-{width}", (TaskDef("start", "plans.noop"), *middle))
 
-    with bench.fresh_database(pg_server_url) as url, pool_of(url, 1, "wide") as db:
-        text, order = plans.numbered(queries.load()["finish"])
-        with psycopg.connect(url, autocommit=True) as sql:
-            sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
-            sql.execute("ALTER TABLE workflow_runs SET (autovacuum_enabled = false)")
-            sql.execute("SET plan_cache_mode = force_generic_plan")
-            sql.execute(b"PREPARE small_finish AS " + text)
+    with (
+        bench.fresh_database(pg_server_url) as url,
+        pool_of(url, 1, "wide") as db,
+        psycopg.connect(url, autocommit=True) as sql,
+    ):
+        sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
+        sql.execute("ALTER TABLE workflow_runs SET (autovacuum_enabled = false)")
+        order = _prepare_generic(sql, "small_finish", "finish")
 
-            def finish_middle(width: int) -> dict[str, Any]:
-                """EXPLAIN ANALYZE of the finish of one middle task of a new fan-out (rolled
-                back): the plan is the one made at the first call."""
-                run_id = Triggers(db).trigger(fanout(width), {}).run_id
-                sql.execute("UPDATE workflow_runs SET state = 'RUNNING' WHERE id = %s", (run_id,))
-                row = sql.execute(
-                    "UPDATE task_runs SET state = 'RUNNING', fencing_token = fencing_token + 1"
-                    " WHERE run_id = %s AND name = 'm7' RETURNING id, fencing_token",
-                    (run_id,),
-                ).fetchone()
-                assert row is not None
-                ended = [(row[0], row[1], Finish(TaskState.SUCCEEDED, {"ok": 1}))]
-                params = {
-                    **rows.finish_columns(ended),
-                    "offer": 0,
-                    "queue": None,
-                    "min_priority": 0,
-                    "publish": True,
-                }
-                args = pgsql.SQL(", ").join(pgsql.Literal(params[n]) for n in order)
-                explain = pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE small_finish ({})")
-                sql.execute("BEGIN")
-                found = sql.execute(explain.format(args)).fetchone()
-                sql.execute("ROLLBACK")
-                assert found is not None
-                plan = found[0] if not isinstance(found[0], str) else json.loads(found[0])
-                return plan[0]["Plan"]  # type: ignore[no-any-return]
+        def finish_middle(width: int) -> dict[str, Any]:
+            """EXPLAIN ANALYZE of the finish of one middle task of a new fan-out (rolled
+            back): the plan is the one made at the first call."""
+            run_id = Triggers(db).trigger(fanout(width), {}).run_id
+            sql.execute("UPDATE workflow_runs SET state = 'RUNNING' WHERE id = %s", (run_id,))
+            row = sql.execute(
+                "UPDATE task_runs SET state = 'RUNNING', fencing_token = fencing_token + 1"
+                " WHERE run_id = %s AND name = 'm7' RETURNING id, fencing_token",
+                (run_id,),
+            ).fetchone()
+            assert row is not None
+            ended = [(row[0], row[1], Finish(TaskState.SUCCEEDED, {"ok": 1}))]
+            sql.execute("BEGIN")
+            plan: dict[str, Any] = _explain_execute(
+                sql, "small_finish", order, _finish_params(ended)
+            )
+            sql.execute("ROLLBACK")
+            return plan
 
-            finish_middle(40)  # the generic plan, made now: a page of tasks, never analyzed
-            plan = finish_middle(3000)
+        finish_middle(40)  # the generic plan, made now: a page of tasks, never analyzed
+        plan = finish_middle(3000)
     assert set(_settling_index_scans(plan)) <= {"task_runs_pkey"}, _settling_index_scans(plan)

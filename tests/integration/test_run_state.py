@@ -23,7 +23,7 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import RunState, TaskState
 from tests import cli_runner
 from tests.e2e import REPO
-from tests.helpers import claim_task, drain, expire_lease, task_ids
+from tests.helpers import claim_task, drain, expire_lease, stored_run, task_ids
 from tests.store import Store
 
 pytestmark = pytest.mark.integration
@@ -45,15 +45,6 @@ def three_independent(fail_fast: bool) -> WorkflowDef:
 
 def states(repo: Store, run_id: uuid.UUID) -> dict[str, TaskState]:
     return {t.name: t.state for t in repo.get_run(run_id).tasks}
-
-
-def stored_run(sql: Sql, run_id: uuid.UUID) -> tuple[str, bool]:
-    """(state, finished_at IS NOT NULL) as the row says, not as any reader reshapes it."""
-    row = sql.execute(
-        "SELECT state, finished_at IS NOT NULL FROM workflow_runs WHERE id = %s", (run_id,)
-    ).fetchone()
-    assert row is not None
-    return str(row[0]), bool(row[1])
 
 
 def make_due(sql: Sql, task_id: uuid.UUID) -> None:
