@@ -8,15 +8,22 @@
 -- ------------------------------------------------------------------ fragments
 
 -- fragment: release_dependents(source)
--- The CTEs released and queued: every dependent of a task in {source} (columns id, state) that
--- SUCCEEDED counts one dependency off. A dependent whose last dependency that was, with no
--- ordering key to wait on, that becomes READY by itself (ready_by_itself, migration 0017: a
--- worker executes it and no concurrency or rate key gates it) becomes READY with its outbox row
--- in the same statement; any other (a timer, a map, an event wait, a child-workflow task, a
--- task the admission pass admits) stays PENDING for its scheduler pass. Every transition that makes a task SUCCEEDED uses this: a worker's finish, a
--- timer waking, a map settling, an event delivered or found at the start of its wait, a child
--- run's success handed to its task.
-released AS (
+-- The CTEs counted_off, released and queued: every dependent of a task in {source} (columns id,
+-- state) that SUCCEEDED counts one dependency off. A dependent whose last dependency that was,
+-- with no ordering key to wait on, that becomes READY by itself (ready_by_itself, migration
+-- 0017: a worker executes it and no concurrency or rate key gates it) becomes READY with its
+-- outbox row in the same statement; any other (a timer, a map, an event wait, a child-workflow
+-- task, a task the admission pass admits) stays PENDING for its scheduler pass. Every
+-- transition that makes a task SUCCEEDED uses this: a worker's finish, a timer waking, a map
+-- settling, an event delivered or found at the start of its wait, a child run's success handed
+-- to its task.
+counted_off AS (
+    SELECT e.downstream_id AS id, count(*) AS n
+      FROM task_edges e
+      JOIN {source} s ON s.id = e.upstream_id
+     WHERE s.state = 'SUCCEEDED'
+     GROUP BY e.downstream_id
+), released AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - x.n,
            state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.ready_by_itself
@@ -24,12 +31,13 @@ released AS (
            ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.ready_by_itself
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
-      FROM (SELECT e.downstream_id AS id, count(*) AS n
-              FROM task_edges e
-              JOIN {source} s ON s.id = e.upstream_id
-             WHERE s.state = 'SUCCEEDED'
-             GROUP BY e.downstream_id) AS x
-     WHERE t.id = x.id AND (t.state = 'PENDING') IS TRUE  -- by primary key (see claim)
+      FROM counted_off x
+     -- by primary key (see claim). The ids again as = ANY: a generic plan made while
+     -- task_edges had no statistics guesses dozens of dependents a finish and reads task_runs
+     -- whole to hash it against them; this keeps any plan to the dependents' rows
+     -- (docs/performance.md, "Where the halved fan-out's time goes")
+     WHERE t.id = x.id AND t.id = ANY(ARRAY(SELECT id FROM counted_off))
+       AND (t.state = 'PENDING') IS TRUE
     RETURNING t.id, t.state, t.fencing_token, t.queue, t.priority,
               t.idempotency_key IS NULL AS keyless,
               -- left PENDING with nothing to wait for but a scheduler pass (admission, a timer,

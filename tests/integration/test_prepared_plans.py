@@ -363,3 +363,66 @@ def test_a_finish_planned_on_small_tables_reaches_the_run_from_its_task(
         finish_middle(40)  # the generic plan, made now: a page of tasks, never analyzed
         plan = finish_middle(3000)
     assert set(_settling_index_scans(plan)) <= {"task_runs_pkey"}, _settling_index_scans(plan)
+
+
+def _released_reads(plan: dict[str, Any]) -> list[tuple[str, int]]:
+    """(node type, rows passed up) of each read of task_runs inside the finish's ``released``
+    CTE (the ``release_dependents`` fragment), from an ANALYZEd JSON plan."""
+    found: list[tuple[str, int]] = []
+
+    def walk(node: dict[str, Any], inside: bool) -> None:
+        inside = inside or node.get("Subplan Name") == "CTE released"
+        read = node.get("Relation Name") == "task_runs" and node["Node Type"] != "ModifyTable"
+        if inside and read:
+            found.append((node["Node Type"], node["Actual Rows"] * node["Actual Loops"]))
+        for child in node.get("Plans", ()):
+            walk(child, inside)
+
+    walk(plan, False)
+    return found
+
+
+def test_a_finish_planned_on_unanalyzed_edges_reads_its_dependents_by_their_ids(
+    pg_server_url: str,
+) -> None:
+    """A finished task counts one dependency off each of its dependents (the
+    ``release_dependents`` fragment). Once a wide fan-out is in a task_edges not analyzed
+    since it was truncated (a fresh install, a bench's repetition), a generic plan guesses that
+    a finish has dozens of dependents; for a planner that believes it, reading task_runs whole
+    and hashing it is cheaper than that many lookups by id. In a fan-out each middle task has one dependent (the
+    join), and that plan read every task of the table on each middle task's finish: the
+    bench's fan-outs ran at half speed in the repetitions where the workers' connections made
+    that plan (docs/performance.md, "Where the halved fan-out's time goes"). The dependents
+    must be read by their ids whatever the estimate."""
+
+    def fanout(width: int) -> WorkflowDef:
+        middle = tuple(f"m{i}" for i in range(width))
+        tasks = (TaskDef(m, "plans.noop", depends_on=("start",)) for m in middle)
+        join = TaskDef("join", "plans.noop", depends_on=middle)
+        return WorkflowDef(f"fanin-{width}", (TaskDef("start", "plans.noop"), *tasks, join))
+
+    with (
+        bench.fresh_database(pg_server_url) as url,
+        pool_of(url, 1, "unanalyzed") as db,
+        psycopg.connect(url, autocommit=True) as sql,
+    ):
+        sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
+        sql.execute("ALTER TABLE task_edges SET (autovacuum_enabled = false)")
+        # a fan-out written since the tables were truncated, not yet analyzed: the planner
+        # guesses 1 in 200 of the edges' rows share an upstream (dozens of dependents)
+        Triggers(db).trigger(fanout(BACKLOG), {})
+        order = _prepare_generic(sql, "unanalyzed_finish", "finish")
+        run_id = Triggers(db).trigger(fanout(BACKLOG), {}).run_id
+        sql.execute("UPDATE workflow_runs SET state = 'RUNNING' WHERE id = %s", (run_id,))
+        row = sql.execute(
+            "UPDATE task_runs SET state = 'RUNNING', fencing_token = fencing_token + 1"
+            " WHERE run_id = %s AND name = 'm7' RETURNING id, fencing_token",
+            (run_id,),
+        ).fetchone()
+        assert row is not None
+        ended = [(row[0], row[1], Finish(TaskState.SUCCEEDED, {"ok": 1}))]
+        sql.execute("BEGIN")
+        plan = _explain_execute(sql, "unanalyzed_finish", order, _finish_params(ended))
+        sql.execute("ROLLBACK")
+    reads = _released_reads(plan)
+    assert reads and all(kind != "Seq Scan" and passed <= 1 for kind, passed in reads), reads
