@@ -18,25 +18,33 @@
 -- settling, an event delivered or found at the start of its wait, a child run's success handed
 -- to its task.
 counted_off AS (
-    SELECT e.downstream_id AS id, count(*) AS n
-      FROM task_edges e
-      JOIN {source} s ON s.id = e.upstream_id
-     WHERE s.state = 'SUCCEEDED'
-     GROUP BY e.downstream_id
+    -- one row: the dependents' ids, and how many dependencies each counts off by its id. No
+    -- join of task_runs to a row source: a generic plan guesses such a source's size (from
+    -- statistics a fresh or truncated task_edges does not have yet, or a fixed 10), and the
+    -- guess chose a scan of task_runs hashed against dozens of dependents (every task read
+    -- at each finish) or a nested loop rescanning the dependents for each one (a 5,000-wide
+    -- fan-out's start squared); docs/performance.md, "Where the halved fan-out's time goes"
+    SELECT array_agg(c.id) AS ids, jsonb_object_agg(c.id::text, c.n) AS n_by_id
+      FROM (SELECT e.downstream_id AS id, count(*) AS n
+              FROM task_edges e
+              JOIN {source} s ON s.id = e.upstream_id
+             WHERE s.state = 'SUCCEEDED'
+             GROUP BY e.downstream_id) AS c
 ), released AS (
     UPDATE task_runs t
-       SET pending_deps = t.pending_deps - x.n,
-           state = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.ready_by_itself
+       -- n_by_id, an InitPlan's jsonb object: each dependent's count by its id
+       SET pending_deps = t.pending_deps - ((SELECT n_by_id FROM counted_off) ->> t.id::text)::int,
+           state = CASE WHEN t.pending_deps = ((SELECT n_by_id FROM counted_off)
+                                               ->> t.id::text)::int
+                             AND t.ordering_key IS NULL AND t.ready_by_itself
                         THEN 'READY' ELSE t.state END,
-           ready_at = CASE WHEN t.pending_deps = x.n AND t.ordering_key IS NULL AND t.ready_by_itself
+           ready_at = CASE WHEN t.pending_deps = ((SELECT n_by_id FROM counted_off)
+                                                  ->> t.id::text)::int
+                                AND t.ordering_key IS NULL AND t.ready_by_itself
                            THEN now() ELSE t.ready_at END,
            updated_at = now()
-      FROM counted_off x
-     -- by primary key (see claim). The ids again as = ANY: a generic plan made while
-     -- task_edges had no statistics guesses dozens of dependents a finish and reads task_runs
-     -- whole to hash it against them; this keeps any plan to the dependents' rows
-     -- (docs/performance.md, "Where the halved fan-out's time goes")
-     WHERE t.id = x.id AND t.id = ANY(ARRAY(SELECT id FROM counted_off))
+     -- by primary key (see claim), the ids an InitPlan's array: no row source to join
+     WHERE t.id = ANY((SELECT ids FROM counted_off)::uuid[])
        AND (t.state = 'PENDING') IS TRUE
     RETURNING t.id, t.state, t.fencing_token, t.queue, t.priority,
               t.idempotency_key IS NULL AS keyless,
