@@ -14,8 +14,6 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from flowforge.domain.children import unknown_children
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.schedule import ScheduleDef
@@ -248,6 +246,8 @@ def export_yaml(workflow: WorkflowDef) -> str:
     """:func:`document` as YAML text, after a comment naming the digest (``flowforge
     workflows export``). Anything but printable ASCII is written as an escape, so the text is
     safe for a terminal whatever the definition holds."""
+    import yaml  # not at import: the supervisor imports this module (flowforge/yamlfile.py)
+
     body = yaml.safe_dump(document(workflow), sort_keys=False, allow_unicode=False, width=100)
     return f"# workflow {workflow.name}, digest {workflow.digest}\n{body}"
 

@@ -5,12 +5,18 @@ running this module, so the supervisor — and, through fork, every child — ho
 command line's modules (argparse, the commands): about 0.5 MiB per process, 3.3 MiB for a tree
 of four workers (docs/performance.md, "Memory"). Not meant to be run by hand.
 
-Secrets given as variables (``FLOWFORGE_DATABASE_URL``, ``FLOWFORGE_BROKER_URL``, the api
-token's) do not cross the exec in the environment: a process's initial environment stays in its
-memory, where ``/proc/PID/environ`` of every forked child shows it, and ``os.environ`` would hand
-it to every handler and every program a handler starts. They cross in an anonymous memory file
-(``memfd_create``) whose descriptor :data:`SECRETS_FD_ENV` names; the tree reads and closes it
-before it forks anything.
+What ``flowforge up`` read crosses the exec in an anonymous memory file (``memfd_create``)
+whose descriptor :data:`SECRETS_FD_ENV` names; the tree reads and closes it before it forks
+anything. It holds:
+
+- the config file's document as parsed (``config``), which the tree validates again without
+  parsing YAML: neither the supervisor nor, through fork, a child that reads no YAML file holds
+  PyYAML (docs/performance.md, "PyYAML out of the supervisor"). A document JSON cannot carry
+  exactly (a YAML date, a key that is not text) is left out, and the tree reads the file again.
+- the secrets given as variables (``FLOWFORGE_DATABASE_URL``, ``FLOWFORGE_BROKER_URL``, the api
+  token's), which do not cross in the environment: a process's initial environment stays in its
+  memory, where ``/proc/PID/environ`` of every forked child shows it, and ``os.environ`` would
+  hand it to every handler and every program a handler starts.
 """
 
 from __future__ import annotations
@@ -23,22 +29,26 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import NoReturn
 
 from flowforge.cli import exitcodes
-from flowforge.config import Config, load_config, secret_variables
+from flowforge.config import Config, ConfigSource, config_from, load_config, secret_variables
 from flowforge.errors import ConfigError
 
 #: ``-P``: the new interpreter adds no directory of its own to ``sys.path``; it puts back the
 #: first entry of the old one (PATH0: the console script's folder, or the working directory
 #: under ``python -m``), so handler modules import exactly as they would have without the exec.
 INTERPRETER_OPTIONS = ("-P",)
-#: The variable naming the descriptor that carries the secrets across the exec (module doc).
+#: The variable naming the descriptor that carries the config and the secrets across the exec
+#: (module doc).
 SECRETS_FD_ENV = "FLOWFORGE_SECRETS_FD"
-#: The most a secrets file may hold (bytes): three values, each a URL list or a token.
-MAX_SECRETS_BYTES = 1024 * 1024
+#: The most the memory file may hold (bytes): a config document and three secrets.
+MAX_SECRETS_BYTES = 16 * 1024 * 1024
 
 
-def become_tree(config: Config, config_path: str | None, label: str) -> NoReturn:
-    """Replace this process with ``python -m flowforge.tree`` (the config is read again there),
-    its secret variables moved out of the environment into a memory file (module doc).
+def become_tree(
+    config: Config, source: ConfigSource | None, config_path: str | None, label: str
+) -> NoReturn:
+    """Replace this process with ``python -m flowforge.tree``, handing it ``source`` (the
+    document ``config`` was validated from) and the secret variables in a memory file, the
+    secrets moved out of the environment (module doc).
 
     Only returns by raising ``OSError`` when the interpreter cannot be executed.
     """
@@ -50,25 +60,37 @@ def become_tree(config: Config, config_path: str | None, label: str) -> NoReturn
     names = set(secret_variables(config))
     secrets = {name: value for name, value in os.environ.items() if name in names}
     env = {name: value for name, value in os.environ.items() if name not in names}
-    if secrets:
-        fd = os.memfd_create("flowforge-secrets", 0)  # inherited: no MFD_CLOEXEC
+    fd = os.memfd_create("flowforge-secrets", 0)  # inherited: no MFD_CLOEXEC
+    try:
+        os.write(fd, _handover(secrets, source))  # a memory file takes it in one write
+        os.lseek(fd, 0, os.SEEK_SET)
+        env[SECRETS_FD_ENV] = str(fd)
+        os.execve(sys.executable, argv, env)
+    finally:
+        os.close(fd)  # only reached when the exec failed
+
+
+def _handover(secrets: Mapping[str, str], source: ConfigSource | None) -> bytes:
+    """The memory file's content: ``secrets``, and ``source`` when JSON carries it exactly."""
+    given: dict[str, object] = {"secrets": dict(secrets)}
+    if source is not None:
+        document = {"data": source.data, "base_dir": source.base_dir, "where": source.where}
         try:
-            os.write(fd, json.dumps(secrets).encode())  # a memory file takes it in one write
-            os.lseek(fd, 0, os.SEEK_SET)
-            env[SECRETS_FD_ENV] = str(fd)
-            os.execve(sys.executable, argv, env)
-        finally:
-            os.close(fd)  # only reached when the exec failed
-    os.execve(sys.executable, argv, env)
+            exact = json.loads(json.dumps(document)) == document
+        except (TypeError, ValueError):  # a date, a set, a NaN: not JSON's
+            exact = False
+        if exact:
+            given["config"] = document
+    return json.dumps(given).encode()
 
 
-def _take_secrets(env: MutableMapping[str, str]) -> Mapping[str, str]:
-    """The secret variables ``flowforge up`` handed over (module doc), read from the descriptor
-    ``env`` names, which is closed; ``{}`` when there is none. Raises ``ValueError`` when the
-    variable does not name a readable descriptor holding them."""
+def _take_handover(env: MutableMapping[str, str]) -> tuple[Mapping[str, str], ConfigSource | None]:
+    """The secret variables and the config document ``flowforge up`` handed over (module doc),
+    read from the descriptor ``env`` names, which is closed; ``({}, None)`` when there is none.
+    Raises ``ValueError`` when the variable does not name a readable descriptor holding them."""
     named = env.pop(SECRETS_FD_ENV, None)
     if named is None:
-        return {}
+        return {}, None
     if not named.isdigit():
         raise ValueError(f"{SECRETS_FD_ENV} is not a file descriptor")
     fd = int(named)
@@ -80,12 +102,23 @@ def _take_secrets(env: MutableMapping[str, str]) -> Mapping[str, str]:
         with contextlib.suppress(OSError):  # not open: the read said so
             os.close(fd)
     try:
-        secrets = json.loads(data)
+        given = json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        secrets = None
+        given = None
+    refused = ValueError(f"{SECRETS_FD_ENV}: descriptor {fd} does not hold the tree's config")
+    if not isinstance(given, dict):
+        raise refused
+    secrets, document = given.get("secrets"), given.get("config")
     if not isinstance(secrets, dict) or not all(isinstance(v, str) for v in secrets.values()):
-        raise ValueError(f"{SECRETS_FD_ENV}: descriptor {fd} does not hold the secrets")
-    return secrets
+        raise refused
+    if document is None:
+        return secrets, None
+    if not isinstance(document, dict) or not isinstance(document.get("data"), dict):
+        raise refused
+    base_dir, where = document.get("base_dir"), document.get("where")
+    if not isinstance(base_dir, str) or not isinstance(where, str):
+        raise refused
+    return secrets, ConfigSource(document["data"], base_dir, where)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,9 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, path0)
     try:
         # os.environ too loses the variable: no child inherits it
-        secrets = _take_secrets(os.environ)
-        config = load_config(config_path, env={**os.environ, **secrets})
-    except (ConfigError, ValueError) as exc:  # the file changed since `flowforge up` read it
+        secrets, source = _take_handover(os.environ)
+        env = {**os.environ, **secrets}
+        # the document as `flowforge up` read it, or (not handed over) the file read again
+        if source is not None:
+            config = config_from(source, env)
+        else:
+            config = load_config(config_path, env=env)
+    except (ConfigError, ValueError) as exc:  # a file changed since `flowforge up` read it
         sys.stderr.write(f"flowforge: {' '.join(str(exc).split())}\n")
         return exitcodes.USAGE
     return up.run(config, label)

@@ -5,16 +5,24 @@ repeated ``retry:`` or ``database:`` silently replaces the first. :func:`load` r
 every duplicate key is a problem with its line. A syntax error keeps the parser's own reason
 and position. The document's node tree is kept so a key path (``tasks[1].retry``) can be
 turned back into the line an error is about.
+
+PyYAML is imported when a file is first parsed, not with this module: the supervisor
+``flowforge up`` becomes imports the config's modules and reads no YAML (the config crosses
+its exec already read, flowforge/tree.py), and every child it forks would inherit PyYAML's
+objects whether or not its role reads a YAML file (docs/performance.md, "PyYAML out of the
+supervisor").
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    import yaml
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -41,26 +49,32 @@ class YamlFileError(ValueError):
     line and column when the parser knows them): ``x.yaml:3:5: not valid YAML: ...``."""
 
 
-class _Loader(yaml.SafeLoader):
-    """``SafeLoader`` that records every duplicate key (merge keys ``<<`` excepted)."""
+@functools.cache
+def _loader_class() -> type[Any]:
+    """``SafeLoader`` that records every duplicate key (merge keys ``<<`` excepted); made at
+    the first parse (module doc)."""
+    import yaml
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.duplicates: list[tuple[int, str]] = []
+    class Loader(yaml.SafeLoader):
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.duplicates: list[tuple[int, str]] = []
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[tuple[str, str], int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
-                continue
-            line, key = key_node.start_mark.line + 1, (key_node.tag, key_node.value)
-            if key in seen:
-                self.duplicates.append(
-                    (line, f"duplicate key {key_node.value!r} (first at line {seen[key]})")
-                )
-            else:
-                seen[key] = line
-        return super().construct_mapping(node, deep)
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[tuple[str, str], int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                    continue
+                line, key = key_node.start_mark.line + 1, (key_node.tag, key_node.value)
+                if key in seen:
+                    self.duplicates.append(
+                        (line, f"duplicate key {key_node.value!r} (first at line {seen[key]})")
+                    )
+                else:
+                    seen[key] = line
+            return super().construct_mapping(node, deep)
+
+    return Loader
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,8 @@ class Document:
     def line_of(self, path: str) -> int | None:
         """The 1-based line of the key at ``path`` (``a.b[2].c``), or of the deepest part of
         it that exists; None without a document."""
+        import yaml  # imported already: the document was parsed
+
         node, line = self.node, None
         for key, index in _SEGMENT.findall(path):
             if isinstance(node, yaml.MappingNode) and key:
@@ -95,7 +111,9 @@ class Document:
 
 def load(text: str) -> Document:
     """Parse one YAML document; raise :class:`YamlError` with the parser's reason and position."""
-    loader = _Loader(text)
+    import yaml
+
+    loader = _loader_class()(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None

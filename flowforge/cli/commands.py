@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 
 from flowforge.broker import quiet_pika_logs
 from flowforge.cli import exitcodes, output, wait
-from flowforge.config import ENV_CONFIG, Config, load_config, log_warnings
+from flowforge.config import (
+    ENV_CONFIG,
+    Config,
+    config_from,
+    load_config,
+    log_warnings,
+    read_config,
+)
 from flowforge.definitions import pool_problems
 from flowforge.discovery import check_config
 from flowforge.domain import maps
@@ -92,7 +99,8 @@ def up(args: argparse.Namespace) -> int:
         from flowforge.tree import become_tree
 
         # a bad config stops here: one line, exit 2, nothing started; the tree logs its warnings
-        config = _config(args, warn=False)
+        source = read_config(getattr(args, "config", None))
+        config = config_from(source)
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         raise
@@ -101,7 +109,8 @@ def up(args: argparse.Namespace) -> int:
     label = Path(path).name if path else "defaults"
     if sys.executable:
         try:
-            become_tree(config, path, label)  # the same pid, without the command line's modules
+            # the same pid, without the command line's modules
+            become_tree(config, source, path, label)
         except OSError as exc:
             output.line(
                 f"flowforge: no fresh interpreter ({exc}); running the tree here", sys.stderr

@@ -15,8 +15,11 @@ from flowforge.config.loading import (
     ENV_DATABASE_URL,
     ENV_DATABASE_URL_FILE,
     FILE_SUFFIX,
+    ConfigSource,
+    config_from,
     load_config,
     log_warnings,
+    read_config,
     secret_variables,
 )
 from flowforge.config.sections import (
@@ -61,6 +64,7 @@ __all__ = [
     "BrokerConfig",
     "BrokerTlsConfig",
     "Config",
+    "ConfigSource",
     "DatabaseConfig",
     "EventsConfig",
     "IPNetwork",
@@ -70,8 +74,10 @@ __all__ = [
     "ReadAccess",
     "SchedulerConfig",
     "WorkerConfig",
+    "config_from",
     "load_config",
     "log_warnings",
+    "read_config",
     "redact_url",
     "secret_variables",
 ]

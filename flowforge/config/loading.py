@@ -13,6 +13,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,57 @@ ENV_BROKER_URL_FILE = ENV_BROKER_URL + FILE_SUFFIX
 ENV_BROKER_PASSWORD_FILE = "FLOWFORGE_BROKER_PASSWORD_FILE"
 
 
+@dataclass(frozen=True)
+class ConfigSource:
+    """A config as read, before it is validated: the file's parsed document, the directory its
+    relative paths are under, and the name errors give it (the file's path, or ``config``)."""
+
+    data: Mapping[str, Any]
+    base_dir: str
+    where: str
+
+
+def read_config(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> ConfigSource:
+    """Read the config file ``path`` (default ``$FLOWFORGE_CONFIG``; with neither, an empty
+    document under the working directory). Raises :class:`ConfigError` with one line naming the
+    file when it cannot be read or parsed, or does not hold a mapping."""
+    env = os.environ if env is None else env
+    path = path or env.get(ENV_CONFIG)
+    data: Any = {}
+    base_dir = Path.cwd()
+    if path:
+        data, base_dir = _read_yaml(Path(path)), Path(path).resolve().parent
+    where = str(path) if path else "config"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    return ConfigSource(data, str(base_dir), where)
+
+
+def config_from(source: ConfigSource, env: Mapping[str, str] | None = None) -> Config:
+    """Validate ``source`` and apply the overrides and secrets of ``env`` (default the process
+    environment), as :func:`load_config` does after reading the file; no YAML is parsed."""
+    env = os.environ if env is None else env
+    where = source.where
+    try:
+        data = _normalise(dict(source.data))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if "base_dir" in data:
+        raise ConfigError(f"{where}: base_dir: unknown key")
+    try:
+        config = build(Config, {**data, "base_dir": source.base_dir}, "")
+    except SchemaError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    try:
+        config = _with_secrets(config, data, env)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    _check_broker_urls(config.broker, where)
+    return _absolute_files(config)
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
@@ -63,30 +115,7 @@ def load_config(
     variable), and for a secret file its path and the reason; never a secret.
     """
     env = os.environ if env is None else env
-    path = path or env.get(ENV_CONFIG)
-    data: Any = {}
-    base_dir = Path.cwd()
-    if path:
-        data, base_dir = _read_yaml(Path(path)), Path(path).resolve().parent
-    where = str(path) if path else "config"
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping at the top level")
-    try:
-        data = _normalise(dict(data))
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    if "base_dir" in data:
-        raise ConfigError(f"{where}: base_dir: unknown key")
-    try:
-        config = build(Config, {**data, "base_dir": str(base_dir)}, "")
-    except SchemaError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-    try:
-        config = _with_secrets(config, data, env)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    _check_broker_urls(config.broker, where)
-    return _absolute_files(config)
+    return config_from(read_config(path, env), env)
 
 
 def secret_variables(config: Config) -> tuple[str, ...]:

@@ -22,8 +22,8 @@ import pytest
 
 from flowforge.cli import exitcodes
 from flowforge.cli.main import main
-from flowforge.config import load_config
-from flowforge.tree import SECRETS_FD_ENV, _take_secrets, become_tree
+from flowforge.config import config_from, load_config, read_config
+from flowforge.tree import SECRETS_FD_ENV, _handover, _take_handover, become_tree
 from tests.helpers import modules_after_importing
 
 
@@ -36,10 +36,11 @@ def _signal_mask() -> Iterator[None]:
     signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def test_the_tree_entry_loads_none_of_the_command_line() -> None:
+def test_the_tree_entry_loads_none_of_the_command_line_and_no_yaml() -> None:
     loaded = modules_after_importing("flowforge.tree", "flowforge.up")
     assert "argparse" not in loaded
     assert {m for m in loaded if m.startswith("flowforge.cli.")} == {"flowforge.cli.exitcodes"}
+    assert not {m for m in loaded if m == "yaml" or m.startswith(("yaml.", "_yaml"))}
 
 
 @pytest.mark.parametrize(
@@ -62,7 +63,7 @@ def test_up_validates_the_config_then_becomes_the_tree(
 ) -> None:
     became: list[tuple[str | None, str]] = []
 
-    def fake_become_tree(_config: object, path: str | None, label: str) -> None:
+    def fake_become_tree(_config: object, _source: object, path: str | None, label: str) -> None:
         became.append((path, label))
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         assert {signal.SIGTERM, signal.SIGINT} <= blocked, "a stop could be lost before the tree"
@@ -90,7 +91,7 @@ def test_up_names_the_config_from_the_environment_when_no_option_names_it(
     reads that file again and its title names it, not "defaults"."""
     became: list[tuple[str | None, str]] = []
 
-    def fake_become_tree(_config: object, path: str | None, label: str) -> None:
+    def fake_become_tree(_config: object, _source: object, path: str | None, label: str) -> None:
         became.append((path, label))
         raise SystemExit(0)
 
@@ -218,7 +219,8 @@ def exec_of_become_tree(
         monkeypatch.setenv(name, value)
     config_path = tmp_path / "c.yaml"
     config_path.write_text("api:\n  listen: 127.0.0.1:8080\n")
-    config = load_config(config_path)
+    source = read_config(config_path)
+    config = config_from(source)
     execs: list[tuple[list[str], dict[str, str], bytes | None]] = []
 
     def fake_execve(_path: str, argv: list[str], new_env: dict[str, str]) -> Any:
@@ -232,7 +234,7 @@ def exec_of_become_tree(
 
     monkeypatch.setattr(os, "execve", fake_execve)
     with pytest.raises(SystemExit):
-        become_tree(config, str(config_path), "c.yaml")
+        become_tree(config, source, str(config_path), "c.yaml")
     (found,) = execs
     return found
 
@@ -244,18 +246,70 @@ def test_secret_variables_cross_the_exec_in_a_memory_file_not_in_the_environment
         tmp_path, monkeypatch, {**SECRET_ENV, "FLOWFORGE_API_TOKEN_FILE_UNUSED": "/run/x"}
     )
     assert argv[-1].endswith("c.yaml") and "flowforge.tree" in argv
-    assert data is not None and json.loads(data) == SECRET_ENV
+    assert data is not None and json.loads(data)["secrets"] == SECRET_ENV
     for name in SECRET_ENV:
         assert name not in env
     assert env["FLOWFORGE_API_TOKEN_FILE_UNUSED"] == "/run/x"  # the rest crosses as it was
     assert "s3cret" not in json.dumps(env)
 
 
-def test_without_secret_variables_no_memory_file_is_made(
+def test_without_secret_variables_the_memory_file_holds_the_config_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, env, data = exec_of_become_tree(tmp_path, monkeypatch, {})
-    assert SECRETS_FD_ENV not in env and data is None
+    assert data is not None and env[SECRETS_FD_ENV].isdigit()
+    handed = json.loads(data)
+    assert handed["secrets"] == {}
+    assert handed["config"] == {
+        "data": {"api": {"listen": "127.0.0.1:8080"}},
+        "base_dir": str(tmp_path.resolve()),
+        "where": str(tmp_path / "c.yaml"),
+    }
+
+
+def test_the_tree_validates_the_handed_document_as_the_file_and_reads_no_yaml(
+    tmp_path: Path,
+) -> None:
+    """The tree validates the document ``flowforge up`` read, with the environment's secrets,
+    into the config ``load_config`` makes of the file — relative paths under the file's
+    directory — and never parses YAML to do it (PyYAML out of the supervisor)."""
+    (tmp_path / "flows").mkdir()
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "workflows: [flows]\nprocesses: {workers: 3}\nbroker: {url: amqp://mq/%2F}\n"
+        "api: {listen: 127.0.0.1:8080}\nevents: {retention: 2d}\n"
+    )
+    env = {"FLOWFORGE_DATABASE_URL": "postgresql://ff:s3cret@db/ff", "FLOWFORGE_API_TOKEN": "t"}
+    handed = _handover({}, read_config(path, env))
+    fd = memory_file(handed)
+    code = (
+        "import json, sys\n"
+        "from flowforge.tree import _take_handover\n"
+        "from flowforge.config import config_from\n"
+        f"secrets, source = _take_handover({{'FLOWFORGE_SECRETS_FD': '{fd}'}})\n"
+        f"config = config_from(source, {env!r})\n"
+        "print(json.dumps([repr(config), 'yaml' in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, pass_fds=(fd,)
+    )
+    os.close(fd)
+    assert done.returncode == 0, done.stderr
+    validated, parsed_yaml = json.loads(done.stdout)
+    assert validated == repr(load_config(path, env)) and not parsed_yaml
+
+
+@pytest.mark.parametrize(
+    "text", ["processes: {workers: 2}\nnote: 2024-01-01\n", "processes: {workers: 2}\n1: x\n"]
+)
+def test_a_document_json_cannot_carry_exactly_is_left_to_the_tree_to_read_again(
+    text: str, tmp_path: Path
+) -> None:
+    """A YAML date, or a key that is not text, would not come back from JSON as it was read:
+    the config is not handed over, and the tree reads the file (and refuses it) itself."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert "config" not in json.loads(_handover({}, read_config(path)))
 
 
 def memory_file(data: bytes) -> int:
@@ -266,13 +320,13 @@ def memory_file(data: bytes) -> int:
 
 
 def test_the_tree_takes_the_secrets_and_closes_their_descriptor() -> None:
-    fd = memory_file(json.dumps(SECRET_ENV).encode())
+    fd = memory_file(json.dumps({"secrets": SECRET_ENV}).encode())
     env = {SECRETS_FD_ENV: str(fd), "PATH": "/bin"}
-    assert _take_secrets(env) == SECRET_ENV
+    assert _take_handover(env) == (SECRET_ENV, None)
     assert env == {"PATH": "/bin"}
     with pytest.raises(OSError):
         os.fstat(fd)  # closed: no child inherits it
-    assert _take_secrets({"PATH": "/bin"}) == {}
+    assert _take_handover({"PATH": "/bin"}) == ({}, None)
 
 
 @pytest.mark.parametrize(
@@ -280,15 +334,26 @@ def test_the_tree_takes_the_secrets_and_closes_their_descriptor() -> None:
     [
         ("x1", "is not a file descriptor"),
         ("987654", "cannot read descriptor 987654"),
-        ("garbage", "does not hold the secrets"),
-        ("list", "does not hold the secrets"),
+        ("garbage", "does not hold the tree's config"),
+        ("list", "does not hold the tree's config"),
+        ("secrets not text", "does not hold the tree's config"),
+        ("document not a mapping", "does not hold the tree's config"),
+        ("no base directory", "does not hold the tree's config"),
     ],
 )
 def test_a_bad_secrets_descriptor_is_refused_in_one_line(named: str, message: str) -> None:
-    if named in ("garbage", "list"):
-        named = str(memory_file(b"\xff{" if named == "garbage" else b'["a"]'))
+    held = {
+        "garbage": b"\xff{",
+        "list": b'["a"]',
+        "secrets not text": b'{"secrets": {"A": 1}}',
+        "document not a mapping": b'{"secrets": {}, "config": {"data": [], "base_dir": "/",'
+        b' "where": "c"}}',
+        "no base directory": b'{"secrets": {}, "config": {"data": {}, "where": "c"}}',
+    }
+    if named in held:
+        named = str(memory_file(held[named]))
     with pytest.raises(ValueError, match=message) as info:
-        _take_secrets({SECRETS_FD_ENV: named})
+        _take_handover({SECRETS_FD_ENV: named})
     assert "\n" not in str(info.value)
 
 
