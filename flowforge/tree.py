@@ -12,7 +12,8 @@ anything. It holds:
 - the config file's document as parsed (``config``), which the tree validates again without
   parsing YAML: neither the supervisor nor, through fork, a child that reads no YAML file holds
   PyYAML (docs/performance.md, "PyYAML out of the supervisor"). A document JSON cannot carry
-  exactly (a YAML date, a key that is not text) is left out, and the tree reads the file again.
+  exactly (a YAML date, a key that is not text), or one over :data:`MAX_SECRETS_BYTES`, is
+  left out, and the tree reads the file again.
 - the secrets given as variables (``FLOWFORGE_DATABASE_URL``, ``FLOWFORGE_BROKER_URL``, the api
   token's), which do not cross in the environment: a process's initial environment stays in its
   memory, where ``/proc/PID/environ`` of every forked child shows it, and ``os.environ`` would
@@ -81,7 +82,10 @@ def _handover(secrets: Mapping[str, str], source: ConfigSource | None) -> bytes:
             exact = False
         if exact:
             given["config"] = document
-    return json.dumps(given).encode()
+    encoded = json.dumps(given).encode()
+    if len(encoded) > MAX_SECRETS_BYTES:  # the tree would read a part: it reads the file
+        encoded = json.dumps({"secrets": given["secrets"]}).encode()
+    return encoded
 
 
 def _take_handover(env: MutableMapping[str, str]) -> tuple[Mapping[str, str], ConfigSource | None]:

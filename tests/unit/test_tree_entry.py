@@ -312,6 +312,17 @@ def test_a_document_json_cannot_carry_exactly_is_left_to_the_tree_to_read_again(
     assert "config" not in json.loads(_handover({}, read_config(path)))
 
 
+def test_a_document_over_what_the_tree_reads_is_left_to_it_to_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("processes: {workers: 2}\n")
+    handed = json.loads(_handover({"A": "b"}, read_config(path)))
+    assert handed["config"]["data"] == {"processes": {"workers": 2}}
+    monkeypatch.setattr("flowforge.tree.MAX_SECRETS_BYTES", len(json.dumps(handed)) - 1)
+    assert json.loads(_handover({"A": "b"}, read_config(path))) == {"secrets": {"A": "b"}}
+
+
 def memory_file(data: bytes) -> int:
     fd = os.memfd_create("test-secrets", 0)
     os.write(fd, data)
