@@ -65,10 +65,14 @@ counted_off AS (
 -- outbox is unique per (task run, token): a repeated pass never duplicates a dispatch. Used by
 -- promote_ready and admit_gated, whose CTEs choose the tasks.
 promoted AS (
+    -- the tasks by primary key, their ids an InitPlan's array, and no row source joined: a
+    -- generic plan made while statistics said PENDING was rare read them through the state
+    -- index and rescanned {source} for each (a map's 10,000 items: 4 million rows a pass);
+    -- docs/performance.md, "The map's first repetition"
     UPDATE task_runs t
        SET state = 'READY', retry_at = NULL, ready_at = now(), updated_at = now()
-      FROM {source} c
-     WHERE t.id = c.id AND t.state IN ('PENDING', 'RETRYING')
+     WHERE t.id = ANY(ARRAY(SELECT id FROM {source}))
+       AND (t.state IN ('PENDING', 'RETRYING')) IS TRUE
     RETURNING t.id, t.fencing_token, t.queue, t.priority
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token, queue, priority)

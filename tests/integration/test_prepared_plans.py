@@ -365,16 +365,15 @@ def test_a_finish_planned_on_small_tables_reaches_the_run_from_its_task(
     assert set(_settling_index_scans(plan)) <= {"task_runs_pkey"}, _settling_index_scans(plan)
 
 
-def _released_work(plan: dict[str, Any]) -> tuple[list[tuple[str, int]], int]:
-    """In an ANALYZEd JSON plan of the finish, inside its ``released`` CTE (the
-    ``release_dependents`` fragment): (node type, rows passed up) of each read of task_runs,
-    and the rows every node of the CTE produced, summed over its loops."""
+def _cte_work(plan: dict[str, Any], cte: str) -> tuple[list[tuple[str, int]], int]:
+    """In an ANALYZEd JSON plan, inside its CTE ``cte``: (node type, rows passed up) of each
+    read of task_runs, and the rows every node of the CTE produced, summed over its loops."""
     reads: list[tuple[str, int]] = []
     rows = 0
 
     def walk(node: dict[str, Any], inside: bool) -> None:
         nonlocal rows
-        inside = inside or node.get("Subplan Name") == "CTE released"
+        inside = inside or node.get("Subplan Name") == f"CTE {cte}"
         produced = node["Actual Rows"] * node["Actual Loops"]
         read = node.get("Relation Name") == "task_runs" and node["Node Type"] != "ModifyTable"
         if inside and read:
@@ -434,9 +433,49 @@ def test_a_finish_planned_on_unanalyzed_edges_reads_its_dependents_by_their_ids(
             sql.execute("BEGIN")
             plan = _explain_execute(sql, "unanalyzed_finish", order, _finish_params(ended))
             sql.execute("ROLLBACK")
-            found[name] = _released_work(plan)
+            found[name] = _cte_work(plan, "released")
     reads, _ = found["m7"]
     assert reads and all(kind != "Seq Scan" and passed <= 1 for kind, passed in reads), reads
     reads, rows = found["start"]
     assert all(kind != "Seq Scan" and passed <= BACKLOG for kind, passed in reads), reads
     assert rows <= 4 * BACKLOG, rows  # the join with each dependent rescanned: 9 million
+
+
+#: Tasks one promote pass takes (the scheduler's batch).
+PROMOTE_LIMIT = 500
+
+
+def test_a_promote_planned_while_pending_was_rare_reads_its_batch_by_id(
+    pg_server_url: str,
+) -> None:
+    """The scheduler's promote pass (the ``dispatch`` fragment, admit_gated's too) makes the
+    tasks it chose READY. Its generic plan, made while the statistics said PENDING tasks were
+    rare (a busy tree's finished work analyzed, before a map's items arrive), read the PENDING
+    tasks through the state index and rescanned the chosen batch for each: a 10,000-item map's
+    first passes took 350–600 ms each (4 million rows) and the bench's first map ran at half
+    speed (docs/performance.md, "The map's first repetition"). The batch is read by its ids,
+    and the work is linear in it."""
+    one = WorkflowDef("done-work", (TaskDef("a", "plans.noop"),))
+    two = WorkflowDef(
+        "waiting", (TaskDef("a", "plans.noop"), TaskDef("b", "plans.noop", depends_on=("a",)))
+    )
+    with (
+        bench.fresh_database(pg_server_url) as url,
+        pool_of(url, 1, "rare") as db,
+        psycopg.connect(url, autocommit=True) as sql,
+    ):
+        sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
+        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG)])
+        sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now()")
+        sql.execute("ANALYZE task_runs")  # finished work: PENDING is rare
+        order = _prepare_generic(sql, "rare_promote", "promote_ready")
+        _explain_execute(sql, "rare_promote", order, {"limit": PROMOTE_LIMIT})  # planned now
+        Triggers(db).trigger_many(two, [{"n": n} for n in range(BACKLOG)])
+        # their dependency met: each b waits for nothing but a promote pass (no ANALYZE)
+        sql.execute("UPDATE task_runs SET pending_deps = 0 WHERE name = 'b'")
+        sql.execute("BEGIN")
+        plan = _explain_execute(sql, "rare_promote", order, {"limit": PROMOTE_LIMIT})
+        sql.execute("ROLLBACK")
+    reads, rows = _cte_work(plan, "promoted")
+    assert sum(passed for _, passed in reads) <= PROMOTE_LIMIT, reads
+    assert rows <= 4 * PROMOTE_LIMIT, rows  # the batch rescanned for each PENDING task: millions
