@@ -661,14 +661,15 @@ WITH due AS (
 ), started AS (
     UPDATE workflow_runs r
        SET state = 'PENDING', updated_at = now()
-      FROM due
-     WHERE r.id = due.id AND r.state = 'SCHEDULED'
+     -- by id, no row source joined (see dispatch)
+     WHERE r.id = ANY(ARRAY(SELECT id FROM due)) AND (r.state = 'SCHEDULED') IS TRUE
     RETURNING r.id
 ), opened AS (
     UPDATE task_runs t
        SET pending_deps = t.pending_deps - 1, start_gate = false, updated_at = now()
-      FROM started s
-     WHERE t.run_id = s.id AND t.start_gate AND t.state = 'PENDING'
+     -- by the runs' ids, no row source joined (see dispatch)
+     WHERE t.run_id = ANY(ARRAY(SELECT id FROM started))
+       AND (t.start_gate AND t.state = 'PENDING') IS TRUE
     RETURNING t.id
 )
 SELECT (SELECT count(*) FROM started) AS started, (SELECT count(*) FROM opened) AS opened;
@@ -688,13 +689,13 @@ WITH due AS (
     UPDATE task_runs t
        SET state = 'RUNNING', wake_at = now() + make_interval(secs => t.sleep_s),
            started_at = coalesce(t.started_at, now()), updated_at = now()
-      FROM due
-     WHERE t.id = due.id AND t.state = 'PENDING'
+     -- by id, no row source joined (see dispatch)
+     WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND (t.state = 'PENDING') IS TRUE
     RETURNING t.id, t.run_id
 ), runs_started AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
-     WHERE r.id IN (SELECT run_id FROM sleeping) AND r.state = 'PENDING'
+     WHERE r.id = ANY(ARRAY(SELECT run_id FROM sleeping)) AND (r.state = 'PENDING') IS TRUE
 )
 SELECT count(*) AS n FROM sleeping;
 
@@ -712,8 +713,9 @@ WITH due AS (
 ), woke AS (
     UPDATE task_runs t
        SET state = 'SUCCEEDED', finished_at = now(), propagated = false, updated_at = now()
-      FROM due
-     WHERE t.id = due.id AND t.state = 'RUNNING' AND t.wake_at <= now() AND t.sleep_s IS NOT NULL
+     -- by id, no row source joined (see dispatch)
+     WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+       AND (t.state = 'RUNNING' AND t.wake_at <= now() AND t.sleep_s IS NOT NULL) IS TRUE
     RETURNING t.id, t.state
 ),
 -- use: release_dependents(woke)
@@ -2178,7 +2180,7 @@ WITH map AS (
 ), runs_started AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
-     WHERE r.id IN (SELECT run_id FROM map) AND r.state = 'PENDING'
+     WHERE r.id = ANY(ARRAY(SELECT run_id FROM map)) AND (r.state = 'PENDING') IS TRUE
 )
 SELECT (SELECT count(*) FROM map) AS expanded, (SELECT count(*) FROM items) AS items;
 
@@ -2216,14 +2218,15 @@ WITH maps AS (
 ), opened AS (
     UPDATE task_runs t
        SET pending_deps = 0, updated_at = now()
-      FROM (SELECT g.id
-              FROM free f
-             CROSS JOIN LATERAL (SELECT g.id FROM task_runs g
-                                  WHERE g.map_id = f.id AND g.pending_deps > 0
-                                    AND g.state = 'PENDING'
-                                  ORDER BY g.item_index
-                                  LIMIT f.n) g) o
-     WHERE t.id = o.id AND t.state = 'PENDING' AND t.pending_deps > 0
+     -- by id, no row source joined (see dispatch)
+     WHERE t.id = ANY(ARRAY(SELECT g.id
+                              FROM free f
+                             CROSS JOIN LATERAL (SELECT g.id FROM task_runs g
+                                                  WHERE g.map_id = f.id AND g.pending_deps > 0
+                                                    AND g.state = 'PENDING'
+                                                  ORDER BY g.item_index
+                                                  LIMIT f.n) g))
+       AND (t.state = 'PENDING' AND t.pending_deps > 0) IS TRUE
     RETURNING t.id
 )
 SELECT count(*) AS n FROM opened;
@@ -2421,7 +2424,7 @@ WITH due AS (
 , runs_started AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
-     WHERE r.id IN (SELECT run_id FROM started) AND r.state = 'PENDING'
+     WHERE r.id = ANY(ARRAY(SELECT run_id FROM started)) AND (r.state = 'PENDING') IS TRUE
 )
 SELECT (SELECT count(*) FROM started WHERE state = 'RUNNING') AS waiting,
        (SELECT count(*) FROM started WHERE state = 'SUCCEEDED') AS delivered,
@@ -2443,8 +2446,9 @@ UPDATE task_runs t
        last_error = 'no event ' || t.event_name || ' arrived for its key before the timeout',
        fencing_token = t.fencing_token + 1, finished_at = now(), propagated = false,
        updated_at = now()
-  FROM due
- WHERE t.id = due.id AND t.state = 'RUNNING' AND t.wake_at <= now()
+ -- by id, no row source joined (see dispatch)
+ WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+   AND (t.state = 'RUNNING' AND t.wake_at <= now()) IS TRUE
 RETURNING t.id, t.run_id, t.name, t.event_name, t.event_key;
 
 -- name: purge_events
@@ -2525,7 +2529,7 @@ WITH begun AS (
 ), runs_started AS (
     UPDATE workflow_runs r
        SET state = 'RUNNING', started_at = coalesce(r.started_at, now()), updated_at = now()
-     WHERE r.id IN (SELECT run_id FROM begun) AND r.state = 'PENDING'
+     WHERE r.id = ANY(ARRAY(SELECT run_id FROM begun)) AND (r.state = 'PENDING') IS TRUE
 )
 SELECT id, attempt FROM begun;
 
