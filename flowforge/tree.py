@@ -12,8 +12,8 @@ anything. It holds:
 - the config file's document as parsed (``config``), which the tree validates again without
   parsing YAML: neither the supervisor nor, through fork, a child that reads no YAML file holds
   PyYAML (docs/performance.md, "PyYAML out of the supervisor"). A document JSON cannot carry
-  exactly (a YAML date, a key that is not text), or one over :data:`MAX_SECRETS_BYTES`, is
-  left out, and the tree reads the file again.
+  exactly (a YAML date, a key that is not text, a NaN), one nested deeper than JSON's encoder
+  goes, or one over :data:`MAX_SECRETS_BYTES`, is left out, and the tree reads the file again.
 - the secrets given as variables (``FLOWFORGE_DATABASE_URL``, ``FLOWFORGE_BROKER_URL``, the api
   token's), which do not cross in the environment: a process's initial environment stays in its
   memory, where ``/proc/PID/environ`` of every forked child shows it, and ``os.environ`` would
@@ -78,7 +78,7 @@ def _handover(secrets: Mapping[str, str], source: ConfigSource | None) -> bytes:
         document = {"data": source.data, "base_dir": source.base_dir, "where": source.where}
         try:
             exact = json.loads(json.dumps(document)) == document
-        except (TypeError, ValueError):  # a date, a set, a NaN: not JSON's
+        except (TypeError, ValueError, RecursionError):  # a date, a set; nested too deep
             exact = False
         if exact:
             given["config"] = document

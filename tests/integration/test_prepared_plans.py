@@ -257,16 +257,50 @@ def _prepare_generic(sql: psycopg.Connection[Any], name: str, statement: str) ->
 
 
 def _explain_execute(
-    sql: psycopg.Connection[Any], name: str, order: list[str], params: dict[str, Any]
+    sql: psycopg.Connection[Any],
+    name: str,
+    order: list[str],
+    params: dict[str, Any],
+    analyze: bool = True,
 ) -> Any:
     """The JSON plan of ``EXPLAIN ANALYZE EXECUTE name`` with ``params`` (run, so rows are
-    counted: the caller rolls back what it must not keep)."""
+    counted: the caller rolls back what it must not keep); without ``analyze``, the plan only
+    (nothing runs)."""
     args = pgsql.SQL(", ").join(pgsql.Literal(params[n]) for n in order)
-    explain = pgsql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {} ({})")
+    options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+    explain = pgsql.SQL("EXPLAIN (" + options + ") EXECUTE {} ({})")
     row = sql.execute(explain.format(pgsql.Identifier(name), args)).fetchone()
     assert row is not None
     found = row[0] if not isinstance(row[0], str) else json.loads(row[0])
     return found[0]["Plan"]
+
+
+def _fanout(width: int, join: bool = False) -> WorkflowDef:
+    """A start task, ``width`` middle tasks after it (``m0``...), and with ``join`` a task
+    after all of them."""
+    middle = tuple(f"m{i}" for i in range(width))
+    tasks = [TaskDef("start", "plans.noop")]
+    tasks += (TaskDef(m, "plans.noop", depends_on=("start",)) for m in middle)
+    tasks += [TaskDef("join", "plans.noop", depends_on=middle)] if join else []
+    return WorkflowDef(f"{'fanin' if join else 'fan'}-{width}", tuple(tasks))
+
+
+def _finish_explained(
+    sql: psycopg.Connection[Any], statement: str, order: list[str], run_id: Any, task: str
+) -> dict[str, Any]:
+    """The ANALYZEd plan of the prepared finish ``statement`` ending the task named ``task``
+    of the RUNNING run ``run_id`` (made RUNNING here, with its own token), rolled back."""
+    row = sql.execute(
+        "UPDATE task_runs SET state = 'RUNNING', fencing_token = fencing_token + 1"
+        " WHERE run_id = %s AND name = %s RETURNING id, fencing_token",
+        (run_id, task),
+    ).fetchone()
+    assert row is not None
+    ended = [(row[0], row[1], Finish(TaskState.SUCCEEDED, {"ok": 1}))]
+    sql.execute("BEGIN")
+    plan: dict[str, Any] = _explain_execute(sql, statement, order, _finish_params(ended))
+    sql.execute("ROLLBACK")
+    return plan
 
 
 def test_a_claim_planned_on_a_small_table_takes_its_window_from_a_grown_backlog(
@@ -328,10 +362,6 @@ def test_a_finish_planned_on_small_tables_reaches_the_run_from_its_task(
     of the RUNNING run through an index on the run's id to find it: once per finish, the whole
     width of a fan-out each time (docs/performance.md, "A finish settles a one-task run")."""
 
-    def fanout(width: int) -> WorkflowDef:
-        middle = (TaskDef(f"m{i}", "plans.noop", depends_on=("start",)) for i in range(width))
-        return WorkflowDef(f"fan-{width}", (TaskDef("start", "plans.noop"), *middle))
-
     with (
         bench.fresh_database(pg_server_url) as url,
         pool_of(url, 1, "wide") as db,
@@ -342,23 +372,11 @@ def test_a_finish_planned_on_small_tables_reaches_the_run_from_its_task(
         order = _prepare_generic(sql, "small_finish", "finish")
 
         def finish_middle(width: int) -> dict[str, Any]:
-            """EXPLAIN ANALYZE of the finish of one middle task of a new fan-out (rolled
-            back): the plan is the one made at the first call."""
-            run_id = Triggers(db).trigger(fanout(width), {}).run_id
+            """The finish of one middle task of a new fan-out: the plan is the one made at
+            the first call."""
+            run_id = Triggers(db).trigger(_fanout(width), {}).run_id
             sql.execute("UPDATE workflow_runs SET state = 'RUNNING' WHERE id = %s", (run_id,))
-            row = sql.execute(
-                "UPDATE task_runs SET state = 'RUNNING', fencing_token = fencing_token + 1"
-                " WHERE run_id = %s AND name = 'm7' RETURNING id, fencing_token",
-                (run_id,),
-            ).fetchone()
-            assert row is not None
-            ended = [(row[0], row[1], Finish(TaskState.SUCCEEDED, {"ok": 1}))]
-            sql.execute("BEGIN")
-            plan: dict[str, Any] = _explain_execute(
-                sql, "small_finish", order, _finish_params(ended)
-            )
-            sql.execute("ROLLBACK")
-            return plan
+            return _finish_explained(sql, "small_finish", order, run_id, "m7")
 
         finish_middle(40)  # the generic plan, made now: a page of tasks, never analyzed
         plan = finish_middle(3000)
@@ -402,12 +420,6 @@ def test_a_finish_planned_on_unanalyzed_edges_reads_its_dependents_by_their_ids(
     dependents are read by their ids, and the work is linear in their number
     (docs/performance.md, "Where the halved fan-out's time goes")."""
 
-    def fanout(width: int) -> WorkflowDef:
-        middle = tuple(f"m{i}" for i in range(width))
-        tasks = (TaskDef(m, "plans.noop", depends_on=("start",)) for m in middle)
-        join = TaskDef("join", "plans.noop", depends_on=middle)
-        return WorkflowDef(f"fanin-{width}", (TaskDef("start", "plans.noop"), *tasks, join))
-
     found: dict[str, tuple[list[tuple[str, int]], int]] = {}
     with (
         bench.fresh_database(pg_server_url) as url,
@@ -418,21 +430,12 @@ def test_a_finish_planned_on_unanalyzed_edges_reads_its_dependents_by_their_ids(
         sql.execute("ALTER TABLE task_edges SET (autovacuum_enabled = false)")
         # a fan-out written since the tables were truncated, not yet analyzed: the planner
         # guesses 1 in 200 of the edges' rows share an upstream (dozens of dependents)
-        Triggers(db).trigger(fanout(BACKLOG), {})
+        Triggers(db).trigger(_fanout(BACKLOG, join=True), {})
         order = _prepare_generic(sql, "unanalyzed_finish", "finish")
-        run_id = Triggers(db).trigger(fanout(BACKLOG), {}).run_id
+        run_id = Triggers(db).trigger(_fanout(BACKLOG, join=True), {}).run_id
         sql.execute("UPDATE workflow_runs SET state = 'RUNNING' WHERE id = %s", (run_id,))
         for name in ("m7", "start"):  # one dependent (the join); BACKLOG of them
-            row = sql.execute(
-                "UPDATE task_runs SET state = 'RUNNING', fencing_token = fencing_token + 1"
-                " WHERE run_id = %s AND name = %s RETURNING id, fencing_token",
-                (run_id, name),
-            ).fetchone()
-            assert row is not None
-            ended = [(row[0], row[1], Finish(TaskState.SUCCEEDED, {"ok": 1}))]
-            sql.execute("BEGIN")
-            plan = _explain_execute(sql, "unanalyzed_finish", order, _finish_params(ended))
-            sql.execute("ROLLBACK")
+            plan = _finish_explained(sql, "unanalyzed_finish", order, run_id, name)
             found[name] = _cte_work(plan, "released")
     reads, _ = found["m7"]
     assert reads and all(kind != "Seq Scan" and passed <= 1 for kind, passed in reads), reads
@@ -544,10 +547,7 @@ def test_a_pass_planned_while_its_states_were_rare_updates_its_rows_by_their_key
         sql.execute("ANALYZE task_runs")
         sql.execute("ANALYZE workflow_runs")
         order = _prepare_generic(sql, "rare_pass", statement)
-        args = pgsql.SQL(", ").join(pgsql.Literal(PROMOTE_LIMIT) for _ in order)
-        explain = pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE rare_pass ({})").format(args)
-        row = sql.execute(explain).fetchone()
-    assert row is not None
-    plan = (row[0] if not isinstance(row[0], str) else json.loads(row[0]))[0]["Plan"]
+        params = dict.fromkeys(order, PROMOTE_LIMIT)  # each one's parameters: limits
+        plan = _explain_execute(sql, "rare_pass", order, params, analyze=False)
     found = _updates_read_by(plan)
     assert found and found <= CHOSEN_BY_ID[statement], found

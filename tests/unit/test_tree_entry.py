@@ -22,7 +22,7 @@ import pytest
 
 from flowforge.cli import exitcodes
 from flowforge.cli.main import main
-from flowforge.config import config_from, load_config, read_config
+from flowforge.config import ConfigSource, config_from, load_config, read_config
 from flowforge.tree import SECRETS_FD_ENV, _handover, _take_handover, become_tree
 from tests.helpers import modules_after_importing
 
@@ -310,6 +310,18 @@ def test_a_document_json_cannot_carry_exactly_is_left_to_the_tree_to_read_again(
     path = tmp_path / "c.yaml"
     path.write_text(text)
     assert "config" not in json.loads(_handover({}, read_config(path)))
+
+
+def test_a_document_nested_deeper_than_json_goes_or_holding_a_nan_is_left_to_the_tree() -> None:
+    """The family of the inexact documents that does not come from a YAML file's text alone:
+    a NaN (JSON gives it back, but not equal to itself) and a nesting deeper than the JSON
+    encoder's recursion. Neither raises; the config is not handed over."""
+    deep: list[object] = []
+    for _ in range(sys.getrecursionlimit() * 2):
+        deep = [deep]
+    for data in ({"processes": {"workers": float("nan")}}, {"processes": {"pools": deep}}):
+        handed = json.loads(_handover({"A": "b"}, ConfigSource(data, "/", "c.yaml")))
+        assert handed == {"secrets": {"A": "b"}}
 
 
 def test_a_document_over_what_the_tree_reads_is_left_to_it_to_read_again(
