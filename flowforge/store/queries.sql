@@ -1811,6 +1811,14 @@ SELECT r.workflow, d.handler, d.failure_reason AS reason, count(*) AS n,
 -- candidates. Searching, for each candidate, for any claimed dispatch after it read, for a
 -- backlog that was not lost (nothing claimed after any of it), every dispatch behind each
 -- candidate: quadratic in the backlog (docs/performance.md "redispatch_lost, linear").
+-- Its plan must not depend on the statistics (it is planned at each run, on whatever the last
+-- ANALYZE saw: a backlog analyzed before it was published or claimed made every join a rescan,
+-- docs/performance.md "redispatch_lost on stale statistics"): each candidate's dispatch is
+-- looked up by key (a LATERAL with LIMIT, which the planner cannot turn into a join read from
+-- the outbox side; its publication `(…) IS TRUE`, so outbox_published_idx cannot serve the
+-- lookup and read every publication before the age for each candidate), a dispatch is tested claimed by a sub-select per outbox row read (not a
+-- join, which could be driven from task_attempts, read whole), and the lost tasks are locked
+-- and renewed by key, `= ANY(ARRAY(...))` with the state `(…) IS TRUE` (architecture.md).
 WITH candidates AS MATERIALIZED (
     SELECT t.id, coalesce(o.queue, '') AS queue, o.priority > 0 AS b1, o.priority >= 5 AS b5,
            o.priority, o.published_at, o.id AS outbox_id
@@ -1821,8 +1829,11 @@ WITH candidates AS MATERIALIZED (
             SELECT r.id, r.fencing_token FROM task_runs r
              WHERE r.state = 'READY' AND r.ready_at < now() - make_interval(secs => %(age_s)s)
                AND r.queue IS NULL) AS t
-      JOIN outbox o ON o.task_run_id = t.id AND o.fencing_token = t.fencing_token
-     WHERE o.published_at < now() - make_interval(secs => %(age_s)s)
+     CROSS JOIN LATERAL (  -- LIMIT: a lookup by key per candidate, never a join turned around
+           SELECT o.queue, o.priority, o.published_at, o.id FROM outbox o
+            WHERE o.task_run_id = t.id AND o.fencing_token = t.fencing_token
+              AND (o.published_at < now() - make_interval(secs => %(age_s)s)) IS TRUE
+            LIMIT 1) AS o
 ), latest AS MATERIALIZED (  -- once per queue and band, not once per candidate
     SELECT g.queue, g.b1, g.b5, l.pub, l.priority, l.id
       FROM (SELECT DISTINCT queue, b1, b5 FROM candidates) AS g
@@ -1830,40 +1841,43 @@ WITH candidates AS MATERIALIZED (
            SELECT * FROM (
                (SELECT 'infinity'::timestamptz AS pub, later.priority, later.id
                   FROM outbox later
-                  JOIN task_attempts a ON a.task_run_id = later.task_run_id
-                                      AND a.fencing_token = later.fencing_token + 1
                  WHERE later.published_at IS NULL AND coalesce(later.queue, '') = g.queue
                    AND (later.priority > 0) = g.b1 AND (later.priority >= 5) = g.b5
+                   AND (SELECT true FROM task_attempts a  -- claimed: an attempt holds its token + 1
+                         WHERE a.task_run_id = later.task_run_id
+                           AND a.fencing_token = later.fencing_token + 1 LIMIT 1)
                  ORDER BY later.priority, later.id DESC
                  LIMIT 1)
                UNION ALL
                (SELECT later.published_at, later.priority, later.id
                   FROM outbox later
-                  JOIN task_attempts a ON a.task_run_id = later.task_run_id
-                                      AND a.fencing_token = later.fencing_token + 1
                  WHERE later.published_at IS NOT NULL AND coalesce(later.queue, '') = g.queue
                    AND (later.priority > 0) = g.b1 AND (later.priority >= 5) = g.b5
+                   AND (SELECT true FROM task_attempts a
+                         WHERE a.task_run_id = later.task_run_id
+                           AND a.fencing_token = later.fencing_token + 1 LIMIT 1)
                  ORDER BY later.published_at DESC, later.priority, later.id DESC
                  LIMIT 1)
            ) AS claimed
             ORDER BY pub DESC, priority, id DESC
             LIMIT 1
            ) AS l
+), judged AS (
+    SELECT c.id
+      FROM candidates c
+      JOIN latest l ON l.queue = c.queue AND l.b1 = c.b1 AND l.b5 = c.b5
+     WHERE (l.pub, -l.priority, l.id) > (c.published_at, -c.priority, c.outbox_id)
 ), lost AS (
     SELECT t.id
       FROM task_runs t
-      JOIN candidates c ON c.id = t.id
-      JOIN latest l ON l.queue = c.queue AND l.b1 = c.b1 AND l.b5 = c.b5
-     WHERE t.state = 'READY'
-       AND (l.pub, -l.priority, l.id) > (c.published_at, -c.priority, c.outbox_id)
+     WHERE t.id = ANY (ARRAY(SELECT id FROM judged)) AND (t.state = 'READY') IS TRUE
      ORDER BY t.ready_at
      LIMIT %(limit)s
        FOR UPDATE OF t SKIP LOCKED
 ), renewed AS (
     UPDATE task_runs t
        SET fencing_token = t.fencing_token + 1, ready_at = now(), updated_at = now()
-      FROM lost l
-     WHERE t.id = l.id AND t.state = 'READY'
+     WHERE t.id = ANY (ARRAY(SELECT id FROM lost)) AND (t.state = 'READY') IS TRUE
     RETURNING t.id, t.fencing_token, t.queue, t.priority
 ), queued AS (
     INSERT INTO outbox (task_run_id, fencing_token, queue, priority)

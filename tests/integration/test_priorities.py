@@ -34,6 +34,7 @@ from flowforge.domain.states import TaskState
 from flowforge.errors import InputError
 from flowforge.roles.context import TaskContext
 from flowforge.roles.publisher import Publisher
+from flowforge.roles.runner import run_role
 from flowforge.roles.worker import Worker
 from tests.api_client import assert_json_error, serve_config, write_config
 from tests.cli_runner import assert_refused, run_config
@@ -272,7 +273,7 @@ def run_behind_backlog(stack: Stack, repo: Store, sql: Sql, priority: int, after
     publisher.initialize()
     worker = Worker(config, handlers={"work": work})
     stop = threading.Event()
-    thread = threading.Thread(target=_run_worker, args=(worker, stop), daemon=True)
+    thread = threading.Thread(target=run_role, args=(worker, stop), daemon=True)
     try:
         while publisher.sweep()[0]:
             pass
@@ -292,14 +293,6 @@ def run_behind_backlog(stack: Stack, repo: Store, sql: Sql, priority: int, after
         "SELECT task_run_id FROM task_attempts ORDER BY started_at, task_run_id"
     ).fetchall()
     return [r[0] for r in order].index(late_task)
-
-
-def _run_worker(worker: Worker, stop: threading.Event) -> None:
-    worker.initialize()
-    try:
-        worker.loop(stop, lambda: None)
-    finally:
-        worker.shutdown()
 
 
 # ---------------------------------------------------------------- bad priorities, every interface

@@ -29,6 +29,7 @@ from flowforge.domain.names import band, band_queue
 from flowforge.domain.states import TaskState
 from flowforge.roles.context import TaskContext
 from flowforge.roles.publisher import Publisher
+from flowforge.roles.runner import run_role
 from flowforge.roles.worker import Worker
 from tests.delivery import broker_channel
 from tests.e2e import Stack
@@ -126,7 +127,10 @@ def test_urgent_tasks_run_on_the_reserved_worker_while_a_slow_one_holds_the_othe
         Worker(reserved(config), handlers={"work": handler("reserved")}),
     ]
     stop = threading.Event()
-    threads = [threading.Thread(target=_run, args=(w, stop), daemon=True) for w in workers]
+    # run_role, as a tree runs them: two workers declaring the same quorum queues at once can
+    # have RabbitMQ 3.10 close one's connection (541, a consume on a queue whose Ra server the
+    # other's declare is still starting), and a worker reconnects from that
+    threads = [threading.Thread(target=run_role, args=(w, stop), daemon=True) for w in workers]
     try:
         while publisher.sweep()[0]:
             pass
@@ -159,14 +163,6 @@ def test_urgent_tasks_run_on_the_reserved_worker_while_a_slow_one_holds_the_othe
         "SELECT count(*), count(DISTINCT task_run_id) FROM task_attempts"
     ).fetchone()
     assert executions == (6, 6)
-
-
-def _run(worker: Worker, stop: threading.Event) -> None:
-    worker.initialize()
-    try:
-        worker.loop(stop, lambda: None)
-    finally:
-        worker.shutdown()
 
 
 def test_a_dead_reserved_consumer_s_deliveries_go_to_the_plain_one(stack: Stack) -> None:
