@@ -829,7 +829,7 @@ WITH wanted AS (
            SELECT q.id
              FROM outbox q
              JOIN claimed c ON q.task_run_id = c.id AND q.fencing_token = c.fencing_token - 1
-            WHERE q.published_at IS NULL
+            WHERE (q.published_at IS NULL) IS TRUE  -- by its key, as stamp_outbox says why
               FOR UPDATE OF q SKIP LOCKED)
 )
 , upstream_settled AS (
@@ -1600,7 +1600,10 @@ SELECT id, task_run_id, fencing_token, queue, priority
 UPDATE outbox
    SET published_at = CASE WHEN id = ANY(%(joined)s::bigint[]) THEN statement_timestamp()
                            ELSE now() END
- WHERE id = ANY(%(ids)s::bigint[]) AND published_at IS NULL;
+ -- (… IS TRUE): the primary key is the only way in. Matched to the index of unpublished rows,
+ -- a generic plan made while the statistics said they were rare (a quiet tree's outbox) read
+ -- them all for each batch (docs/performance.md "The publisher's stamp on a published outbox")
+ WHERE id = ANY(%(ids)s::bigint[]) AND (published_at IS NULL) IS TRUE;
 
 -- ------------------------------------------------------------------ process registry
 

@@ -551,3 +551,63 @@ def test_a_pass_planned_while_its_states_were_rare_updates_its_rows_by_their_key
         plan = _explain_execute(sql, "rare_pass", order, params, analyze=False)
     found = _updates_read_by(plan)
     assert found and found <= CHOSEN_BY_ID[statement], found
+
+
+def _outbox_reads(plan: dict[str, Any]) -> int:
+    """The rows every read of the outbox in an ANALYZEd JSON plan passed up or filtered out,
+    summed over its loops (its updates and InitPlans apart)."""
+
+    def walk(node: dict[str, Any]) -> int:
+        own = 0
+        if node.get("Relation Name") == "outbox" and node["Node Type"] != "ModifyTable":
+            handled = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            own = handled * node["Actual Loops"]
+        return own + sum(walk(child) for child in node.get("Plans", ()))
+
+    return walk(plan)
+
+
+#: The dispatches a statement is given (a publisher's confirmed batch) or claims (a window).
+STAMPED = 500
+
+
+@pytest.mark.parametrize("statement", ["stamp_outbox", "claim"])
+def test_a_statement_planned_while_the_outbox_was_published_reads_its_dispatches_by_key(
+    statement: str, pg_server_url: str
+) -> None:
+    """The publisher's stamp of a confirmed batch and the claim of tasks a worker's own finish
+    released (``local``: their outbox rows taken unpublished) find their outbox rows among
+    the unpublished ones. A generic plan made while the statistics said nearly every row was
+    published (a quiet tree's outbox, analyzed) took the index of unpublished rows as the
+    cheap way in and read every unpublished row for each batch: behind a 5,000-wide
+    fan-out's dispatches, each 500-row stamp read 5,500 rows, ten times per fan-out
+    (docs/performance.md, "The publisher's stamp on a published outbox"). The rows are read
+    by their keys, whatever the backlog."""
+    one = WorkflowDef("published", (TaskDef("a", "plans.noop"),))
+    with (
+        bench.fresh_database(pg_server_url) as url,
+        pool_of(url, 1, "published") as db,
+        psycopg.connect(url, autocommit=True) as sql,
+    ):
+        sql.execute("ALTER TABLE outbox SET (autovacuum_enabled = false)")
+        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG)])
+        sql.execute("UPDATE outbox SET published_at = now()")
+        sql.execute("ANALYZE outbox")  # a quiet tree: the unpublished rows are rare
+        order = _prepare_generic(sql, "published_" + statement, statement)
+
+        def params(count: int) -> dict[str, Any]:
+            pending = sql.execute(
+                "SELECT o.id, o.task_run_id, o.fencing_token FROM outbox o"
+                " WHERE o.published_at IS NULL ORDER BY o.id LIMIT %s",
+                (count,),
+            ).fetchall()
+            if statement == "stamp_outbox":
+                return {"ids": [p[0] for p in pending], "joined": []}
+            return rows.claim_params([(p[1], p[2]) for p in pending], "w/1", 30.0, True)
+
+        _explain_execute(sql, "published_" + statement, order, params(4))  # planned now
+        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG)])  # no ANALYZE
+        sql.execute("BEGIN")
+        plan = _explain_execute(sql, "published_" + statement, order, params(STAMPED))
+        sql.execute("ROLLBACK")
+    assert _outbox_reads(plan) <= 2 * STAMPED
