@@ -29,7 +29,7 @@ from flowforge.store import queries, rows
 from flowforge.store.claims import Claims, _finish_params
 from flowforge.store.db import Database
 from flowforge.store.part import PREPARED
-from flowforge.store.plansize import CHECK_S, PlanSizes
+from flowforge.store.plansize import CHECK_S, FLOOR_PAGES, PlanSizes
 from flowforge.store.reads import Reads
 from flowforge.store.triggers import Triggers
 from tests.harness import bench, plans
@@ -611,3 +611,58 @@ def test_a_statement_planned_while_the_outbox_was_published_reads_its_dispatches
         plan = _explain_execute(sql, "published_" + statement, order, params(STAMPED))
         sql.execute("ROLLBACK")
     assert _outbox_reads(plan) <= 2 * STAMPED
+
+
+#: A worker's finished batch (its prefetch's width, at most).
+FINISHED = 64
+
+
+def test_a_finish_planned_while_running_was_rare_reads_its_batch_by_id(
+    pg_server_url: str,
+) -> None:
+    """The finish's ``done`` (the update that ends the batch's tasks) has its own join to the
+    outcomes. Its generic plan, made while task_runs was past store/plansize.py's floor and
+    the statistics said RUNNING tasks were rare (finished work analyzed: a bench's
+    repetition, a tree after a quiet spell), read task_runs whole at every finish and compared
+    each RUNNING task with every outcome, until the table grew eightfold and the pool was
+    drained (docs/performance.md, "The finish's batch by id"). It reads the batch by its
+    ids."""
+    one = WorkflowDef("finished-work", (TaskDef("a", "plans.noop"),))
+    with (
+        bench.fresh_database(pg_server_url) as url,
+        pool_of(url, 1, "rare-running") as db,
+        psycopg.connect(url, autocommit=True) as sql,
+    ):
+        sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
+        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG // 5)])
+        sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now()")
+        sql.execute("ANALYZE task_runs")  # finished work: RUNNING is rare
+        pages = sql.execute("SELECT pg_relation_size('task_runs') / 8192").fetchone()
+        assert pages and pages[0] >= FLOOR_PAGES  # past the floor: a drain would not replan
+        order = _prepare_generic(sql, "rare_finish", "finish")
+        _explain_execute(sql, "rare_finish", order, _finish_params([]))  # planned now
+        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG // 2)])  # no ANALYZE
+        pages = sql.execute("SELECT pg_relation_size('task_runs') / 8192").fetchone()
+        assert pages and pages[0] < 8 * FLOOR_PAGES  # the same size class: still that plan
+        running = sql.execute(
+            "UPDATE task_runs SET state = 'RUNNING', attempt = 1, fencing_token = 1"
+            " WHERE state = 'READY' RETURNING id, fencing_token"
+        ).fetchall()
+        batch = [(r[0], r[1], Finish(TaskState.SUCCEEDED, {"ok": 1})) for r in running]
+        sql.execute("BEGIN")
+        plan = _explain_execute(sql, "rare_finish", order, _finish_params(batch[:FINISHED]))
+        sql.execute("ROLLBACK")
+    read = 0
+
+    def walk(node: dict[str, Any], inside: bool) -> None:
+        nonlocal read
+        inside = inside or node.get("Subplan Name") == "CTE done"
+        own = node.get("Relation Name") == "task_runs" and node["Node Type"] != "ModifyTable"
+        if inside and own and node.get("Parent Relationship") not in ("InitPlan", "SubPlan"):
+            handled = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            read += handled * node["Actual Loops"]
+        for child in node.get("Plans", ()):
+            walk(child, inside)
+
+    walk(plan, False)
+    assert 0 < read <= 2 * FINISHED, read
