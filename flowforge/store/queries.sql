@@ -2843,12 +2843,17 @@ WITH candidates AS (
     SELECT t.id, t.seq, t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit,
            t.rate_per_s, t.map_id
       FROM task_runs t
-     WHERE t.id IN (SELECT id FROM candidates)
+     -- the candidates by their ids, the conditions (… IS TRUE), no row source joined: a plan
+     -- made while PENDING was rare in the statistics read every PENDING task through the
+     -- state index and compared each with every candidate (architecture.md, "one release
+     -- fragment"; docs/performance.md "admit_gated's waiting by id")
+     WHERE t.id = ANY(ARRAY(SELECT id FROM candidates))
        AND (t.concurrency_key IS NULL OR t.concurrency_key = ANY(%(ckeys)s::text[]))
        AND (t.rate_key IS NULL OR t.rate_key = ANY(%(rkeys)s::text[]))
        AND (t.map_id IS NULL OR t.map_id = ANY(%(maps)s::uuid[])
-            OR (SELECT p.max_parallel FROM task_runs p WHERE p.id = t.map_id) IS NULL) AND
+            OR (SELECT p.max_parallel FROM task_runs p WHERE p.id = t.map_id) IS NULL) AND (
 -- use: awaiting_admission(t)
+       ) IS TRUE
        FOR UPDATE OF t SKIP LOCKED
 ), c_room AS MATERIALIZED (
     SELECT w.concurrency_key AS key,
