@@ -124,6 +124,23 @@ def shape(node: Mapping[str, Any]) -> Shape:
     return (own, tuple(shape(child) for child in node.get("Plans", ())))
 
 
+def rows_handled(
+    node: Mapping[str, Any], cte: str | None = None, relation: str | None = None
+) -> int:
+    """Over an ANALYZEd JSON plan: the rows its nodes produced or threw away (by a filter or
+    a join filter), summed over their loops (EXPLAIN reports each per loop) — the work a plan
+    did, which a quadratic plan multiplies. Only nodes inside the CTE named ``cte``, and only
+    reads of the table ``relation`` (not its update), when given."""
+    inside = cte is None or node.get("Subplan Name") == f"CTE {cte}"
+    read = node.get("Relation Name") == relation and node["Node Type"] != "ModifyTable"
+    own = 0
+    if inside and (relation is None or read):
+        thrown = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
+        own = (node["Actual Rows"] + thrown) * node["Actual Loops"]
+    below = None if inside else cte  # inside the CTE, so are its nodes
+    return own + sum(rows_handled(c, below, relation) for c in node.get("Plans", ()))
+
+
 def plans(conn: psycopg.Connection[Any], captured: Captured) -> dict[str, Shape]:
     """The generic and the custom plan's shapes of ``captured`` on ``conn`` (autocommit)."""
     text, order = numbered(captured.query)

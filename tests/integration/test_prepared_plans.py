@@ -554,20 +554,6 @@ def test_a_pass_planned_while_its_states_were_rare_updates_its_rows_by_their_key
     assert found and found <= CHOSEN_BY_ID[statement], found
 
 
-def _outbox_reads(plan: dict[str, Any]) -> int:
-    """The rows every read of the outbox in an ANALYZEd JSON plan passed up or filtered out,
-    summed over its loops (its updates and InitPlans apart)."""
-
-    def walk(node: dict[str, Any]) -> int:
-        own = 0
-        if node.get("Relation Name") == "outbox" and node["Node Type"] != "ModifyTable":
-            handled = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-            own = handled * node["Actual Loops"]
-        return own + sum(walk(child) for child in node.get("Plans", ()))
-
-    return walk(plan)
-
-
 #: The dispatches a statement is given (a publisher's confirmed batch) or claims (a window).
 STAMPED = 500
 
@@ -611,7 +597,7 @@ def test_a_statement_planned_while_the_outbox_was_published_reads_its_dispatches
         sql.execute("BEGIN")
         plan = _explain_execute(sql, "published_" + statement, order, params(STAMPED))
         sql.execute("ROLLBACK")
-    assert _outbox_reads(plan) <= 2 * STAMPED
+    assert plans.rows_handled(plan, relation="outbox") <= 2 * STAMPED
 
 
 #: A worker's finished batch (its prefetch's width, at most).
@@ -653,19 +639,7 @@ def test_a_finish_planned_while_running_was_rare_reads_its_batch_by_id(
         sql.execute("BEGIN")
         plan = _explain_execute(sql, "rare_finish", order, _finish_params(batch[:FINISHED]))
         sql.execute("ROLLBACK")
-    read = 0
-
-    def walk(node: dict[str, Any], inside: bool) -> None:
-        nonlocal read
-        inside = inside or node.get("Subplan Name") == "CTE done"
-        own = node.get("Relation Name") == "task_runs" and node["Node Type"] != "ModifyTable"
-        if inside and own and node.get("Parent Relationship") not in ("InitPlan", "SubPlan"):
-            handled = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-            read += handled * node["Actual Loops"]
-        for child in node.get("Plans", ()):
-            walk(child, inside)
-
-    walk(plan, False)
+    read = plans.rows_handled(plan, cte="done", relation="task_runs")
     assert 0 < read <= 2 * FINISHED, read
 
 
@@ -708,17 +682,6 @@ def test_an_admission_pass_planned_while_pending_was_rare_reads_its_candidates_b
         sql.execute("ROLLBACK")
     assert row is not None
     plan = (row[0] if not isinstance(row[0], str) else json.loads(row[0]))[0]["Plan"]
-    handled = 0
-
-    def walk(node: dict[str, Any], inside: bool) -> None:
-        nonlocal handled
-        inside = inside or node.get("Subplan Name") == "CTE waiting"
-        if inside:
-            own = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-            handled += (own + node.get("Rows Removed by Join Filter", 0)) * node["Actual Loops"]
-        for child in node.get("Plans", ()):
-            walk(child, inside)
-
-    walk(plan, False)
+    handled = plans.rows_handled(plan, cte="waiting")
     assert waiting > 2_000  # a backlog, not the few the trigger admitted
     assert handled <= 3 * waiting, (handled, waiting)

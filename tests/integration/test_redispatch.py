@@ -22,6 +22,7 @@ from flowforge.domain.model import ClaimOutcome
 from flowforge.domain.states import RunState, TaskState
 from flowforge.store import queries
 from tests.e2e import Stack
+from tests.harness import plans
 from tests.helpers import dispatch, drain, single, wait_for
 from tests.store import Store
 
@@ -269,14 +270,6 @@ def test_in_one_sweep_the_latest_claimed_dispatch_is_the_last_published_not_the_
 HALF = 1500  # claimed dispatches; as many behind them: a task_attempts no plan reads whole
 
 
-def _rows_handled(node: dict[str, Any]) -> int:
-    """Over an ANALYZEd JSON plan: the rows every node produced or filtered out, summed over
-    its loops (EXPLAIN reports both per loop)."""
-    own = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-    own += node.get("Rows Removed by Join Filter", 0)
-    return own * node["Actual Loops"] + sum(_rows_handled(c) for c in node.get("Plans", ()))
-
-
 @pytest.mark.parametrize(
     "analyzed", ["on-what-it-reads", "before-the-backlog-was-published-or-claimed"]
 )
@@ -329,5 +322,5 @@ def test_the_latest_claimed_dispatch_is_found_once_per_group_not_once_per_candid
     root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
     walk(root)
     assert len(loops) == 2 and loops == [1, 1]  # unpublished and published: once each
-    assert _rows_handled(root) <= 20 * 2 * HALF  # linear in the dispatches
+    assert plans.rows_handled(root) <= 20 * 2 * HALF  # linear in the dispatches
     assert repo.redispatch_lost(AGE_S, 1000) == 0  # a backlog nothing was claimed after
