@@ -2268,21 +2268,24 @@ WITH due AS (
      ORDER BY m.seq
      LIMIT %(limit)s
        FOR UPDATE OF m SKIP LOCKED
-), facts AS (
-    SELECT d.id,
-           EXISTS (SELECT 1 FROM task_runs i WHERE i.map_id = d.id AND i.state = 'DEAD') AS dead,
-           (SELECT min(i.cancel_cause) FROM task_runs i
-             WHERE i.map_id = d.id AND i.state = 'CANCELLED') AS cause,
-           (SELECT count(*) FROM task_runs i WHERE i.map_id = d.id AND i.state = 'DEAD') AS n_dead
+), facts AS MATERIALIZED (
+    -- each map's items read once, through their index (an aggregate per map: a LATERAL no
+    -- plan turns into a join read from task_runs); as sub-selects, each test of the SET below
+    -- read them all again — six reads of a 10,000-item map's items to settle it
+    -- (docs/performance.md "settle_maps in one read")
+    SELECT d.id, a.n_dead > 0 AS dead, a.cause, a.n_dead, a.results
       FROM due d
+     CROSS JOIN LATERAL (
+           SELECT count(*) FILTER (WHERE i.state = 'DEAD') AS n_dead,
+                  min(i.cancel_cause) FILTER (WHERE i.state = 'CANCELLED') AS cause,
+                  coalesce(jsonb_agg(i.result ORDER BY i.item_index), '[]'::jsonb) AS results
+             FROM task_runs i
+            WHERE i.map_id = d.id) AS a
 ), settled AS (
     UPDATE task_runs t
        SET state = CASE WHEN f.dead THEN 'DEAD' WHEN f.cause IS NOT NULL THEN 'CANCELLED'
                         ELSE 'SUCCEEDED' END,
-           result = CASE WHEN NOT f.dead AND f.cause IS NULL
-                         THEN (SELECT coalesce(jsonb_agg(i.result ORDER BY i.item_index),
-                                               '[]'::jsonb)
-                                 FROM task_runs i WHERE i.map_id = t.id) END,
+           result = CASE WHEN NOT f.dead AND f.cause IS NULL THEN f.results END,
            failure_reason = CASE WHEN f.dead THEN 'item_failed'
                                  WHEN f.cause IS NOT NULL THEN 'cancelled' END,
            last_error = CASE WHEN f.dead THEN f.n_dead || ' item(s) DEAD' ELSE t.last_error END,

@@ -171,6 +171,7 @@ def test_an_item_dead_makes_the_map_dead_and_fail_fast_cancels_the_rest(
     ids = task_ids(repo, run_id)
     process = repo.get_task(ids["process"])
     assert process.state is TaskState.DEAD and process.failure_reason is FailureReason.ITEM_FAILED
+    assert process.last_error == "1 item(s) DEAD" and process.result is None  # counted once
     assert repo.get_task(ids["merge"]).state is TaskState.CANCELLED
     assert repo.get_run(run_id).state is RunState.FAILED
 
