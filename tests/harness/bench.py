@@ -301,7 +301,10 @@ def _wait_until(
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        row = conn.execute(query, params).fetchone()
+        # prepared: planned once, not at every poll (task_runs' 31 indexes made the planning
+        # most of a poll's cost, billed to the tree's CPU per task: docs/performance.md "The
+        # bench's completion poll, prepared")
+        row = conn.execute(query, params, prepare=True).fetchone()
         if row and row[0]:
             return
         time.sleep(POLL_S)
