@@ -141,6 +141,22 @@ def rows_handled(
     return own + sum(rows_handled(c, below, relation) for c in node.get("Plans", ()))
 
 
+def explain_analyzed(
+    conn: psycopg.Connection[Any], query: bytes, params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The root node of ``EXPLAIN (ANALYZE, FORMAT JSON)`` of ``query`` run once with
+    ``params`` in a transaction rolled back, JIT off as the store's sessions run
+    (``flowforge/store/db.py`` ``session_options``: a JIT compile can cost more than the
+    statement being measured)."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL jit = off")
+        row = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + query, params).fetchone()
+    if row is None:
+        raise RuntimeError("EXPLAIN returned no plan")
+    found = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return dict(found[0]["Plan"])
+
+
 def plans(conn: psycopg.Connection[Any], captured: Captured) -> dict[str, Shape]:
     """The generic and the custom plan's shapes of ``captured`` on ``conn`` (autocommit)."""
     text, order = numbered(captured.query)

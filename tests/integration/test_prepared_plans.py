@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -449,6 +450,29 @@ def test_a_finish_planned_on_unanalyzed_edges_reads_its_dependents_by_their_ids(
 PROMOTE_LIMIT = 500
 
 
+@contextmanager
+def _finished_work(
+    pg_server_url: str, name: str, runs: int = BACKLOG
+) -> Iterator[tuple[Database, psycopg.Connection[Any]]]:
+    """A database of its own holding ``runs`` one-task runs, every task and run SUCCEEDED and
+    analyzed — a tree's finished work, on which the statistics say every other state is rare
+    — with autovacuum off for task_runs, so nothing analyzes what the test adds next: a pool
+    of one connection (``name``) and a plain autocommit connection."""
+    one = WorkflowDef("done-work", (TaskDef("a", "plans.noop"),))
+    with (
+        bench.fresh_database(pg_server_url) as url,
+        pool_of(url, 1, name) as db,
+        psycopg.connect(url, autocommit=True) as sql,
+    ):
+        sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
+        Triggers(db).trigger_many(one, [{"n": n} for n in range(runs)])
+        sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now()")
+        sql.execute("UPDATE workflow_runs SET state = 'SUCCEEDED', finished_at = now()")
+        sql.execute("ANALYZE task_runs")
+        sql.execute("ANALYZE workflow_runs")
+        yield db, sql
+
+
 def test_a_promote_planned_while_pending_was_rare_reads_its_batch_by_id(
     pg_server_url: str,
 ) -> None:
@@ -459,19 +483,10 @@ def test_a_promote_planned_while_pending_was_rare_reads_its_batch_by_id(
     first passes took 350 to 600 ms each (4 million rows) and the bench's first map ran at half
     speed (docs/performance.md, "The map's first repetition"). The batch is read by its ids,
     and the work is linear in it."""
-    one = WorkflowDef("done-work", (TaskDef("a", "plans.noop"),))
     two = WorkflowDef(
         "waiting", (TaskDef("a", "plans.noop"), TaskDef("b", "plans.noop", depends_on=("a",)))
     )
-    with (
-        bench.fresh_database(pg_server_url) as url,
-        pool_of(url, 1, "rare") as db,
-        psycopg.connect(url, autocommit=True) as sql,
-    ):
-        sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
-        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG)])
-        sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now()")
-        sql.execute("ANALYZE task_runs")  # finished work: PENDING is rare
+    with _finished_work(pg_server_url, "rare") as (db, sql):  # PENDING is rare
         order = _prepare_generic(sql, "rare_promote", "promote_ready")
         _explain_execute(sql, "rare_promote", order, {"limit": PROMOTE_LIMIT})  # planned now
         Triggers(db).trigger_many(two, [{"n": n} for n in range(BACKLOG)])
@@ -536,17 +551,7 @@ def test_a_pass_planned_while_its_states_were_rare_updates_its_rows_by_their_key
     generic plan made while the statistics said the state a pass looks for was rare (finished
     work analyzed) must still update the rows it chose through their keys, not read every row
     in that state through an index and rescan the chosen ones for each."""
-    one = WorkflowDef("done-work", (TaskDef("a", "plans.noop"),))
-    with (
-        bench.fresh_database(pg_server_url) as url,
-        pool_of(url, 1, "rare") as db,
-        psycopg.connect(url, autocommit=True) as sql,
-    ):
-        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG)])
-        sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now()")
-        sql.execute("UPDATE workflow_runs SET state = 'SUCCEEDED', finished_at = now()")
-        sql.execute("ANALYZE task_runs")
-        sql.execute("ANALYZE workflow_runs")
+    with _finished_work(pg_server_url, "rare") as (_db, sql):
         order = _prepare_generic(sql, "rare_pass", statement)
         params = dict.fromkeys(order, PROMOTE_LIMIT)  # each one's parameters: limits
         plan = _explain_execute(sql, "rare_pass", order, params, analyze=False)
@@ -614,16 +619,8 @@ def test_a_finish_planned_while_running_was_rare_reads_its_batch_by_id(
     each RUNNING task with every outcome, until the table grew eightfold and the pool was
     drained (docs/performance.md, "The finish's batch by id"). It reads the batch by its
     ids."""
-    one = WorkflowDef("finished-work", (TaskDef("a", "plans.noop"),))
-    with (
-        bench.fresh_database(pg_server_url) as url,
-        pool_of(url, 1, "rare-running") as db,
-        psycopg.connect(url, autocommit=True) as sql,
-    ):
-        sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
-        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG // 5)])
-        sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now()")
-        sql.execute("ANALYZE task_runs")  # finished work: RUNNING is rare
+    one = WorkflowDef("more-work", (TaskDef("a", "plans.noop"),))
+    with _finished_work(pg_server_url, "rare-running", BACKLOG // 5) as (db, sql):
         pages = sql.execute("SELECT pg_relation_size('task_runs') / 8192").fetchone()
         assert pages and pages[0] >= FLOOR_PAGES  # past the floor: a drain would not replan
         order = _prepare_generic(sql, "rare_finish", "finish")
@@ -653,19 +650,10 @@ def test_an_admission_pass_planned_while_pending_was_rare_reads_its_candidates_b
     handled and 227 ms a pass behind 3,950 waiting tasks, about eight times as much as
     behind 350 (docs/performance.md, "admit_gated's waiting by id"). It reads the candidates
     by their ids: the rows every node of ``waiting`` handles stay linear in the backlog."""
-    one = WorkflowDef("done-work", (TaskDef("a", "plans.noop"),))
     rated = WorkflowDef(
         "rated", (TaskDef("a", "plans.noop", rate_limit=RateLimit(50, 1.0, "bench")),)
     )
-    with (
-        bench.fresh_database(pg_server_url) as url,
-        pool_of(url, 1, "rare-admission") as db,
-        psycopg.connect(url, autocommit=True) as sql,
-    ):
-        sql.execute("ALTER TABLE task_runs SET (autovacuum_enabled = false)")
-        Triggers(db).trigger_many(one, [{"n": n} for n in range(BACKLOG)])
-        sql.execute("UPDATE task_runs SET state = 'SUCCEEDED', finished_at = now()")
-        sql.execute("ANALYZE task_runs")  # finished work: PENDING is rare
+    with _finished_work(pg_server_url, "rare-admission") as (db, sql):  # PENDING is rare
         Triggers(db).trigger_many(rated, [{"n": n} for n in range(BACKLOG)])  # no ANALYZE
         # the ones admitted at the trigger have run: the rest wait for the pass
         sql.execute("UPDATE task_runs SET state = 'SUCCEEDED' WHERE state = 'READY'")
@@ -674,14 +662,7 @@ def test_an_admission_pass_planned_while_pending_was_rare_reads_its_candidates_b
             "SELECT count(*) FROM task_runs WHERE state = 'PENDING'"
         ).fetchone() or (0,)
         params = {"ckeys": [], "rkeys": ["bench"], "per_key": PROMOTE_LIMIT, "maps": []}
-        sql.execute("BEGIN")
-        sql.execute("SET LOCAL jit = off")  # as the store's sessions run (db.session_options)
-        row = sql.execute(
-            b"EXPLAIN (ANALYZE, FORMAT JSON) " + queries.load()["admit_gated"], params
-        ).fetchone()
-        sql.execute("ROLLBACK")
-    assert row is not None
-    plan = (row[0] if not isinstance(row[0], str) else json.loads(row[0]))[0]["Plan"]
+        plan = plans.explain_analyzed(sql, queries.load()["admit_gated"], params)
     handled = plans.rows_handled(plan, cte="waiting")
     assert waiting > 2_000  # a backlog, not the few the trigger admitted
     assert handled <= 3 * waiting, (handled, waiting)

@@ -8,7 +8,6 @@ published after it were claimed — gets a new dispatch generation.
 
 from __future__ import annotations
 
-import json
 import random
 import uuid
 from typing import Any
@@ -310,16 +309,8 @@ def test_the_latest_claimed_dispatch_is_found_once_per_group_not_once_per_candid
         for child in node.get("Plans", ()):
             walk(child)
 
-    with sql.transaction(force_rollback=True):
-        sql.execute("SET LOCAL jit = off")  # as the store's sessions run (db.session_options)
-        (plan,) = (
-            sql.execute(
-                b"EXPLAIN (ANALYZE, FORMAT JSON) " + queries.load()["redispatch_lost"],
-                {"age_s": AGE_S, "limit": 1000},
-            ).fetchone()
-            or ()
-        )
-    root = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    params = {"age_s": AGE_S, "limit": 1000}
+    root = plans.explain_analyzed(sql, queries.load()["redispatch_lost"], params)
     walk(root)
     assert len(loops) == 2 and loops == [1, 1]  # unpublished and published: once each
     assert plans.rows_handled(root) <= 20 * 2 * HALF  # linear in the dispatches
