@@ -208,6 +208,7 @@ class FakeTask:
     timeout_s: float | None = None
     cancel_requested: bool = False  # its run was asked to stop
     live: list[Captured] = field(default_factory=list)  # what write_output wrote while it ran
+    payload_bytes: int = 0  # what its claim says it carries (the claim query's payload_bytes)
 
 
 class FakeStore:
@@ -353,6 +354,7 @@ class FakeStore:
             task.token,
             {},
             timeout_s=task.timeout_s,
+            payload_bytes=task.payload_bytes,
         )
 
     def _called(self, method: str, size: int) -> None:

@@ -95,7 +95,7 @@ class BrokerConfig:
     password_file: str | None = None
     queue: str = DEFAULT_QUEUE
     heartbeat_s: int = 30
-    prefetch: int = 16  # unacked deliveries per worker; also its largest batch of claims
+    prefetch: int = 64  # unacked deliveries per worker; also its largest batch of claims
     quorum_initial_group_size: int | None = None
     tls: BrokerTlsConfig | None = None  # for amqps:// nodes; None: the system's CAs, no cert
 

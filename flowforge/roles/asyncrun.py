@@ -139,6 +139,7 @@ class AsyncRunner:
             del self._tasks[id(job)]
             with self._lock:
                 self._running -= 1
+            job.ended = time.monotonic()
             job.done.set()
             self._start_waiting()
             self.freed.set()

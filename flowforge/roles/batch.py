@@ -54,7 +54,7 @@ from flowforge.roles.attemptlog import AttemptOutput
 from flowforge.roles.context import TaskContext
 from flowforge.roles.execution import Executor, Job, captured, classify
 from flowforge.roles.hooks import WORKER_LOGGER, Hooks
-from flowforge.roles.intake import PUMP_INTERVAL_S, Intake
+from flowforge.roles.intake import PUMP_INTERVAL_S, BatchCost, Intake
 from flowforge.roles.lease import CancelWatch, Leases
 from flowforge.roles.ledger import Ledger, Then
 
@@ -145,6 +145,11 @@ class Batch:
         self._slow = False  # a call outlasted its limit: outcomes harvested as they end
         self._consuming = True  # while a slow batch rolls: its consumer is on
         self._open = len(claims)  # claims of the batch neither committed nor handed back
+        # what the batch cost (cost()): its sync handlers' time (s), its payload (bytes)
+        self._busy_s = 0.0
+        self._payload_bytes = 0
+        self._claimed = 0
+        self._rolled = False
 
     def run(
         self, then: Then, overtake: Overtake | None = None, top_up: TopUp | None = None
@@ -160,6 +165,7 @@ class Batch:
         if top_up is not None and tasks and all(t.job.asynchronous for t in tasks):
             self._ack()  # claims committed: the next deliveries may come in while they run
             self._top_up = top_up
+            self._rolled = True
             self._roll_until = time.monotonic() + ROLL_S
         slow = False
         while self._next < len(self._tasks):
@@ -183,6 +189,18 @@ class Batch:
             raise self._failure
         return slow
 
+    def cost(self) -> BatchCost:
+        """What the batch cost, which its worker's window follows (:meth:`Intake.settle
+        <flowforge.roles.intake.Intake.settle>`): its sync handlers' time (seconds), its
+        payload — its claims' (:attr:`Claim.payload_bytes
+        <flowforge.domain.model.Claim.payload_bytes>`) and its results' as JSON (bytes,
+        results as characters) — and how many claims it ran. A batch that rolled says nothing
+        here: its calls ran side by side, its window is ``async_concurrency``'s, and it
+        committed every :data:`FLUSH_AFTER` outcomes."""
+        if self._rolled:
+            return BatchCost()
+        return BatchCost(self._busy_s, self._payload_bytes, self._claimed)
+
     def _forget(self) -> None:
         """Drop the tasks waited for already once there are :data:`FORGET_AFTER` of them (a
         batch rolling for long would otherwise keep every input, result and captured output
@@ -202,7 +220,9 @@ class Batch:
         crew = self._crew
         crew.hooks.after_claim(claims)
         tasks: list[_Task] = []
+        self._claimed += len(claims)
         for claim in claims:
+            self._payload_bytes += claim.payload_bytes
             handler = self._handlers.get(claim.handler)
             if handler is None:
                 error = f"no handler is registered as {claim.handler!r} in this worker"
@@ -371,8 +391,12 @@ class Batch:
         """Record the outcome of a job that ended."""
         job = task.job
         assert job.started is not None
-        duration_s = time.monotonic() - job.started
+        # its own end, not this moment: the main thread comes to each job after a wake-up
+        # (a GIL switch), which summed over a batch would pass for handler time
+        duration_s = (job.ended or time.monotonic()) - job.started
         finish = classify(job, self._crew.max_result_bytes)
+        self._busy_s += 0.0 if job.asynchronous else duration_s
+        self._payload_bytes += len(finish.result) if isinstance(finish.result, str) else 0
         self._crew.hooks.after_execute(task.claim, finish, duration_s)
         self._outcomes.append((task.claim, finish))
         self._recorded.add(id(job))

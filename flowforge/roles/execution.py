@@ -51,7 +51,8 @@ def timeout_finish(timeout_s: float) -> Finish:
 
 @dataclass
 class Job:
-    """One handler call; ``started`` is its monotonic start, ``done`` set when it ended.
+    """One handler call; ``started`` and ``ended`` are its monotonic start and end, ``done``
+    set when it ended.
 
     ``timeout_s``: the task's timeout, which an async call's loop applies itself
     (``timed_out`` then); a sync call's is the :class:`~flowforge.roles.concerns.TimeLimit`
@@ -61,6 +62,7 @@ class Job:
     ctx: TaskContext
     timeout_s: float | None = None
     started: float | None = None
+    ended: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -82,6 +84,7 @@ class Job:
             self.error = exc
             self.traceback = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]  # cleaned by classify
         finally:
+            self.ended = time.monotonic()
             self.done.set()
 
 

@@ -2,13 +2,21 @@
 connection's turns while handlers run.
 
 The consumer's prefetch *is* the window: until a batch is acked the broker pushes nothing more
-to this worker. The window starts at 1, doubles after every batch of fast handlers up to
-``broker.prefetch``, and falls back to 1 after a slow sync one. A worker with ``async def``
-handlers lets it grow to ``worker.async_concurrency`` if that is larger, and one with async
-handlers only opens it that wide at once (:meth:`Intake.widen`). After a batch held up by a
-slow sync handler the worker consumes only while it takes: what else came with the take is
-handed back at once, so a delivery (an urgent one above all) never waits in a worker whose
-handlers are slow.
+to this worker. The window starts at 1, doubles after every cheap batch up to
+``broker.prefetch``, and falls back to 1 after a slow sync handler. A batch is cheap while its
+sync handlers took ``worker.fast_handler_ms`` in all and its payload (:attr:`Claim.payload_bytes
+<flowforge.domain.model.Claim.payload_bytes>` and the results) came to :data:`BATCH_BYTES`; one
+that cost more than twice either halves the window, one in between keeps it. A batch is judged
+by what it cost per task, as if it had filled the window: one that came short (a queue nearly
+empty) says nothing about a full one. So the prefetch
+only caps a batch: what a batch holds up (the tasks queued behind its handlers, which no other
+worker can take meanwhile) and what it holds in memory (every claim's input and every result
+until the finish commits) stay near those budgets whatever the prefetch. A worker with
+``async def`` handlers lets it grow to ``worker.async_concurrency`` if that is larger, and one
+with async handlers only opens it that wide at once (:meth:`Intake.widen`). After a batch held
+up by a slow sync handler the worker consumes only while it takes: what else came with the
+take is handed back at once, so a delivery (an urgent one above all) never waits in a worker
+whose handlers are slow.
 
 A broker call that fails once the batch's claims committed does not stop the batch (the
 leases own its tasks): the failure is kept in :attr:`Intake.broken` and raised by
@@ -21,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 from uuid import UUID
 
 from flowforge.broker.consume import Deliveries, Delivery
@@ -37,14 +46,31 @@ PUMP_INTERVAL_S = 1.0
 #: ack is this old (seconds): until the ack the prefetch window was full, and the deliveries
 #: it lets in take a round trip to come. A delivery still missed waits for the next turn.
 ACK_SETTLE_S = 0.2
+#: A batch's payload above which its window stops growing, and above twice which it is halved
+#: (bytes): a worker holds a whole batch's inputs, items, inline upstream results and results
+#: at once, and inputs may be up to 16 MiB each (domain/values.py), so a bound by count alone
+#: (``broker.prefetch``) would let a batch of large values take gigabytes.
+BATCH_BYTES = 2 * 1024 * 1024
+
+
+class BatchCost(NamedTuple):
+    """What a batch of ``tasks`` tasks cost: its sync handlers' time in all (seconds) and
+    its payload (bytes; :meth:`Batch.cost <flowforge.roles.batch.Batch.cost>`)."""
+
+    busy_s: float = 0.0
+    payload_bytes: int = 0
+    tasks: int = 0
 
 
 class Intake:
     """Deliveries in, acks out, over a :class:`~flowforge.broker.consume.Deliveries`."""
 
-    def __init__(self, broker: Deliveries, prefetch: int) -> None:
+    def __init__(self, broker: Deliveries, prefetch: int, fast_s: float) -> None:
+        """``fast_s``: ``worker.fast_handler_ms`` in seconds, the time a cheap batch's sync
+        handlers may take in all (see the module docstring)."""
         self._broker = broker
         self._prefetch = prefetch
+        self._fast_s = fast_s
         self.window = 1
         self.broken: BrokerUnavailableError | None = None
         self._took_at = 0.0
@@ -63,8 +89,8 @@ class Intake:
         """A worker with async handlers: a batch of them should fill ``cap``
         (``worker.async_concurrency``), so the window may grow to it if that is above
         ``broker.prefetch``. ``at_once`` (async handlers only, which none holds up): the window
-        is ``cap`` from now on, neither more (a claim beyond the free slots would only wait)
-        nor less."""
+        is ``cap`` from now on, never more (a claim beyond the free slots would only wait), and
+        less only after batches whose payload was large (:meth:`settle`)."""
         self._prefetch = cap if at_once else max(self._prefetch, cap)
         if at_once:
             self.window = cap
@@ -183,10 +209,19 @@ class Intake:
             logger.warning("broker connection lost while a handler runs: %s", exc)
             self.broken = exc
 
-    def settle(self, held_up: bool) -> None:
-        """A batch is done: grow the window, or reset it if a slow sync handler held the batch
-        up (:attr:`~flowforge.roles.batch.Batch.held_up`); raise a failure the batch outlived."""
-        self.window = 1 if held_up else min(self.window * 2, self._prefetch)
+    def settle(self, held_up: bool, cost: BatchCost) -> None:
+        """A batch is done: reset the window if a slow sync handler held the batch up
+        (:attr:`~flowforge.roles.batch.Batch.held_up`), else double, keep or halve it by what
+        a full window of such tasks would cost (``cost``; module docstring; a batch of no task
+        counts as cheap); raise a failure the batch outlived."""
+        budgets = max(cost.busy_s / self._fast_s, cost.payload_bytes / BATCH_BYTES)
+        full = budgets * self.window / cost.tasks if cost.tasks else 0.0
+        if held_up:
+            self.window = 1
+        elif full <= 1.0:
+            self.window = min(self.window * 2, self._prefetch)
+        elif full > 2.0:
+            self.window = max(self.window // 2, 1)
         self._slow = held_up
         if self.broken is not None:
             raise self.broken

@@ -120,7 +120,8 @@ class Worker:
         builtin = [Metrics(telemetry or Telemetry()), TaskLog(), TimeLimit(), recycling]
         self._hooks = Hooks([*builtin, *hooks])
         broker = broker or Consumer(config.broker, band(config.worker.min_priority))
-        self._intake = Intake(broker, config.broker.prefetch)
+        fast_s = worker.fast_handler_ms / 1000
+        self._intake = Intake(broker, config.broker.prefetch, fast_s)
         self._presence = Presence(repo, "worker", config.broker.queue)
         self._leases = Leases(
             repo,
@@ -141,7 +142,7 @@ class Worker:
             self._cancels,
             self._hooks,
             self._beat,
-            config.worker.fast_handler_ms / 1000,
+            fast_s,
             config.worker.max_result_bytes,
             config.worker.listen_for_cancel,
             config.worker.log_capture_bytes,
@@ -243,7 +244,7 @@ class Worker:
         if batch.abandoned:
             self._recycle.ask()  # its handler thread is stuck in the handler given up
         self._hooks.after_batch(slow)
-        self._intake.settle(batch.held_up)
+        self._intake.settle(batch.held_up, batch.cost())
 
     def _overtake(self, floor: int, size: int) -> tuple[list[Claim], list[Delivery]]:
         """Claims of deliveries of a band above ``floor`` that came in while a batch of

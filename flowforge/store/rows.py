@@ -274,6 +274,7 @@ def claim(row: Row) -> Claim:
             name: large_upstream(ref) for name, ref in (row.get("upstream_large") or {}).items()
         },
         upstream_deferred=None if row.get("upstream") is not None else row.get("upstream_n"),
+        payload_bytes=row.get("payload_bytes") or 0,
     )
 
 

@@ -13,6 +13,8 @@ cancelled.
 
 from __future__ import annotations
 
+import base64
+import os
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -295,6 +297,28 @@ def test_finish_many_with_only_current_tokens_counts_nothing_stale(repo: Store, 
     )
     assert finished.committed == set(tasks)
     assert stale_completions(repo) == counted_before
+
+
+def test_a_claim_says_how_many_bytes_its_input_and_inline_upstream_results_carry(
+    repo: Store, sql: Sql
+) -> None:
+    """What the worker's window follows besides time (roles/intake.py): the claim's
+    payload_bytes, the stored size of what it carries. Random base64 barely compresses, so
+    the stored size is near the text's."""
+    blob = base64.b64encode(os.urandom(120_000)).decode()  # 160,000 characters
+    run_id = repo.trigger(chain(length=2), {"blob": blob}).run_id
+    ids = task_ids(repo, run_id)
+    drain(repo)
+    first = claim_task(repo, sql, ids["t0"])
+    assert 0.9 * len(blob) <= first.payload_bytes <= len(blob) + 1_000
+    assert repo.finish(ids["t0"], first.fencing_token, TaskState.SUCCEEDED, result=blob)
+    second = claim_task(repo, sql, ids["t1"])
+    assert second.upstream == {"t0": blob}
+    assert 1.8 * len(blob) <= second.payload_bytes <= 2 * len(blob) + 1_000
+    [small] = claims_of(
+        repo.claim_many([dispatched(sql, t) for t in ready_singles(repo, 1)], "w", LEASE_S)
+    )
+    assert 0 < small.payload_bytes < 200
 
 
 # ------------------------------------------------------------------ dependents released by finish

@@ -83,7 +83,7 @@ def test_right_after_an_ack_the_turn_is_a_take(rig: Rig, monkeypatch: pytest.Mon
 def test_a_turn_not_due_asks_nothing_of_the_broker() -> None:
     broker = StubBroker()
     broker.connect()
-    turn = Intake(broker, prefetch=8)
+    turn = Intake(broker, prefetch=8, fast_s=0.05)
     turn.take(1, 0.0)
     assert not turn.owed()
     assert [name for name, _ in broker.events] == ["connect", "take"]
@@ -95,7 +95,7 @@ def test_a_paused_consumer_owes_a_take_whatever_its_buffers_hold(
     monkeypatch.setattr(intake, "PUMP_INTERVAL_S", 0.0)
     broker = StubBroker()
     broker.connect()
-    turn = Intake(broker, prefetch=8)
+    turn = Intake(broker, prefetch=8, fast_s=0.05)
     turn.take(1, 0.0)
     turn.hand_back()  # a slow handler: consuming stops
     assert turn.owed() and turn.owed()  # never served without a take
@@ -109,7 +109,7 @@ def test_a_broker_lost_at_the_turn_is_kept_as_broken_and_owes_the_turn(
     monkeypatch.setattr(intake, "PUMP_INTERVAL_S", 0.0)
     broker = StubBroker()
     broker.connect()
-    turn = Intake(broker, prefetch=8)
+    turn = Intake(broker, prefetch=8, fast_s=0.05)
     turn.take(1, 0.0)
     broker.connected = False
     assert turn.owed()

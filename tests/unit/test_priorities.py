@@ -26,6 +26,7 @@ from flowforge.domain.plan import plan_runs
 from flowforge.domain.states import TaskState
 from flowforge.errors import DatabaseUnavailableError, DefinitionError, InputError
 from flowforge.roles.context import TaskContext
+from flowforge.roles.intake import BatchCost, Intake
 from flowforge.store import queries
 from tests.helpers import wait_for
 from tests.unit.test_worker_loop import make_rig
@@ -379,13 +380,12 @@ def test_an_overtaking_claim_that_fails_leaves_its_delivery_unacked_and_the_batc
 
 
 def slow_rig(slow: bool) -> tuple[Any, Any, list[UUID]]:
-    from flowforge.roles.intake import Intake
     from tests.stubs import StubBroker
 
     broker = StubBroker()
     broker.connect()
-    intake = Intake(broker, prefetch=16)
-    intake.settle(held_up=slow)  # the last batch had (or had not) a slow handler
+    intake = Intake(broker, prefetch=16, fast_s=0.05)
+    intake.settle(slow, BatchCost())  # the last batch had (or had not) a slow handler
     ids = [UUID(int=n) for n in range(1, 4)]
     broker.publish(ids[0], 1)  # two of priority 0 and one of 9 wait in the queue
     broker.publish(ids[1], 1)
@@ -405,7 +405,7 @@ def test_after_a_slow_batch_a_worker_holds_nothing_while_it_runs_the_next() -> N
     intake.serve()
     assert len(broker.bands[band(9)]) == 1  # still in the queue, for a worker that takes
     intake.ack(taken)
-    intake.settle(held_up=False)
+    intake.settle(False, BatchCost())
     assert intake.take(2, 0.0)[0][0] == (late, 1)  # consuming again at the next take
 
 
