@@ -21,6 +21,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
+from flowforge.config import BrokerConfig
 from flowforge.domain.dag import TaskDef, WorkflowDef
 from flowforge.domain.model import Dispatch
 from flowforge.domain.states import FINISHED_TASK_STATES, RunState, TaskState
@@ -43,7 +44,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real role processes
 Sql = psycopg.Connection[tuple[Any, ...]]
 
 #: The workers' default broker.prefetch: the largest batch a worker claims.
-DEFAULT_PREFETCH = 16
+DEFAULT_PREFETCH = BrokerConfig().prefetch
 AMQP_PORT = 5672
 
 
@@ -100,7 +101,9 @@ def test_a_worker_claims_in_growing_batches_and_runs_every_task_once(
 ) -> None:
     stack.start("scheduler")
     stack.start("publisher")
-    tasks = trigger(repo, "e2e.record", [{"n": n} for n in range(60)])
+    # more than the window's ramp to the prefetch (1 + 2 + … + prefetch) holds, so a batch
+    # that outgrew the prefetch would show
+    tasks = trigger(repo, "e2e.record", [{"n": n} for n in range(2 * DEFAULT_PREFETCH + 30)])
     # every dispatch waits on the queue before the worker starts, so batches can fill up
     wait_for(
         lambda: queue_depth(stack) == len(tasks),
