@@ -226,8 +226,8 @@ class Claim:
     index: int | None = None  # a map item's position from 0, else None
     upstream_large: Mapping[str, LargeUpstream] = field(default_factory=dict)
     upstream_deferred: int | None = None
-    # the input, item and inline upstream results as stored (bytes; compressed where
-    # PostgreSQL compressed them): what the worker's window follows besides time
+    # the input, item and inline upstream results as JSON text (bytes, as received: never
+    # their compressed stored size): what the worker's window follows besides time
     payload_bytes: int = 0
 
 

@@ -193,10 +193,10 @@ class Batch:
         """What the batch cost, which its worker's window follows (:meth:`Intake.settle
         <flowforge.roles.intake.Intake.settle>`): its sync handlers' time (seconds), its
         payload — its claims' (:attr:`Claim.payload_bytes
-        <flowforge.domain.model.Claim.payload_bytes>`) and its results' as JSON (bytes,
-        results as characters) — and how many claims it ran. A batch that rolled says nothing
-        here: its calls ran side by side, its window is ``async_concurrency``'s, and it
-        committed every :data:`FLUSH_AFTER` outcomes."""
+        <flowforge.domain.model.Claim.payload_bytes>`) and what each outcome holds until the
+        finish commits (:func:`_held`) — and how many claims it ran. A batch that rolled says
+        nothing here: its calls ran side by side, its window is ``async_concurrency``'s, and
+        it committed every :data:`FLUSH_AFTER` outcomes."""
         if self._rolled:
             return BatchCost()
         return BatchCost(self._busy_s, self._payload_bytes, self._claimed)
@@ -396,7 +396,7 @@ class Batch:
         duration_s = (job.ended or time.monotonic()) - job.started
         finish = classify(job, self._crew.max_result_bytes)
         self._busy_s += 0.0 if job.asynchronous else duration_s
-        self._payload_bytes += len(finish.result) if isinstance(finish.result, str) else 0
+        self._payload_bytes += _held(finish)
         self._crew.hooks.after_execute(task.claim, finish, duration_s)
         self._outcomes.append((task.claim, finish))
         self._recorded.add(id(job))
@@ -466,3 +466,12 @@ class Batch:
         claimed = {claim.task_run_id for claim in finished.claimed}
         self.claimed.extend(finished.claimed)
         self.ready.extend(pair for pair in finished.ready if pair[0] not in claimed)
+
+
+def _held(finish: Finish) -> int:
+    """What an outcome holds until its batch's finish commits, in characters: its result as
+    JSON and the output its attempt wrote (up to ``worker.log_capture_bytes``); an error and
+    a traceback are cut short (domain/values.py) and not counted."""
+    result = len(finish.result) if isinstance(finish.result, str) else 0
+    found = finish.captured.output if finish.captured is not None else None
+    return result + (len(found.text) if found is not None else 0)

@@ -8,10 +8,10 @@ sync handlers took ``worker.fast_handler_ms`` in all and its payload (:attr:`Cla
 <flowforge.domain.model.Claim.payload_bytes>` and the results) came to :data:`BATCH_BYTES`; one
 that cost more than twice either halves the window, one in between keeps it. A batch is judged
 by what it cost per task, as if it had filled the window: one that came short (a queue nearly
-empty) says nothing about a full one. So the prefetch
-only caps a batch: what a batch holds up (the tasks queued behind its handlers, which no other
-worker can take meanwhile) and what it holds in memory (every claim's input and every result
-until the finish commits) stay near those budgets whatever the prefetch. A worker with
+empty) says nothing about a full one. So the prefetch only caps a batch: what a batch holds up
+(the tasks queued behind its handlers, which no other worker can take meanwhile) and what it
+holds in memory (every claim's input, every result and captured output until the finish
+commits) stay near those budgets whatever the prefetch. A worker with
 ``async def`` handlers lets it grow to ``worker.async_concurrency`` if that is larger, and one
 with async handlers only opens it that wide at once (:meth:`Intake.widen`). After a batch held
 up by a slow sync handler the worker consumes only while it takes: what else came with the
@@ -47,9 +47,9 @@ PUMP_INTERVAL_S = 1.0
 #: it lets in take a round trip to come. A delivery still missed waits for the next turn.
 ACK_SETTLE_S = 0.2
 #: A batch's payload above which its window stops growing, and above twice which it is halved
-#: (bytes): a worker holds a whole batch's inputs, items, inline upstream results and results
-#: at once, and inputs may be up to 16 MiB each (domain/values.py), so a bound by count alone
-#: (``broker.prefetch``) would let a batch of large values take gigabytes.
+#: (bytes): a worker holds a whole batch's inputs, items, inline upstream results, results and
+#: captured output at once, and inputs may be up to 16 MiB each (domain/values.py), so a bound
+#: by count alone (``broker.prefetch``) would let a batch of large values take gigabytes.
 BATCH_BYTES = 2 * 1024 * 1024
 
 

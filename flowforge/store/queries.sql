@@ -866,14 +866,15 @@ WITH wanted AS (
 -- than the bound is left out of upstream and named in upstream_large with its length (the
 -- handler pages its elements: upstream_items_page), so no claim carries more than the bound's
 -- worth of results whatever the fan-in or the map's width.
--- payload_bytes: what the claim carries as stored (input, item, inline upstream results; a
--- TOASTed value's compressed size, read without decompressing it), which the worker's window
--- follows (roles/intake.py: a batch's payload is held whole)
+-- payload_bytes: what the claim carries as JSON text, as the worker receives and decodes it
+-- (input, item, inline upstream results), which the worker's window follows (roles/intake.py:
+-- a batch's payload is held whole). Not pg_column_size: that is a TOASTed value's compressed
+-- size, and an 8 MB input of repeated text stores as 90 KB.
 SELECT c.*, r.input, r.workflow, coalesce(k.n, 0) AS upstream_n,
        CASE WHEN coalesce(k.n, 0) <= %(inline)s THEN v.upstream END AS upstream,
        v.large AS upstream_large,
-       pg_column_size(r.input) + coalesce(pg_column_size(c.item), 0)
-           + pg_column_size(v.upstream) AS payload_bytes
+       octet_length(r.input::text) + coalesce(octet_length(c.item::text), 0)
+           + octet_length(v.upstream::text) AS payload_bytes
   FROM claimed c
   JOIN workflow_runs r ON r.id = c.run_id
   LEFT JOIN counted k ON k.id = c.id  -- (a task without upstream tasks has no row)

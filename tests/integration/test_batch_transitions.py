@@ -303,8 +303,8 @@ def test_a_claim_says_how_many_bytes_its_input_and_inline_upstream_results_carry
     repo: Store, sql: Sql
 ) -> None:
     """What the worker's window follows besides time (roles/intake.py): the claim's
-    payload_bytes, the stored size of what it carries. Random base64 barely compresses, so
-    the stored size is near the text's."""
+    payload_bytes, the size of what it carries as JSON text — what the worker decodes, not
+    what TOAST stores."""
     blob = base64.b64encode(os.urandom(120_000)).decode()  # 160,000 characters
     run_id = repo.trigger(chain(length=2), {"blob": blob}).run_id
     ids = task_ids(repo, run_id)
@@ -319,6 +319,16 @@ def test_a_claim_says_how_many_bytes_its_input_and_inline_upstream_results_carry
         repo.claim_many([dispatched(sql, t) for t in ready_singles(repo, 1)], "w", LEASE_S)
     )
     assert 0 < small.payload_bytes < 200
+    # repeated text, which TOAST compresses to a few KB: counted as what the worker decodes
+    plain = "ab" * 200_000
+    run_id = repo.trigger(single("plain"), {"blob": plain}).run_id
+    drain(repo)
+    stored = sql.execute(
+        "SELECT pg_column_size(input) FROM workflow_runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert stored and stored[0] < len(plain) // 20
+    decoded = claim_task(repo, sql, task_ids(repo, run_id)["only"])
+    assert len(plain) <= decoded.payload_bytes <= len(plain) + 1_000
 
 
 # ------------------------------------------------------------------ dependents released by finish

@@ -35,7 +35,7 @@ from tests.delivery import (
     stop_cleanly,
     worker_pid,
 )
-from tests.e2e import Stack
+from tests.e2e import RoleProcess, Stack
 from tests.helpers import FAST_RETRY, single, wait_for
 from tests.store import Store
 
@@ -93,6 +93,33 @@ def outbox_rows(sql: Sql, task_id: UUID) -> list[tuple[int, int, bool]]:
     return [(int(i), int(t), bool(p)) for i, t, p in found]
 
 
+def claim_groups(sql: Sql, tasks: Sequence[UUID]) -> list[int]:
+    """How many of ``tasks`` each claim statement took, in claim order: started_at is the
+    claim's now(), which the tasks claimed together share."""
+    found = sql.execute(
+        "SELECT count(*) FROM task_runs WHERE id = ANY(%s) GROUP BY started_at ORDER BY started_at",
+        (list(tasks),),
+    )
+    return [int(r[0]) for r in found.fetchall()]
+
+
+def one_worker_on_a_full_queue(stack: Stack, sql: Sql, tasks: Sequence[UUID]) -> RoleProcess:
+    """Start one worker once every dispatch of ``tasks`` waits on the queue (so its batches
+    can fill up) and wait until all of them SUCCEEDED; the worker's process. The tests that
+    use it are about batches, not slow handlers or lapsed leases: on a loaded machine a 50 ms
+    handler threshold or a 3 s lease could hand a claim back or let it lapse (both
+    legitimate, both tested elsewhere), so both get room here."""
+    wait_for(
+        lambda: queue_depth(stack) == len(tasks),
+        timeout=20,
+        interval=BROKER_POLL_S,
+        what="every dispatch on the queue",
+    )
+    worker = stack.start("worker", worker={"fast_handler_ms": 2000, "lease_s": 30.0})
+    wait_all(sql, tasks, TaskState.SUCCEEDED, timeout=60)
+    return worker
+
+
 # ------------------------------------------------------------------ batching
 
 
@@ -104,19 +131,7 @@ def test_a_worker_claims_in_growing_batches_and_runs_every_task_once(
     # more than the window's ramp to the prefetch (1 + 2 + … + prefetch) holds, so a batch
     # that outgrew the prefetch would show
     tasks = trigger(repo, "e2e.record", [{"n": n} for n in range(2 * DEFAULT_PREFETCH + 30)])
-    # every dispatch waits on the queue before the worker starts, so batches can fill up
-    wait_for(
-        lambda: queue_depth(stack) == len(tasks),
-        timeout=20,
-        interval=BROKER_POLL_S,
-        what="every dispatch on the queue",
-    )
-    # This test is about batches growing, not about slow handlers or lapsed leases: on a loaded
-    # machine a 50 ms handler threshold or a 3 s lease could hand a claim back or let it lapse
-    # (both legitimate, both tested elsewhere), so both get room here.
-    worker = stack.start("worker", worker={"fast_handler_ms": 2000, "lease_s": 30.0})
-
-    wait_all(sql, tasks, TaskState.SUCCEEDED, timeout=60)
+    worker = one_worker_on_a_full_queue(stack, sql, tasks)
 
     assert executions_per_task(sql) == dict.fromkeys(tasks, 1)
     assert {pid for t in tasks for _, pid in executions(sql, t)} == {worker.pid}
@@ -124,15 +139,7 @@ def test_a_worker_claims_in_growing_batches_and_runs_every_task_once(
     assert attempts == {t: [(1, "succeeded")] for t in tasks}
     assert all(len(outbox_rows(sql, t)) == 1 for t in tasks)  # nothing was handed back
 
-    # started_at is the claim statement's now(): tasks claimed together share it
-    groups = [
-        int(r[0])
-        for r in sql.execute(
-            "SELECT count(*) FROM task_runs WHERE id = ANY(%s) GROUP BY started_at"
-            " ORDER BY started_at",
-            (tasks,),
-        ).fetchall()
-    ]
+    groups = claim_groups(sql, tasks)
     assert sum(groups) == len(tasks)
     assert groups[0] == 1, f"the first batch of a fresh worker is one task: {groups}"
     assert max(groups) >= 2, f"no two tasks were claimed in one statement: {groups}"
@@ -141,6 +148,31 @@ def test_a_worker_claims_in_growing_batches_and_runs_every_task_once(
     stop_cleanly(worker)
     assert stays_empty(stack), "a batch was not acked: its messages came back to the queue"
     assert stale_completions(repo) == 0
+
+
+def test_a_worker_takes_large_inputs_in_small_batches_even_when_they_compress_well(
+    stack: Stack, repo: Store, sql: Sql
+) -> None:
+    """A worker holds a whole batch's inputs decoded (docs/failure-model.md, mode 101): 600 KB
+    inputs of repeated text, which TOAST stores in a few KB, count as 600 KB each against the
+    batch's 2 MiB, so the window stops at 4 (0.3 of the budget a task; 4 are 1.2) where
+    small inputs reach the prefetch (the test above)."""
+    stack.start("scheduler")
+    stack.start("publisher")
+    blob = "ab" * 300_000
+    tasks = trigger(repo, "e2e.record", [{"n": n, "blob": blob} for n in range(24)])
+    stored = sql.execute(
+        "SELECT max(pg_column_size(r.input)) FROM workflow_runs r JOIN task_runs t"
+        " ON t.run_id = r.id WHERE t.id = ANY(%s)",
+        (tasks,),
+    ).fetchone()
+    assert stored and stored[0] < len(blob) // 20  # what a stored size would have counted
+    worker = one_worker_on_a_full_queue(stack, sql, tasks)
+    assert executions_per_task(sql) == dict.fromkeys(tasks, 1)
+    groups = claim_groups(sql, tasks)
+    assert sum(groups) == len(tasks)
+    assert groups[:3] == [1, 2, 4] and max(groups) == 4, groups
+    stop_cleanly(worker)
 
 
 # ------------------------------------------------------------------ slow handlers

@@ -2,7 +2,8 @@
 against ``worker.fast_handler_ms`` and its payload against ``BATCH_BYTES``, capped by
 ``broker.prefetch``. The rule alone, then through the real worker loop with a stub broker
 and a fake store (tests/unit/test_worker_loop.py's rig); the claim's ``payload_bytes`` from
-PostgreSQL is tests/integration/test_worker_batches.py's."""
+PostgreSQL is tests/integration/test_batch_transitions.py's, the window of real worker
+processes taking large inputs tests/integration/test_worker_batches.py's."""
 
 from __future__ import annotations
 
@@ -120,6 +121,29 @@ def test_large_results_count_as_payload_too() -> None:
     finally:
         made.worker.shutdown()
     assert made.broker.takes() == [1, 2, 4, 4, 4]
+    assert {made.store.tasks[t].state for t in tasks} == {TaskState.SUCCEEDED}
+
+
+def test_captured_output_counts_as_payload_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a handler wrote (ctx.log, stdout, stderr) is held with its outcome until the
+    finish: each batch's payload counts it (about 60,000 characters a task of ctx.log here,
+    a result of a few)."""
+    costs: list[BatchCost] = []
+    settle = Intake.settle
+
+    def spy(self: Intake, held_up: bool, cost: BatchCost) -> None:
+        costs.append(cost)
+        settle(self, held_up, cost)
+
+    monkeypatch.setattr(Intake, "settle", spy)
+    made = make_rig(handlers={"loud": lambda ctx: ctx.log.info("x" * 60_000)})
+    try:
+        tasks = made.publish("loud", 7)
+        made.run()
+    finally:
+        made.worker.shutdown()
+    assert [c.tasks for c in costs] == [1, 2, 4]
+    assert all(60_000 * c.tasks <= c.payload_bytes < 61_000 * c.tasks for c in costs), costs
     assert {made.store.tasks[t].state for t in tasks} == {TaskState.SUCCEEDED}
 
 
