@@ -24,9 +24,11 @@ from flowforge.domain.reasons import FailureReason
 from flowforge.domain.states import TaskState
 from flowforge.store import queries
 from flowforge.store.claims import _finish_params
+from tests.harness import bench
 from tests.helpers import (
     chain,
     claim_task,
+    pool_of,
     single,
     stored_run,
     task_ids,
@@ -183,20 +185,33 @@ def deadlocks(sql: Sql) -> int:
 
 
 def test_an_operators_cancel_deadlocking_with_the_settling_finish_loses_nothing(
-    repo: Store, sql: Sql, clean_database_url: str
+    pg_server_url: str,
 ) -> None:
     """The one lock order the settling finish can meet the other way round: an operator's
     cancel locks the run, then its running task (request_stop); the finish locks the task,
     then the run. PostgreSQL breaks the cycle by failing one of them; the store runs a finish
     that lost again (Database retries conflicts), so either way the task ends once, the run
-    ends, and nothing is left to a pass that it would not find."""
+    ends, and nothing is left to a pass that it would not find.
+
+    In a database of its own: the deadlock counter is the database's, and the session
+    database's counts every other test's deadlocks too, flushed whenever their sessions
+    report (a late one once made this test see two)."""
+    with (
+        bench.fresh_database(pg_server_url) as url,
+        pool_of(url, 2, "settle-deadlock") as db,
+        psycopg.connect(url, autocommit=True) as sql,
+    ):
+        _cancel_against_a_settling_finish(Store(db, rand=lambda: 0.5), sql, url)
+
+
+def _cancel_against_a_settling_finish(repo: Store, sql: Sql, database_url: str) -> None:
     run_id = repo.trigger(single("settle-deadlock")).run_id
     (task_id,) = task_ids(repo, run_id).values()
     claim = claim_task(repo, sql, task_id)
     before = deadlocks(sql)
     finished: dict[str, Any] = {}
     application = f"settle-operator-{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(clean_database_url, application_name=application) as operator:
+    with psycopg.connect(database_url, application_name=application) as operator:
         operator.execute(
             "UPDATE workflow_runs SET cancel_requested_at = now() WHERE id = %s", (run_id,)
         )
@@ -230,7 +245,9 @@ def test_an_operators_cancel_deadlocking_with_the_settling_finish_loses_nothing(
         finally:
             racer.join(30)
         assert not racer.is_alive()
-    assert deadlocks(sql) == before + 1  # the cycle happened, and was broken once
+    # the cycle happened, and was broken once (sessions report their counts asynchronously)
+    wait_for(lambda: deadlocks(sql) > before, 10, what="the deadlock to be counted")
+    assert deadlocks(sql) == before + 1
     assert finished["done"].committed == {task_id}
     row = sql.execute("SELECT state FROM task_runs WHERE id = %s", (task_id,)).fetchone()
     assert row == ("SUCCEEDED",)
